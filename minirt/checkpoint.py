@@ -1,0 +1,329 @@
+"""Finding a GPT-2 checkpoint on disk and reading its weights, zero-copy where possible.
+
+Owns:
+  * where a model name points: a folder, or a hub id looked up in the local
+    Hugging Face cache (never the network);
+  * reading safetensors files (single or sharded) by memory-mapping them, so an
+    fp32 checkpoint used in fp32 is never copied into memory by us;
+  * the canonical tensor names (`wte.weight`, `h.0.attn.c_attn.weight`, ...,
+    without the `transformer.` prefix) and the shape every one must have;
+  * checking every tensor against the config: missing, unexpected, wrong shape,
+    wrong dtype, each reported in one line.
+
+Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays
+in the file's own precision (bf16 widened to fp32, since NumPy has no bf16);
+converting to the compute dtype is the model's job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import GPT2Config
+from .errors import CheckpointError
+
+SINGLE_FILE = "model.safetensors"
+SHARD_INDEX = "model.safetensors.index.json"
+OTHER_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+
+# Bare hub ids that Hugging Face has since moved under an organisation.
+HUB_ALIASES = {
+    "gpt2": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+    "distilgpt2": "distilbert/distilgpt2",
+}
+
+# safetensors dtype codes -> the little-endian NumPy dtype that holds the bytes.
+# BF16 is read as raw 16-bit words and widened to fp32 by `bf16_to_float32`.
+WEIGHT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+# Every code the format defines, so that a foreign dtype is named, not misread.
+KNOWN_DTYPES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
+}
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit on the JSON header
+
+
+# --------------------------------------------------------------------------- where
+
+
+def hub_cache_roots() -> list[Path]:
+    """The local Hugging Face hub caches, in the order minirt searches them."""
+    roots = []
+    if os.environ.get("HF_HUB_CACHE"):
+        roots.append(Path(os.environ["HF_HUB_CACHE"]).expanduser())
+    if os.environ.get("HF_HOME"):
+        roots.append(Path(os.environ["HF_HOME"]).expanduser() / "hub")
+    roots.append(Path("~/.cache/huggingface/hub").expanduser())
+    unique = []
+    for root in roots:
+        if root not in unique:
+            unique.append(root)
+    return unique
+
+
+def hub_id_candidates(hub_id: str) -> list[str]:
+    """'gpt2' -> ['gpt2', 'openai-community/gpt2'], and the reverse for the long form."""
+    candidates = [hub_id]
+    if hub_id in HUB_ALIASES:
+        candidates.append(HUB_ALIASES[hub_id])
+    for short, long in HUB_ALIASES.items():
+        if hub_id == long:
+            candidates.append(short)
+    return candidates
+
+
+def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
+    """Return (snapshot folder or None, every place looked at, for the error message)."""
+    looked = []
+    for root in hub_cache_roots():
+        for candidate in hub_id_candidates(hub_id):
+            repo_dir = root / ("models--" + candidate.replace("/", "--"))
+            ref_file = repo_dir / "refs" / "main"
+            if ref_file.is_file():
+                commit = ref_file.read_text().strip()
+                snapshot = repo_dir / "snapshots" / commit
+                if snapshot.is_dir():
+                    return snapshot, looked
+                looked.append(f"{snapshot} (named by refs/main, but missing)")
+                continue
+            snapshots = sorted(p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()) if repo_dir.is_dir() else []
+            if len(snapshots) == 1:  # no refs/main, but only one snapshot: it is the one
+                return snapshots[0], looked
+            looked.append(str(repo_dir))
+    return None, looked
+
+
+def resolve_model_folder(model: str | os.PathLike) -> Path:
+    """A folder path or a hub id -> the folder holding config.json and the weights."""
+    text = str(model)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; --model takes a folder with config.json and model.safetensors, or a hub id")
+    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1  # hub ids are "name" or "org/name"
+    if looks_like_path:
+        raise CheckpointError(f"model folder {path} does not exist; check the path, or pass a hub id such as gpt2")
+    snapshot, looked = find_in_hub_cache(text)
+    if snapshot is not None:
+        return snapshot
+    raise CheckpointError(
+        f"model {text!r} is neither a folder nor in the local Hugging Face cache (looked in: {'; '.join(looked)}); "
+        "minirt never downloads, so pass a folder, or set HF_HUB_CACHE/HF_HOME to the cache that has it"
+    )
+
+
+# --------------------------------------------------------------------------- safetensors
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor as a safetensors header describes it."""
+
+    dtype: str  # safetensors code: "F32", "F16", "BF16", ...
+    shape: tuple[int, ...]
+    start: int  # byte offsets into the data section
+    end: int
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], int]:
+    """Parse and check a safetensors header.  Returns (entries by name, data section offset)."""
+    try:
+        file_size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({file_size} bytes, no header); re-download or re-save it")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
+                raise CheckpointError(
+                    f"{path}: truncated or not a safetensors file (header claims {header_len} bytes, file has {file_size}); "
+                    "re-download or re-save it"
+                )
+            header_bytes = f.read(header_len)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not a safetensors file (its header is not JSON); re-download or re-save it") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (its header is not a JSON object)")
+
+    data_offset = 8 + header_len
+    data_size = file_size - data_offset
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: malformed header entry for {name!r}") from None
+        if dtype not in KNOWN_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
+        n_bytes = int(np.prod(shape, dtype=np.int64)) * KNOWN_DTYPES[dtype]
+        if not (0 <= start <= end) or end - start != n_bytes:
+            raise CheckpointError(f"{path}: tensor {name} has offsets {start}..{end} that do not fit its shape {list(shape)} and dtype {dtype}")
+        if end > data_size:
+            raise CheckpointError(
+                f"{path}: truncated safetensors file (tensor {name} ends at byte {data_offset + end}, file has {file_size}); "
+                "re-download or re-save it"
+            )
+        entries[name] = TensorEntry(dtype=dtype, shape=shape, start=start, end=end)
+    return entries, data_offset
+
+
+def bf16_to_float32(words: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32: bf16 is the top half of an fp32."""
+    return (words.astype(np.uint32) << 16).view(np.float32)  # same shape, a new fp32 array
+
+
+def map_tensor(file_map: np.ndarray, data_offset: int, entry: TensorEntry) -> np.ndarray:
+    """A read-only NumPy view of one tensor inside a memory-mapped file (no copy)."""
+    raw = file_map[data_offset + entry.start : data_offset + entry.end]  # [n_bytes] uint8
+    storage = WEIGHT_DTYPES[entry.dtype]
+    if (raw.ctypes.data % storage.itemsize) != 0:  # a misaligned tensor: copy once to align it
+        raw = raw.copy()
+    array = np.asarray(raw).view(storage).reshape(entry.shape)  # entry.shape, file precision
+    if entry.dtype == "BF16":
+        return bf16_to_float32(array)  # the one unavoidable copy: NumPy has no bf16
+    return array
+
+
+# --------------------------------------------------------------------------- names and shapes
+
+
+def canonical_name(name: str) -> str:
+    """'transformer.h.0.attn.c_attn.weight' -> 'h.0.attn.c_attn.weight'."""
+    return name[len("transformer."):] if name.startswith("transformer.") else name
+
+
+def is_mask_buffer(name: str) -> bool:
+    """The causal-mask buffers old checkpoints saved; they carry no learned numbers."""
+    return name.endswith(".attn.bias") or name.endswith(".attn.masked_bias")
+
+
+def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every learned tensor of GPT2LMHeadModel, with the shape the config implies.
+
+    The projections are Hugging Face `Conv1D`s, stored [in, out], so the layers
+    compute `x @ weight` with no transpose.
+    """
+    V, P, C, I = config.vocab_size, config.n_positions, config.n_embd, config.n_inner
+    shapes = {"wte.weight": (V, C), "wpe.weight": (P, C)}
+    for i in range(config.n_layer):
+        shapes.update({
+            f"h.{i}.ln_1.weight": (C,), f"h.{i}.ln_1.bias": (C,),
+            f"h.{i}.attn.c_attn.weight": (C, 3 * C), f"h.{i}.attn.c_attn.bias": (3 * C,),
+            f"h.{i}.attn.c_proj.weight": (C, C), f"h.{i}.attn.c_proj.bias": (C,),
+            f"h.{i}.ln_2.weight": (C,), f"h.{i}.ln_2.bias": (C,),
+            f"h.{i}.mlp.c_fc.weight": (C, I), f"h.{i}.mlp.c_fc.bias": (I,),
+            f"h.{i}.mlp.c_proj.weight": (I, C), f"h.{i}.mlp.c_proj.bias": (C,),
+        })
+    shapes.update({"ln_f.weight": (C,), "ln_f.bias": (C,)})
+    return shapes
+
+
+def describe_names(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Checkpoint:
+    """A checked checkpoint: its folder, config and weights (NumPy, file precision)."""
+
+    folder: Path
+    config: GPT2Config
+    tensors: dict[str, np.ndarray]  # canonical name -> array; "lm_head.weight" always present
+    file_dtypes: dict[str, str]  # canonical name -> safetensors dtype code, for reports
+    head_is_tied: bool  # True when lm_head.weight was absent and the head is wte
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder: one file, or the shards its index names."""
+    single, index = folder / SINGLE_FILE, folder / SHARD_INDEX
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shard_names = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise CheckpointError(f"{index}: not a valid shard index (expected a JSON object with a 'weight_map')") from None
+        shards = [folder / name for name in shard_names]
+        missing = [str(p.name) for p in shards if not p.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shards that are missing: {describe_names(missing)}; re-download the model")
+        return shards
+    others = [name for name in OTHER_WEIGHT_FILES if (folder / name).exists()]
+    if others:
+        raise CheckpointError(
+            f"{folder} has {others[0]} but no {SINGLE_FILE}; minirt reads safetensors only: convert once with "
+            f"GPT2LMHeadModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)"
+        )
+    raise CheckpointError(f"{folder} has no {SINGLE_FILE} (nor {SHARD_INDEX}); a model folder needs its weights in safetensors")
+
+
+def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
+    """Resolve, open and check a GPT-2 checkpoint.  Raises CheckpointError in one line."""
+    folder = resolve_model_folder(model)
+    config = GPT2Config.from_file(folder / "config.json")
+    expected = expected_shapes(config)
+
+    tensors: dict[str, np.ndarray] = {}
+    file_dtypes: dict[str, str] = {}
+    unexpected: list[str] = []
+    for path in weight_files(folder):
+        entries, data_offset = read_safetensors_header(path)
+        file_map = np.memmap(path, dtype=np.uint8, mode="r") if entries else None  # [file bytes]
+        for raw_name, entry in entries.items():
+            name = canonical_name(raw_name)
+            if is_mask_buffer(name):
+                continue
+            if name not in expected and name != "lm_head.weight":
+                unexpected.append(raw_name)
+                continue
+            if name in tensors:
+                raise CheckpointError(f"{path}: tensor {name} appears twice (with and without the 'transformer.' prefix?)")
+            want = expected.get(name, (config.vocab_size, config.n_embd))
+            if entry.shape != want:
+                raise CheckpointError(
+                    f"{path}: tensor {raw_name} has shape {list(entry.shape)}, but config.json implies {list(want)}; "
+                    "the weights and config.json do not belong together"
+                )
+            if entry.dtype not in WEIGHT_DTYPES:
+                raise CheckpointError(
+                    f"{path}: tensor {raw_name} has dtype {entry.dtype}; minirt reads F32, F16 and BF16 weights"
+                )
+            tensors[name] = map_tensor(file_map, data_offset, entry)
+            file_dtypes[name] = entry.dtype
+
+    if unexpected:
+        raise CheckpointError(
+            f"{folder}: unexpected tensors {describe_names(unexpected)}; this is not a GPT2LMHeadModel checkpoint"
+        )
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        raise CheckpointError(
+            f"{folder}: missing tensors {describe_names(missing)} ({len(missing)} of {len(expected)}); "
+            "the checkpoint is incomplete or for another architecture"
+        )
+    head_is_tied = "lm_head.weight" not in tensors
+    if head_is_tied:
+        tensors["lm_head.weight"] = tensors["wte.weight"]  # the same array, not a copy
+        file_dtypes["lm_head.weight"] = file_dtypes["wte.weight"]
+    return Checkpoint(folder=folder, config=config, tensors=tensors, file_dtypes=file_dtypes, head_is_tied=head_is_tied)

@@ -1,0 +1,99 @@
+"""Per-request key/value buffers, preallocated once and filled in place.
+
+Owns: `KVCache`, a pool of slots.  Each slot is one request's own buffer:
+its keys and values for every layer, and its own length (`lengths[slot]`).
+A request is given a slot when it is admitted and keeps it until it finishes.
+
+Layout, per layer:  keys[layer, slot, head, position, head_dim]  (same for values)
+
+  * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot.
+  * Each decode step writes one key at position `lengths[slot]`, then the
+    length grows by one.
+  * Nothing is concatenated or reallocated per step: the pool's capacity is
+    chosen up front, so a step's cost is the attention itself, not a copy of
+    the whole history.
+  * Only real tokens are written.  Positions past a slot's length hold stale
+    or zero numbers, and the attention mask (key-is-real) never lets a query
+    see them.  The pool starts zeroed so those numbers are always finite.
+
+Must not know: layers' arithmetic, requests, sampling or scheduling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .batch import RoundInputs
+
+
+class KVCache:
+    """Keys and values for `n_slots` requests, `capacity` positions each."""
+
+    def __init__(self, xp, n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype):
+        self.xp = xp
+        self.capacity = capacity
+        shape = (n_layer, n_slots, n_head, capacity, head_dim)
+        self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
+        self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
+        self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S] host-side: keys held per slot
+
+    @staticmethod
+    def bytes_needed(n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype) -> int:
+        """Memory for keys + values, for budgeting before anything is allocated."""
+        return 2 * n_layer * n_slots * n_head * capacity * head_dim * np.dtype(dtype).itemsize
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.values.nbytes)
+
+    def slot_buffers(self, slot: int):
+        """One request's own keys and values for every layer: views, not copies."""
+        length = int(self.lengths[slot])
+        return self.keys[:, slot, :, :length], self.values[:, slot, :, :length]  # each [n_layer, H, length, D]
+
+    def reset_slot(self, slot: int) -> None:
+        """Give a slot to a new request: length 0 (old keys stay, but are masked out)."""
+        self.lengths[slot] = 0
+
+    def check_room(self, inputs: RoundInputs) -> None:
+        """Refuse a round that would write past a slot's capacity."""
+        over = inputs.kv_lens > self.capacity
+        if over.any():
+            row = int(np.argmax(over))
+            raise ValueError(
+                f"KV slot {int(inputs.slots[row])} would hold {int(inputs.kv_lens[row])} positions, "
+                f"but the cache was allocated with capacity {self.capacity}"
+            )
+
+    def write(self, layer: int, new_keys, new_values, write_index) -> None:
+        """Store this round's real keys/values for one layer.
+
+        new_keys, new_values: [B, H, T, D], the whole padded round.
+        write_index: (rows, cols, slots, positions) of the real tokens, each [N_real],
+        already on the backend.
+        """
+        rows, cols, slots, positions = write_index
+        # Advanced indices on axes 0 and 2, split by a slice: both sides are [N_real, H, D].
+        self.keys[layer][slots, :, positions] = new_keys[rows, :, cols]  # [N_real, H, D]
+        self.values[layer][slots, :, positions] = new_values[rows, :, cols]  # [N_real, H, D]
+
+    def read(self, layer: int, inputs: RoundInputs, slot_index):
+        """Keys and values of the round's rows, positions 0..L-1 (L = longest row).
+
+        A view when the slots are contiguous; otherwise a gather (a copy of L positions).
+        Returns two arrays of shape [B, H, L, D].
+        """
+        kv_len = inputs.max_kv_len
+        span = inputs.contiguous_slots()
+        if span is not None:
+            first, stop = span
+            return self.keys[layer, first:stop, :, :kv_len], self.values[layer, first:stop, :, :kv_len]
+        return self.keys[layer][slot_index, :, :kv_len], self.values[layer][slot_index, :, :kv_len]
+
+    def advance(self, inputs: RoundInputs) -> None:
+        """After the forward pass: each row's slot now holds its new tokens too."""
+        self.lengths[inputs.slots] = inputs.kv_lens

@@ -1,0 +1,194 @@
+"""Text <-> token ids, including decoding that never breaks a UTF-8 character.
+
+Owns:
+  * loading a tokenizer from a model folder: `tokenizer.json` through the
+    `tokenizers` library, or GPT-2's byte-level BPE from `vocab.json` +
+    `merges.txt` (or OpenAI's original names, `encoder.json` + `vocab.bpe`);
+  * the special ids a runtime needs: EOS (where generation stops) and BOS
+    (what an empty prompt starts from);
+  * decoding token ids to bytes and then to text, both all at once and as a
+    stream.  GPT-2's tokens are byte sequences, and one character (an emoji,
+    a CJK character) is often split across tokens; the stream holds back the
+    incomplete bytes until the character is whole.
+
+Must not know: models, weights, backends or batching.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import TokenizerError
+
+ENDOFTEXT = "<|endoftext|>"
+
+
+@lru_cache(maxsize=1)
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from the 256 byte values to printable characters.
+
+    Printable Latin-1 bytes map to themselves; the rest (controls, space, ...)
+    are shifted to code points 256 and above, so every token is a visible string.
+    """
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    mapping = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+class Tokenizer:
+    """A loaded tokenizer plus the facts a runtime needs about it."""
+
+    def __init__(self, hf_tokenizer, source: str, eos_token_id: int | None, bos_token_id: int | None):
+        self.hf = hf_tokenizer  # a tokenizers.Tokenizer
+        self.source = source  # the file(s) it came from, for messages
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+        self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+        self._token_bytes = self._build_byte_table()  # list[bytes] by id, or None if not byte-level
+
+    def _build_byte_table(self) -> list[bytes] | None:
+        """Each id's exact bytes, when the vocabulary is byte-level (GPT-2's kind)."""
+        char_to_byte = {ch: b for b, ch in byte_to_unicode().items()}
+        special = {t.content for t in self.hf.get_added_tokens_decoder().values()}
+        table: list[bytes] = [b""] * self.vocab_size
+        for token, token_id in self.hf.get_vocab(with_added_tokens=True).items():
+            if token_id >= self.vocab_size:
+                return None
+            if token in special:
+                table[token_id] = token.encode("utf-8")  # an added token stands for its own text
+            elif all(ch in char_to_byte for ch in token):
+                table[token_id] = bytes(char_to_byte[ch] for ch in token)
+            else:
+                return None  # not byte-level: fall back to the library's decoder
+        return table
+
+    @property
+    def is_byte_level(self) -> bool:
+        return self._token_bytes is not None
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text."""
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if self._token_bytes is None:
+            return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        return self._token_bytes[token_id]
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Ids -> text.  Bytes that are not valid UTF-8 become U+FFFD, as in transformers."""
+        if self._token_bytes is None:
+            return self.hf.decode(list(token_ids), skip_special_tokens=False)
+        return b"".join(self._token_bytes[i] for i in token_ids).decode("utf-8", errors="replace")
+
+    def stream(self) -> StreamDecoder:
+        """A decoder for tokens that arrive one at a time (streaming, stop strings)."""
+        return StreamDecoder(self)
+
+
+class StreamDecoder:
+    """Turns a growing list of ids into text without ever emitting half a character.
+
+    `push(id)` returns the text that became complete with that token (possibly
+    ""), and `flush()` returns what is left at the end (an incomplete trailing
+    character becomes U+FFFD, exactly as `decode` of the whole list would give).
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._ids: list[int] = []  # used only for tokenizers that are not byte-level
+        self._emitted = ""
+
+    def push(self, token_id: int) -> str:
+        if self.tokenizer.is_byte_level:
+            return self._utf8.decode(self.tokenizer.token_bytes(token_id))
+        # Generic fallback: re-decode everything and emit the new suffix, holding
+        # it back while it ends in a replacement character (an incomplete byte run).
+        self._ids.append(token_id)
+        text = self.tokenizer.decode(self._ids)
+        if text.endswith("\ufffd") or not text.startswith(self._emitted):
+            return ""
+        new, self._emitted = text[len(self._emitted):], text
+        return new
+
+    def flush(self) -> str:
+        if self.tokenizer.is_byte_level:
+            return self._utf8.decode(b"", final=True)
+        text = self.tokenizer.decode(self._ids)
+        new, self._emitted = text[len(self._emitted):], text
+        return new
+
+
+def _byte_level_bpe(vocab_path: Path, merges_path: Path):
+    """GPT-2's tokenizer rebuilt from its vocabulary and merge list."""
+    from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
+    from tokenizers import decoders, models, pre_tokenizers
+
+    try:
+        vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+        bpe = models.BPE.from_file(str(vocab_path), str(merges_path))
+    except Exception as exc:  # the library raises plain Exceptions with a message
+        raise TokenizerError(f"{vocab_path} + {merges_path}: cannot build a BPE tokenizer ({exc})") from None
+    hf = HFTokenizer(bpe)
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    if ENDOFTEXT in vocab:
+        hf.add_special_tokens([ENDOFTEXT])
+    return hf
+
+
+def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_token_id: int | None = None,
+                   vocab_size: int | None = None) -> Tokenizer:
+    """Load the tokenizer that sits beside a model's weights.
+
+    `eos_token_id` / `bos_token_id` come from the model's config; they are used
+    when they lie inside the vocabulary, and `<|endoftext|>` (GPT-2's id 50256)
+    stands in when they don't.  `vocab_size` is the model's; a tokenizer whose
+    ids would overflow the embedding is refused.
+    """
+    folder = Path(folder)
+    tokenizer_json = folder / "tokenizer.json"
+    pairs = [(folder / "vocab.json", folder / "merges.txt"), (folder / "encoder.json", folder / "vocab.bpe")]
+    if tokenizer_json.is_file():
+        from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
+
+        try:
+            hf = HFTokenizer.from_file(str(tokenizer_json))
+        except Exception as exc:
+            raise TokenizerError(f"{tokenizer_json}: not a valid tokenizer file ({str(exc).splitlines()[0]})") from None
+        source = str(tokenizer_json)
+    else:
+        for vocab_path, merges_path in pairs:
+            if vocab_path.is_file() and merges_path.is_file():
+                hf = _byte_level_bpe(vocab_path, merges_path)
+                source = f"{vocab_path} + {merges_path.name}"
+                break
+        else:
+            raise TokenizerError(
+                f"{folder}: no tokenizer found (looked for tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe)"
+            )
+
+    n_tokens = hf.get_vocab_size(with_added_tokens=True)
+    if vocab_size is not None and n_tokens > vocab_size:
+        raise TokenizerError(
+            f"{source}: the tokenizer has {n_tokens} tokens but the model's vocabulary has {vocab_size}; "
+            "they do not belong together"
+        )
+    limit = vocab_size if vocab_size is not None else n_tokens
+    endoftext = hf.token_to_id(ENDOFTEXT)
+
+    def usable(token_id: int | None) -> int | None:
+        return token_id if token_id is not None and 0 <= token_id < limit else None
+
+    eos = usable(eos_token_id) if usable(eos_token_id) is not None else endoftext
+    bos = usable(bos_token_id) if usable(bos_token_id) is not None else (endoftext if endoftext is not None else eos)
+    return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
