@@ -99,7 +99,9 @@ def softmax_attention(xp, q, keys, values, mask, scale: float):
     -inf arithmetic), and the probabilities are zeroed with `where` again, so a
     query with no visible key gets all-zero weights and a zero output.
     """
-    scores = (q @ keys.transpose(0, 1, 3, 2)).astype(xp.float32, copy=False) * scale  # [B, H, T, L] fp32
+    q32 = q.astype(xp.float32, copy=False)  # [B, H, T, D]; fp16 dot products can overflow 65504
+    keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D] (no copy when already fp32)
+    scores = (q32 @ keys32.transpose(0, 1, 3, 2)) * scale  # [B, H, T, L] fp32
     lowest = xp.finfo(xp.float32).min
     scores = xp.where(mask, scores, lowest)  # [B, H, T, L]
     scores = scores - scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row
@@ -229,6 +231,18 @@ class GPT2:
         flat = hidden.reshape(-1, self.config.n_embd)  # [N, C]
         logits = lm_head(self.xp, flat, self.params["lm_head.weight"])  # [N, V]
         return logits.reshape(*hidden.shape[:-1], self.config.vocab_size)  # [..., V]
+
+    def next_token_logits(self, inputs: RoundInputs, cache: KVCache) -> np.ndarray:
+        """Run a round and return, for each row that brought tokens, the logits after its last one.
+
+        Only those positions go through the head (the head is the biggest GEMM
+        of a small model), and only they cross back to the host: NumPy fp32
+        [B', V], where B' counts the rows with new_lens > 0, in row order.
+        """
+        hidden = self.forward(inputs, cache)  # [B, T, C]
+        rows, cols = inputs.last_tokens()  # [B'], [B']
+        last = hidden[self.backend.asarray(rows), self.backend.asarray(cols)]  # [B', C]
+        return self.backend.to_numpy(self.head(last))  # [B', V]
 
     def check_token_ids(self, token_ids) -> list[list[int]]:
         """Validate a list of token-id lists; returns them as plain int lists."""

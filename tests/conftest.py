@@ -1,0 +1,86 @@
+"""Shared test helpers: fixture paths, random numpy-only models, reference availability."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minirt.backend import numpy_backend
+from minirt.batch import prepare_round
+from minirt.checkpoint import Checkpoint, expected_shapes
+from minirt.config import GPT2Config
+from minirt.model import GPT2
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+DATA = ROOT / "tests" / "data"
+sys.path.insert(0, str(ROOT / "tools"))  # tools/reference.py, for live transformers comparisons
+
+
+def reference_available() -> bool:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+requires_reference = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (pip install -e .[reference])")
+
+
+def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
+    """max |got - ref| / max |ref|: the contract's measure."""
+    return float(np.abs(np.asarray(got, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def random_model(seed: int = 0, dtype=np.float32, backend=None, **fields) -> GPT2:
+    """A GPT-2 with random weights made in NumPy alone (for invariants, no reference needed)."""
+    raw = {"vocab_size": 50, "n_positions": 32, "n_embd": 16, "n_layer": 2, "n_head": 2}
+    raw.update(fields)
+    config = GPT2Config.from_dict(raw, source="test")
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, shape in expected_shapes(config).items():
+        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            tensors[name] = (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith(".bias"):
+            tensors[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif name in ("wte.weight", "wpe.weight"):
+            tensors[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            tensors[name] = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+    tensors["lm_head.weight"] = tensors["wte.weight"]
+    checkpoint = Checkpoint(folder=Path("."), config=config, tensors=tensors,
+                            file_dtypes={k: "F32" for k in tensors}, head_is_tied=True)
+    return GPT2(checkpoint, backend or numpy_backend(), dtype)
+
+
+def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None) -> list[list[int]]:
+    """Batched greedy decoding with the KV cache: one prefill round, then one token per round.
+
+    A minimal loop for tests (the serving engine is elsewhere): every row stays
+    active for all steps.
+    """
+    slots = np.arange(len(prompts)) if slots is None else np.asarray(slots)
+    cache = model.new_kv_cache(n_slots=int(slots.max()) + 1, capacity=max(len(p) for p in prompts) + steps)
+    inputs = prepare_round(prompts, slots=slots, past_lens=np.zeros(len(prompts)))
+    logits = model.next_token_logits(inputs, cache)  # [B, V]
+    outputs = [[int(t)] for t in logits.argmax(axis=-1)]
+    for _ in range(steps - 1):
+        inputs = prepare_round([[out[-1]] for out in outputs], slots=slots, past_lens=cache.lengths[slots])
+        logits = model.next_token_logits(inputs, cache)  # [B, V]
+        for out, token in zip(outputs, logits.argmax(axis=-1)):
+            out.append(int(token))
+    return outputs
+
+
+def load_expected(name: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / name / "expected.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").is_file())

@@ -1,0 +1,127 @@
+"""Invariants of the padded, KV-cached forward pass, checked by hypothesis.
+
+The expected values are invariants, not minirt's own pasted output:
+  * a row's logits do not depend on its padding or on the other rows;
+  * decoding with the KV cache, token by token or in chunks, gives the logits
+    of a full recompute;
+  * permuting the rows permutes the output and nothing else;
+  * a row with no valid keys produces finite numbers.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_model, relative_error
+from minirt.batch import prepare_round
+
+TOL = 1e-5  # fp32: different batch shapes reorder BLAS sums, nothing more
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+MODELS = {}
+
+
+def model_for(n_head: int, seed: int):
+    """Cache a few random models; configs vary the head count and the MLP width."""
+    key = (n_head, seed)
+    if key not in MODELS:
+        MODELS[key] = random_model(seed=seed, n_head=n_head, n_embd=6 * n_head, n_inner=10 * n_head, vocab_size=37, n_positions=24)
+    return MODELS[key]
+
+
+model_choice = st.builds(model_for, n_head=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2))
+token_lists = st.lists(st.lists(st.integers(0, 36), min_size=1, max_size=24), min_size=1, max_size=5)
+
+
+@SETTINGS
+@given(model=model_choice, sequences=token_lists, data=st.data())
+def test_padding_and_neighbours_never_change_a_row(model, sequences, data):
+    """Each sequence alone == the same sequence at any row of a padded batch."""
+    alone = [model.logits([seq])[0, : len(seq)] for seq in sequences]
+    batched = model.logits(sequences)  # [B, max_len, V]
+    for b, seq in enumerate(sequences):
+        assert relative_error(batched[b, : len(seq)], alone[b]) <= TOL
+    assert np.isfinite(batched).all()
+
+
+@SETTINGS
+@given(model=model_choice, sequences=token_lists, data=st.data())
+def test_row_permutation_changes_nothing(model, sequences, data):
+    order = data.draw(st.permutations(range(len(sequences))))
+    straight = model.logits(sequences)
+    permuted = model.logits([sequences[i] for i in order])
+    for new_row, old_row in enumerate(order):
+        n = len(sequences[old_row])
+        assert relative_error(permuted[new_row, :n], straight[old_row, :n]) <= TOL
+
+
+@SETTINGS
+@given(model=model_choice, sequences=token_lists, data=st.data())
+def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
+    """Prefill a prefix of each row, then feed the rest in random-size chunks, rows out of step.
+
+    Slots are shuffled (so the KV read takes the gather path, not the
+    contiguous view), and each round only some rows take part.  At every
+    position the logits must equal those of running the whole sequence at once.
+    """
+    full = model.logits(sequences)  # [B, max_len, V], the full recompute
+    B = len(sequences)
+    slots = np.array(data.draw(st.permutations(range(B + 1))))[:B]  # one spare slot, rows out of order
+    cache = model.new_kv_cache(n_slots=B + 1, capacity=max(len(s) for s in sequences))
+    fed = [0] * B  # tokens of each row already in its slot
+    got = [np.zeros((len(s), model.config.vocab_size), np.float32) for s in sequences]
+    while any(fed[b] < len(sequences[b]) for b in range(B)):
+        pending = [b for b in range(B) if fed[b] < len(sequences[b])]
+        rows = data.draw(st.lists(st.sampled_from(pending), min_size=1, unique=True))
+        chunks = []
+        for b in rows:
+            n = data.draw(st.integers(1, len(sequences[b]) - fed[b]))
+            chunks.append(sequences[b][fed[b]: fed[b] + n])
+        inputs = prepare_round(chunks, slots=slots[rows], past_lens=cache.lengths[slots[rows]])
+        hidden = model.forward(inputs, cache)  # [len(rows), T, C]
+        logits = model.backend.to_numpy(model.head(hidden))  # [len(rows), T, V]
+        for i, (b, chunk) in enumerate(zip(rows, chunks)):
+            got[b][fed[b]: fed[b] + len(chunk)] = logits[i, : len(chunk)]
+            fed[b] += len(chunk)
+    for b, seq in enumerate(sequences):
+        assert relative_error(got[b], full[b, : len(seq)]) <= TOL
+        assert cache.lengths[slots[b]] == len(seq)
+
+
+@SETTINGS
+@given(model=model_choice, sequences=token_lists)
+def test_positions_start_at_zero_per_row_whatever_the_padding(model, sequences):
+    inputs = prepare_round(sequences, slots=np.arange(len(sequences)), past_lens=np.zeros(len(sequences)))
+    for b, seq in enumerate(sequences):
+        assert inputs.positions[b, : len(seq)].tolist() == list(range(len(seq)))
+
+
+def test_row_with_no_valid_keys_is_finite():
+    """A row that brings no tokens and has no history sees no key at all: zeros, not NaN."""
+    model = model_for(2, 0)
+    cache = model.new_kv_cache(n_slots=3, capacity=8)
+    inputs = prepare_round([[1, 2, 3], [], [4]], slots=[0, 1, 2], past_lens=[0, 0, 0])
+    hidden = model.backend.to_numpy(model.forward(inputs, cache))  # [3, 3, C]
+    assert np.isfinite(hidden).all()
+    assert cache.lengths.tolist() == [3, 0, 1]
+    assert np.isfinite(model.logits([[5, 6], []])).all()
+
+
+def test_stale_slot_contents_are_masked():
+    """Garbage left in a slot beyond its length must not reach the next request."""
+    model = model_for(3, 1)
+    cache = model.new_kv_cache(n_slots=1, capacity=10)
+    first = prepare_round([[9, 8, 7, 6, 5, 4, 3]], slots=[0], past_lens=[0])
+    model.forward(first, cache)
+    cache.reset_slot(0)  # a new request takes the slot; old keys remain beyond length 0
+    second = prepare_round([[1, 2]], slots=[0], past_lens=[0])
+    logits = model.backend.to_numpy(model.head(model.forward(second, cache)))[0]
+    assert relative_error(logits, model.logits([[1, 2]])[0]) <= TOL
+
+
+def test_kv_write_refuses_overflow():
+    model = model_for(1, 0)
+    cache = model.new_kv_cache(n_slots=1, capacity=2)
+    with pytest.raises(ValueError, match="capacity"):
+        model.forward(prepare_round([[1, 2, 3]], slots=[0], past_lens=[0]), cache)
