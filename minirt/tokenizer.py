@@ -56,6 +56,10 @@ class Tokenizer:
 
     def _build_byte_table(self) -> list[bytes] | None:
         """Each id's exact bytes, when the vocabulary is byte-level (GPT-2's kind)."""
+        decoder = json.loads(self.hf.to_str()).get("decoder") or {}
+        decoder_types = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", []) or []}
+        if "ByteLevel" not in decoder_types:
+            return None  # e.g. WordPiece or SentencePiece: decode through the library
         char_to_byte = {ch: b for b, ch in byte_to_unicode().items()}
         special = {t.content for t in self.hf.get_added_tokens_decoder().values()}
         table: list[bytes] = [b""] * self.vocab_size

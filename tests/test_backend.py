@@ -1,0 +1,71 @@
+"""Backend choice: numpy always works; cupy works or fails in one clear line."""
+
+import numpy as np
+import pytest
+
+import minirt
+from conftest import FIXTURES
+from minirt.backend import get_backend, resolve_dtype
+from minirt.errors import BackendError
+
+
+def cupy_usable() -> bool:
+    try:
+        get_backend("cupy")
+    except BackendError:
+        return False
+    return True
+
+
+def test_numpy_backend_round_trip():
+    backend, note = get_backend("numpy")
+    assert backend.name == "numpy" and note is None
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert backend.to_numpy(backend.asarray(host)) is not None
+    assert np.array_equal(backend.to_numpy(backend.asarray(host)), host)
+
+
+def test_unknown_backend_and_dtype():
+    with pytest.raises(BackendError, match="choose one of auto, numpy, cupy"):
+        get_backend("tpu")
+    with pytest.raises(BackendError, match="unknown dtype 'bfloat16'"):
+        resolve_dtype("bfloat16")
+    assert resolve_dtype("fp16") == np.float16 and resolve_dtype("float32") == np.float32
+
+
+@pytest.mark.skipif(cupy_usable(), reason="a usable GPU is present")
+def test_cupy_without_a_gpu_is_one_clear_line():
+    with pytest.raises(BackendError) as exc:
+        get_backend("cupy")
+    message = str(exc.value)
+    assert "\n" not in message and "--backend numpy" in message
+    with pytest.raises(BackendError):
+        minirt.load_model(FIXTURES / "base", backend="cupy")
+
+
+@pytest.mark.skipif(cupy_usable(), reason="a usable GPU is present")
+def test_auto_falls_back_to_numpy_and_says_so():
+    backend, note = get_backend("auto")
+    assert backend.name == "numpy" and "numpy" in note
+
+
+def test_float16_compute_on_numpy_stays_close():
+    """fp16 is the user's choice even on the CPU; statistics and softmax stay fp32 inside."""
+    model32 = minirt.load_model(FIXTURES / "fp16_file", dtype="float32")
+    model16 = minirt.load_model(FIXTURES / "fp16_file", dtype="float16")
+    assert model16.params["wte.weight"].dtype == np.float16
+    seqs = [[1, 2, 3, 4, 5], [6, 7]]
+    ref, got = model32.logits(seqs), model16.logits(seqs)
+    assert got.dtype == np.float32
+    err = np.abs(got[0, :5] - ref[0, :5]).max() / np.abs(ref[0, :5]).max()
+    assert err < 2e-2, err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_usable(), reason="needs CuPy and a usable NVIDIA GPU")
+def test_cupy_logits_equal_numpy_in_fp32():
+    seqs = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    ref = minirt.load_model(FIXTURES / "base", backend="numpy").logits(seqs)
+    got = minirt.load_model(FIXTURES / "base", backend="cupy").logits(seqs)
+    for b, s in enumerate(seqs):
+        assert np.abs(got[b, : len(s)] - ref[b, : len(s)]).max() <= 1e-4 * np.abs(ref[b, : len(s)]).max()

