@@ -1,0 +1,127 @@
+"""`python -m minirt.inspect MODEL`: check a checkpoint loads, describe it, and show its next-token guesses.
+
+Owns: the command-line report on one model: where it was found, its config,
+its weights (count, file precision, tied head, whether they were memory-mapped),
+how long loading took, its tokenizer, and for each prompt the most likely next
+tokens, all computed by minirt's own forward pass in one padded batch.
+
+Must not know: how loading or the forward pass work inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .backend import BACKEND_NAMES, get_backend, resolve_dtype
+from .checkpoint import load_checkpoint
+from .cli import EXIT_OK, run_command
+from .errors import MinirtError, TokenizerError
+from .model import GPT2
+from .tokenizer import load_tokenizer
+
+EXAMPLES = """examples:
+  python -m minirt.inspect tests/fixtures/base --ids 5,6,7 --ids 9
+  python -m minirt.inspect gpt2 --prompt "The capital of France is" --top-k 5
+  python -m minirt.inspect /path/to/gpt2-folder --dtype float16
+
+MODEL is a folder with config.json and model.safetensors (or sharded weights),
+or a hub id (gpt2, openai-community/gpt2-medium, ...) already in the local
+Hugging Face cache; minirt never downloads.
+"""
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 5,6,7, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m minirt.inspect",
+        description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token predictions for prompts.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help="a model folder, or a hub id in the local Hugging Face cache")
+    parser.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a prompt to score (repeatable; needs a tokenizer)")
+    parser.add_argument("--ids", action="append", default=[], type=parse_ids, metavar="IDS", help="a prompt as token ids, e.g. 5,6,7 (repeatable)")
+    parser.add_argument("--top-k", type=int, default=5, metavar="K", help="how many next tokens to show per prompt (default 5)")
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy", help="array backend (default numpy)")
+    parser.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64")
+    return parser
+
+
+def describe_token(tokenizer, token_id: int) -> str:
+    if tokenizer is None:
+        return f"id {token_id}"
+    return f"{tokenizer.decode([token_id])!r} ({token_id})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.top_k < 1:
+        raise MinirtError("--top-k must be at least 1")
+    dtype = resolve_dtype(args.dtype)
+    backend, note = get_backend(args.backend)
+    if note:
+        print(note, file=sys.stderr)
+
+    start = time.perf_counter()
+    checkpoint = load_checkpoint(args.model)
+    model = GPT2(checkpoint, backend, dtype)
+    load_seconds = time.perf_counter() - start
+    c = model.config
+
+    try:
+        tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
+    except TokenizerError as exc:
+        tokenizer, tokenizer_problem = None, str(exc)
+
+    files = sorted({str(p) for p in checkpoint.folder.glob("*.safetensors")})
+    file_dtypes = ", ".join(sorted(set(checkpoint.file_dtypes.values())))
+    mapped = backend.name == "numpy" and all(not a.flags.owndata for a in model.params.values())
+    print(f"model      {checkpoint.folder}")
+    print(f"config     {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads (head_dim {c.head_dim}), MLP {c.n_inner}, "
+          f"vocab {c.vocab_size}, context {c.n_positions}, {c.activation_function} ({c.gelu_form}), eps {c.layer_norm_epsilon:g}")
+    print(f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
+          f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}")
+    print(f"compute    {backend.name}, {dtype.name}; weights {'memory-mapped, not copied' if mapped else 'converted on load'}")
+    print(f"loaded in  {load_seconds:.3f} s")
+    if tokenizer is not None:
+        print(f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, bos {tokenizer.bos_token_id}")
+    else:
+        print(f"tokenizer  none ({tokenizer_problem})")
+
+    prompts: list[tuple[str, list[int]]] = [(f"ids {ids}", ids) for ids in args.ids]
+    if args.prompt:
+        if tokenizer is None:
+            raise MinirtError(f"--prompt needs a tokenizer, and {checkpoint.folder} has none; pass token ids with --ids instead")
+        prompts += [(repr(text), tokenizer.encode(text)) for text in args.prompt]
+    if not prompts:
+        return EXIT_OK
+
+    sequences = [ids if ids else [tokenizer.bos_token_id if tokenizer and tokenizer.bos_token_id is not None else 0]
+                 for _, ids in prompts]  # an empty prompt starts from BOS
+    start = time.perf_counter()
+    logits = model.logits(sequences)  # [B, max_len, V], one padded batch
+    forward_seconds = time.perf_counter() - start
+    print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {forward_seconds:.3f} s")
+    k = min(args.top_k, c.vocab_size)
+    for (label, _), seq, row in zip(prompts, sequences, logits):
+        last = row[len(seq) - 1].astype(np.float64)  # [V] logits after the prompt's last token
+        logprobs = last - last.max() - np.log(np.exp(last - last.max()).sum())  # [V] log-softmax
+        top = np.argsort(-logprobs)[:k]
+        print(f"\nprompt {label} ({len(seq)} tokens): most likely next tokens")
+        for token_id in top:
+            print(f"  {describe_token(tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   p {np.exp(logprobs[token_id]):6.1%}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main, prog="minirt.inspect"))
