@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         last = row[len(seq) - 1].astype(np.float64)  # [V] logits after the prompt's last token
         logprobs = last - last.max() - np.log(np.exp(last - last.max()).sum())  # [V] log-softmax
         top = np.argsort(-logprobs)[:k]
-        print(f"\nprompt {label} ({len(seq)} tokens): most likely next tokens")
+        print(f"\nprompt {label} ({len(seq)} token{'s' if len(seq) != 1 else ''}): most likely next tokens")
         for token_id in top:
             print(f"  {describe_token(tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   p {np.exp(logprobs[token_id]):6.1%}")
     return EXIT_OK

@@ -1,0 +1,102 @@
+"""The public scoring API's input checks, the KV slot views, and `python -m minirt.inspect`."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minirt
+from conftest import FIXTURES, ROOT, load_expected, random_model
+from minirt.batch import prepare_round
+from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
+from minirt.inspect import main as inspect_main
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    return minirt.load_model(FIXTURES / "base")
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ([[1, 2, 128]], "token id 128, outside the vocabulary [0, 128)"),
+    ([[-1]], "token id -1"),
+    ([list(range(65))], "65 tokens, more than the model's context of 64"),
+    ([["a", "b"]], "not a list of integer token ids"),
+    (np.zeros((2, 3), dtype=int), "list of token-id lists"),
+    ("hello", "list of token-id lists"),
+])
+def test_logits_rejects_bad_token_ids(base_model, bad, fragment):
+    with pytest.raises(minirt.InputError) as exc:
+        base_model.logits(bad)
+    assert fragment in str(exc.value)
+
+
+def test_logits_shapes_and_empty_inputs(base_model):
+    assert base_model.logits([]).shape == (0, 0, 128)
+    assert base_model.logits([[]]).shape == (1, 0, 128)
+    out = base_model.logits([[1, 2, 3], [4]])
+    assert out.shape == (2, 3, 128) and out.dtype == np.float32
+
+
+def test_a_request_owns_its_kv_buffer():
+    """slot_buffers(slot) is that request's keys for every layer, equal to a run of it alone."""
+    model = random_model(seed=3)
+    cache = model.new_kv_cache(n_slots=2, capacity=6)
+    model.forward(prepare_round([[1, 2, 3], [4, 5]], slots=[1, 0], past_lens=[0, 0]), cache)
+    keys_together, values_together = cache.slot_buffers(1)  # [n_layer, H, 3, D]
+    alone = model.new_kv_cache(n_slots=1, capacity=6)
+    model.forward(prepare_round([[1, 2, 3]], slots=[0], past_lens=[0]), alone)
+    keys_alone, values_alone = alone.slot_buffers(0)
+    assert keys_together.shape == (2, 2, 3, 8)
+    assert np.allclose(keys_together, keys_alone, atol=1e-6) and np.allclose(values_together, values_alone, atol=1e-6)
+    assert np.shares_memory(keys_together, cache.keys)  # a view into the preallocated pool
+
+
+def test_kv_cache_budget_arithmetic():
+    model = random_model()
+    cache = model.new_kv_cache(n_slots=3, capacity=5)
+    assert cache.nbytes == minirt.kv_cache.KVCache.bytes_needed(2, 2, 8, 3, 5, np.float32) == 2 * 2 * 3 * 2 * 5 * 8 * 4
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        model.new_kv_cache(n_slots=1, capacity=33)
+
+
+def test_inspect_reports_the_reference_top_token(capsys):
+    """The top next token it prints is transformers' argmax for the same prompt."""
+    expected = load_expected("base")
+    prompt = expected["seq_0"].tolist()
+    assert run_command(inspect_main, ["--ids", ",".join(map(str, prompt)), "--top-k", "2", str(FIXTURES / "base")]) == EXIT_OK
+    out = capsys.readouterr().out
+    reference_top = int(np.argmax(expected["logits"][0, len(prompt) - 1]))
+    first_line = next(line for line in out.splitlines() if line.strip().startswith("id "))
+    assert first_line.split()[1] == str(reference_top)
+    assert "memory-mapped" in out and "31,616 parameters" in out
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["nope/does/not/exist"], "does not exist"),
+    ([str(FIXTURES / "base"), "--backend", "cupy"], "--backend numpy"),
+    ([str(FIXTURES / "base"), "--dtype", "int8"], "unknown dtype"),
+    ([str(FIXTURES / "base"), "--prompt", "hi"], "needs a tokenizer"),
+    ([str(FIXTURES / "base"), "--top-k", "0"], "--top-k"),
+])
+def test_inspect_errors_are_one_line(capsys, argv, fragment):
+    if "cupy" in argv:
+        try:
+            minirt.get_backend("cupy")
+            pytest.skip("a usable GPU is present")
+        except minirt.BackendError:
+            pass
+    assert run_command(inspect_main, argv, prog="minirt.inspect") == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err and "Traceback" not in err
+
+
+def test_inspect_as_a_module_subprocess():
+    result = subprocess.run([sys.executable, "-m", "minirt.inspect", str(FIXTURES / "sharded"), "--ids", "1,2"],
+                            capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "in 3 file(s)" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "minirt.inspect", "/no/such/folder"],
+                         capture_output=True, text=True, cwd=ROOT, check=False)
+    assert bad.returncode == EXIT_USAGE and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
