@@ -5,24 +5,31 @@ Start here:
     (a folder, or a hub id found in the local Hugging Face cache);
   * `model.logits(token_ids)` scores sequences of different lengths in one
     padded batch;
-  * `load_tokenizer(folder)` turns text into ids and back.
+  * `load_tokenizer(folder)` turns text into ids and back;
+  * `LLM(model).generate(prompts, SamplingParams(...))` serves prompts in
+    static groups (`python -m minirt.generate` is the same on the command line).
 
 Where things live (each module's docstring says what it owns):
   config.py      the hyperparameters, checked            checkpoint.py  finding and reading weights
   tokenizer.py   text <-> ids                            backend.py     numpy or cupy (`xp`)
   batch.py       one round's padded batch metadata       kv_cache.py    per-request key/value buffers
-  model.py       the layers and the forward pass
+  model.py       the layers and the forward pass       sampling.py    SamplingParams, choosing a token
+  request.py     one request's own state and stops      engine.py      the static-group loop
+  llm.py         the Python API                         generate.py    the command line
+  prompt_file.py reading .txt / .jsonl prompts          report.py      output, progress, trace, summary
 """
 
 from .backend import get_backend
 from .checkpoint import load_checkpoint
 from .config import GPT2Config
 from .errors import BackendError, CheckpointError, MinirtError, TokenizerError
+from .llm import LLM
 from .model import GPT2, InputError, load_model
+from .sampling import RequestError, SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
-    "GPT2", "GPT2Config", "Tokenizer", "get_backend", "load_checkpoint", "load_model", "load_tokenizer",
+    "LLM", "SamplingParams", "RequestError", "GPT2", "GPT2Config", "Tokenizer", "get_backend", "load_checkpoint", "load_model", "load_tokenizer",
     "MinirtError", "CheckpointError", "BackendError", "TokenizerError", "InputError",
 ]
 __version__ = "0.1.0"

@@ -84,3 +84,46 @@ def load_expected(name: str) -> dict[str, np.ndarray]:
 
 
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").is_file())
+
+
+CORPUS = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
+    "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles. "
+    "Shall I compare thee to a summer's day? Thou art more lovely and more temperate. "
+    "Now is the winter of our discontent made glorious summer by this sun of York. "
+    "All the world's a stage, and all the men and women merely players. Café, naïve, 日本語, 🤗. "
+) * 20
+
+
+def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_target: int = 300) -> Path:
+    """A small model folder with a real byte-level BPE tokenizer and random weights (NumPy only).
+
+    Its config's eos_token_id is the tokenizer's <|endoftext|>, so EOS handling is real.
+    """
+    import json
+
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_target, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([CORPUS], trainer=trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    eos = tok.token_to_id("<|endoftext|>")
+    config = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": n_positions, "n_embd": 32, "n_layer": 2,
+              "n_head": 4, "bos_token_id": eos, "eos_token_id": eos}
+    (folder / "config.json").write_text(json.dumps(config))
+    model = random_model(seed=seed, **{k: v for k, v in config.items() if k not in ("model_type", "bos_token_id", "eos_token_id")})
+    tensors = {name: np.ascontiguousarray(array) for name, array in model.params.items() if name != "lm_head.weight"}
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> Path:
+    return write_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))

@@ -1,0 +1,253 @@
+"""The static-group serving loop: many requests, served in fixed groups that share each forward pass.
+
+Owns: turning prompts into `Request`s (refusing bad ones with an error of
+their own), and `Engine.serve`, which runs them in static groups:
+
+    while requests wait:
+        members = choose members (arrival order, up to batch_size, within the KV budget)
+        give each member its own KV slot in a cache allocated for this group
+        until every member has finished:
+            prepare the batch metadata   (each active member's new tokens, slot, kv_len)
+            run the round                (one forward pass of the active members)
+            apply the updates            (each member samples, appends, checks its own stops)
+            keep each finished member's status (it leaves the compute, its record is final)
+        release the group                (only now may the next group start)
+
+Rounds are numbered across the whole run.  A group's first round is its
+prefill and gives every member its first token; a member that produces L
+tokens is active in its group's first L rounds.  A finished member costs no
+compute in later rounds and never stops or alters the others.
+
+Must not know: the layers' arithmetic, files, command-line flags or output formats.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .kv_cache import KVCache
+from .model import GPT2
+from .request import Request, Status
+from .sampling import RequestError, SamplingParams, derived_seed, request_rng
+from .batch import prepare_round
+from .tokenizer import Tokenizer
+
+DEFAULT_KV_BUDGET_MIB = 4096
+
+
+@dataclass
+class GroupRecord:
+    """What one static group did, for traces and summaries."""
+
+    number: int  # 1-based
+    members: list[Request]
+    first_round: int
+    last_round: int = 0
+    active_rows: list[int] = field(default_factory=list)  # per round of this group
+
+
+@dataclass
+class RunStats:
+    """Counts for the run summary.  Utilization = active row-rounds / (batch_size x rounds)."""
+
+    batch_size: int
+    requests: int = 0
+    failed: int = 0
+    rounds: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    wall_seconds: float = 0.0
+    groups: list[GroupRecord] = field(default_factory=list)
+
+    @property
+    def active_rows_per_round(self) -> list[int]:
+        return [n for g in self.groups for n in g.active_rows]
+
+    @property
+    def utilization(self) -> float:
+        return sum(self.active_rows_per_round) / (self.batch_size * self.rounds) if self.rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+class Engine:
+    """Serves requests on one model in static groups."""
+
+    def __init__(self, model: GPT2, tokenizer: Tokenizer | None, batch_size: int = 8,
+                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB):
+        if batch_size < 1:
+            raise RequestError(f"batch size must be at least 1, got {batch_size}")
+        if kv_budget_mib <= 0:
+            raise RequestError(f"the KV budget must be positive, got {kv_budget_mib} MiB")
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size = batch_size
+        self.kv_budget_bytes = int(kv_budget_mib * 2**20)
+        c = model.config
+        self.kv_bytes_per_position = KVCache.bytes_needed(c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype)
+        vocab_eos = tokenizer.eos_token_id if tokenizer is not None else c.eos_token_id
+        self.eos_token_id = vocab_eos if vocab_eos is not None and vocab_eos < c.vocab_size else None
+        vocab_bos = tokenizer.bos_token_id if tokenizer is not None else c.bos_token_id
+        self.bos_token_id = vocab_bos if vocab_bos is not None and vocab_bos < c.vocab_size else self.eos_token_id
+
+    # ------------------------------------------------------------------ making requests
+
+    def make_request(self, index: int, prompt: str | Sequence[int], params: SamplingParams, request_id=None,
+                     run_seed: int = 0, want_logprobs: bool = False) -> Request:
+        """A Request for one prompt (text or token ids).  A bad one comes back already refused."""
+        text = prompt if isinstance(prompt, str) else None
+        request = Request(index=index, id=str(index if request_id is None else request_id), prompt=text,
+                          prompt_ids=[], params=params, want_logprobs=want_logprobs)
+        try:
+            request.prompt_ids = self._prompt_ids(prompt)
+            self._check_params(params)
+        except RequestError as exc:
+            request.refuse(str(exc))
+            return request
+        seed = params.seed if params.seed is not None else derived_seed(run_seed, index)
+        request.rng = request_rng(seed)
+        return request
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        c = self.model.config
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer, so prompts must be token-id lists")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise RequestError("a prompt must be text or a list of token ids") from None
+            bad = [t for t in ids if not 0 <= t < c.vocab_size]
+            if bad:
+                raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+        if not ids:  # an empty prompt starts from the beginning-of-text token
+            if self.bos_token_id is None:
+                raise RequestError("the prompt is empty and the model has no BOS/EOS token to start from")
+            ids = [self.bos_token_id]
+        if len(ids) > c.n_positions:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens, more than the model's context of {c.n_positions}; shorten it"
+            )
+        return ids
+
+    def _check_params(self, params: SamplingParams) -> None:
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
+        bad = [t for t in params.stop_token_ids if t >= self.model.config.vocab_size]
+        if bad:
+            raise RequestError(f"stop token id {bad[0]} is outside the vocabulary [0, {self.model.config.vocab_size})")
+
+    # ------------------------------------------------------------------ the static-group loop
+
+    def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
+              on_round: Callable[[RunStats], None] | None = None,
+              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
+        """Serve every waiting request in static groups; call on_final(request) as each record becomes final."""
+        stats = RunStats(batch_size=self.batch_size, requests=len(requests))
+        start = time.perf_counter()
+        for request in requests:
+            if request.finished and on_final:  # refused before running: final already
+                on_final(request)
+        waiting = deque(r for r in requests if r.status is Status.WAITING)
+        round_number = 0
+        while waiting:
+            members = self.choose_members(waiting, on_final)
+            if not members:
+                continue
+            group = GroupRecord(number=len(stats.groups) + 1, members=members, first_round=round_number + 1)
+            stats.groups.append(group)
+            cache = self.allocate_group_kv(group)
+            stats.prompt_tokens += sum(r.prompt_len for r in members)
+
+            while not all(r.finished for r in members):
+                round_number += 1
+                active = [r for r in members if not r.finished]  # finished members leave the compute
+                logits = self.run_round(active, cache)  # [len(active), V], one forward pass
+                self.apply_updates(active, logits, round_number)
+                group.active_rows.append(len(active))
+                stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(active)
+                self.keep_finished(active, on_final)
+                stats.wall_seconds = time.perf_counter() - start
+                if on_round:
+                    on_round(stats)
+
+            group.last_round = round_number
+            self.release_group(members, cache)
+            if on_group_end:
+                on_group_end(group, list(waiting))
+        stats.failed = sum(1 for r in requests if r.error is not None)
+        stats.wall_seconds = time.perf_counter() - start
+        return stats
+
+    def choose_members(self, waiting: deque, on_final=None) -> list[Request]:
+        """Take requests from the front of the queue, in arrival order, while the group fits.
+
+        A group fits while it has at most batch_size members and its KV cache
+        (members x the longest member's capacity) stays within the budget.  A
+        request too big for the budget even alone is refused with its own error.
+        """
+        members: list[Request] = []
+        capacity = 0
+        n_positions = self.model.config.n_positions
+        while waiting and len(members) < self.batch_size:
+            candidate = waiting[0]
+            need = candidate.kv_capacity_needed(n_positions)
+            alone_bytes = need * self.kv_bytes_per_position
+            if alone_bytes > self.kv_budget_bytes:
+                waiting.popleft()
+                candidate.refuse(
+                    f"needs {alone_bytes / 2**20:.1f} MiB of KV cache, over the budget of "
+                    f"{self.kv_budget_bytes / 2**20:.0f} MiB; lower max_new_tokens or raise the KV budget"
+                )
+                if on_final:
+                    on_final(candidate)
+                continue
+            group_bytes = (len(members) + 1) * max(capacity, need) * self.kv_bytes_per_position
+            if members and group_bytes > self.kv_budget_bytes:
+                break  # the group is full by memory; the candidate waits for the next group
+            members.append(waiting.popleft())
+            capacity = max(capacity, need)
+        return members
+
+    def allocate_group_kv(self, group: GroupRecord) -> KVCache:
+        """One KV slot per member, each long enough for the longest member; members take their slots."""
+        n_positions = self.model.config.n_positions
+        capacity = max(r.kv_capacity_needed(n_positions) for r in group.members)
+        cache = self.model.new_kv_cache(n_slots=len(group.members), capacity=capacity)
+        for slot, request in enumerate(group.members):
+            request.start(group.number, slot, cache, group.first_round, self.tokenizer)
+        return cache
+
+    def run_round(self, active: list[Request], cache: KVCache) -> np.ndarray:
+        """Prepare the batch metadata for the active members and run one forward pass."""
+        slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
+        inputs = prepare_round([r.next_input() for r in active], slots=slots, past_lens=cache.lengths[slots])
+        return self.model.next_token_logits(inputs, cache)  # [B, V] fp32, host
+
+    def apply_updates(self, active: list[Request], logits: np.ndarray, round_number: int) -> None:
+        """Each active member picks its token from its own row and checks its own stop conditions."""
+        n_positions = self.model.config.n_positions
+        for request, row in zip(active, logits):
+            request.take_step(row, round_number, self.eos_token_id, n_positions)
+
+    @staticmethod
+    def keep_finished(active: list[Request], on_final) -> None:
+        """A member that finished this round keeps its status and record; it is not run again."""
+        for request in active:
+            if request.finished and on_final:
+                on_final(request)
+
+    @staticmethod
+    def release_group(members: list[Request], cache: KVCache) -> None:
+        """The group is over: its KV cache is dropped and the next group may start."""
+        for request in members:
+            request.release()
+        del cache

@@ -1,0 +1,185 @@
+"""`python -m minirt.generate --prompts FILE`: serve a file of prompts in static groups.
+
+Owns: the command line.  It reads the prompts file, works out each request's
+sampling parameters (built-in defaults < the model's generation_config.json
+< flags < the request's own JSONL fields), serves the requests with the
+static-group engine, and reports: completions on standard output in input
+order, JSONL records with --output, a progress bar, the round grid with
+--trace, and a summary on standard error.
+
+Must not know: the layers, the KV cache or sampling arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .backend import BACKEND_NAMES
+from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, run_command
+from .engine import DEFAULT_KV_BUDGET_MIB
+from .errors import MinirtError
+from .llm import LLM
+from .prompt_file import FORMATS, read_prompts
+from .report import OrderedOutput, Progress, group_grid, summary
+from .request import Request
+from .sampling import RequestError, SamplingParams
+
+SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "weights"
+
+EPILOG = r"""
+examples:
+  python -m minirt.generate --prompts prompts.txt
+  python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
+  python -m minirt.generate --model /path/to/gpt2-folder --prompts - --temperature 0.8 --top-p 0.95 --seed 1
+  echo 'Once upon a time' | python -m minirt.generate --model gpt2 --prompts - --max-new-tokens 40
+
+prompts files:
+  .txt    one prompt per line; write a newline inside a prompt as \n, a tab as \t,
+          a backslash as \\; blank lines are skipped
+  .jsonl  one object per line: {"prompt": "...", "id": "q1", "max_new_tokens": 20, "stop": ["\n"]}
+          any sampling field may be set per request: max_new_tokens, temperature,
+          top_k, top_p, seed, stop, stop_token_ids, ignore_eos
+  -       standard input (JSONL if the first line starts with "{", text otherwise)
+
+sampling defaults: greedy (temperature 0), 64 new tokens, unless the model folder's
+generation_config.json says otherwise; flags override those, and a JSONL line's own
+fields override the flags for that request.
+
+exit status:
+  0    every request succeeded
+  1    the run finished, but at least one request failed (its record carries the error)
+  2    a bad flag, prompts file, model or backend: nothing was generated
+  130  interrupted (Ctrl-C); every record already final was written
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minirt.generate",
+        description="Generate completions for a file of prompts with a GPT-2 model, served in static groups.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--prompts", required=True, metavar="FILE", help="a .txt or .jsonl prompts file, or - for standard input")
+    p.add_argument("--format", choices=FORMATS, default="auto", help="prompts file format (default: from the file name)")
+    p.add_argument("--model", help="a model folder or a hub id in the local Hugging Face cache "
+                                   "(default: the model shipped in weights/)")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto: cupy if a GPU is usable)")
+    p.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16, float64")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows per static group (default 8)")
+    p.add_argument("--kv-budget-mib", type=float, default=DEFAULT_KV_BUDGET_MIB, metavar="MIB",
+                   help=f"memory a group's KV cache may take (default {DEFAULT_KV_BUDGET_MIB})")
+    g = p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
+    g.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate at most (default 64)")
+    g.add_argument("--temperature", type=float, metavar="T", help="0 is greedy (default); higher is more random")
+    g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens (0: off)")
+    g.add_argument("--top-p", type=float, metavar="P", help="sample from the smallest set with probability >= P (1: off)")
+    g.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="the run's seed; a request without its own seed gets one derived from S and its line (default 0)")
+    g.add_argument("--stop", action="append", metavar="TEXT", help="stop when this text appears (repeatable; \\n for newline)")
+    g.add_argument("--stop-token-id", action="append", type=int, metavar="ID", help="stop when this token is produced (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
+    o = p.add_argument_group("output")
+    o.add_argument("--output", metavar="FILE.jsonl", help="write one JSON record per request, in input order, as each is final")
+    o.add_argument("--logprobs", action="store_true", help="add each chosen token's log-probability to the records")
+    o.add_argument("--trace", action="store_true", help="print each group's round grid on standard error")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--quiet", action="store_true", help="print no completions on standard output (records still go to --output)")
+    return p
+
+
+def default_model() -> str:
+    """The model shipped in weights/, if there is exactly one."""
+    shipped = sorted(p.parent for p in SHIPPED_MODELS.glob("*/config.json")) if SHIPPED_MODELS.is_dir() else []
+    if len(shipped) == 1:
+        return str(shipped[0])
+    raise MinirtError("no --model given, and no single model is shipped in weights/; pass --model FOLDER or a hub id such as gpt2")
+
+
+def flag_overrides(args) -> dict:
+    """Sampling fields given on the command line."""
+    given = {
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+        "top_p": args.top_p, "ignore_eos": args.ignore_eos,
+        "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
+        "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def open_output(path: str):
+    """Open the JSONL output now, so a bad path fails before any work is done."""
+    try:
+        return open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+    except OSError as exc:
+        raise MinirtError(f"cannot write --output {path} ({exc.strerror}); check the folder exists and is writable") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.batch_size < 1:
+        raise MinirtError(f"--batch-size must be at least 1, got {args.batch_size}")
+    entries = read_prompts(args.prompts, args.format)  # a bad file stops here, before loading anything
+
+    jsonl = open_output(args.output) if args.output else None
+
+    start = time.perf_counter()
+    llm = LLM(args.model or default_model(), backend=args.backend, dtype=args.dtype,
+              batch_size=args.batch_size, kv_budget_mib=args.kv_budget_mib, seed=args.seed)
+    load_seconds = time.perf_counter() - start
+    if llm.backend_note:
+        print(llm.backend_note, file=sys.stderr)
+    try:
+        run_defaults = llm.defaults.updated(**flag_overrides(args))
+    except RequestError as exc:
+        raise MinirtError(f"bad sampling flag: {exc}") from None
+
+    requests = []
+    for index, entry in enumerate(entries):
+        request_id = entry.id if entry.id is not None else str(index)
+        try:
+            params = run_defaults.updated(**entry.overrides)
+        except RequestError as exc:
+            entry.error = entry.error or f"line {entry.line}: {exc}"
+        if entry.error is not None:  # a bad line: this request alone fails, its peers still run
+            request = Request(index=index, id=request_id, prompt=entry.prompt if isinstance(entry.prompt, str) else None,
+                              prompt_ids=[], params=run_defaults, want_logprobs=args.logprobs)
+            request.refuse(entry.error)
+        else:
+            request = llm.engine.make_request(index, entry.prompt, params, request_id=request_id,
+                                              run_seed=args.seed, want_logprobs=args.logprobs)
+        requests.append(request)
+
+    output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, jsonl, color=sys.stdout.isatty())
+    progress = Progress(len(requests), enabled=not args.no_progress and sys.stderr.isatty())
+
+    def on_group_end(group, waiting):
+        if args.trace:
+            progress.close()
+            progress.drawn = False
+            print(group_grid(group, waiting), file=sys.stderr)
+
+    interrupted = False
+    try:
+        stats = llm.engine.serve(requests, on_final=output.final,
+                                 on_round=lambda s: progress.update(s, output.done),
+                                 on_group_end=on_group_end)
+    except KeyboardInterrupt:
+        interrupted = True
+        output.flush_out_of_order()
+    finally:
+        progress.close()
+        if jsonl is not None:
+            jsonl.close()
+    if interrupted:
+        print(f"minirt.generate: interrupted; {output.done} of {len(requests)} records were final and written",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(summary(stats, load_seconds), file=sys.stderr, end="")
+    return EXIT_REQUEST_FAILED if stats.failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main, prog="minirt.generate"))

@@ -1,0 +1,94 @@
+"""The Python API, shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`.
+
+Owns: loading a model with its tokenizer and generation defaults, and one
+call that serves a list of prompts in static groups and returns their
+outputs in input order.
+
+    from minirt import LLM, SamplingParams
+    llm = LLM("gpt2", batch_size=8)
+    for out in llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_new_tokens=20)):
+        print(out.text, out.finish_reason, out.first_round, out.finish_round)
+
+Each output is the request's own record (`Request`): `.text`, `.token_ids`,
+`.finish_reason`, `.error`, `.group`, `.rounds_waited`, `.first_round`,
+`.finish_round`, and `.logprobs` when asked for.
+
+Must not know: command-line flags or file formats.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .backend import get_backend, resolve_dtype
+from .checkpoint import load_checkpoint
+from .engine import DEFAULT_KV_BUDGET_MIB, Engine, RunStats
+from .errors import TokenizerError
+from .model import GPT2
+from .request import Request
+from .sampling import SamplingParams
+from .tokenizer import load_tokenizer
+
+
+def generation_defaults(folder: Path) -> dict:
+    """Sampling defaults a model folder ships in generation_config.json (Hugging Face's names).
+
+    Only fields that are present are taken; `do_sample: false` means greedy.
+    """
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+        return {}
+    defaults = {}
+    for name in ("temperature", "top_k", "top_p", "max_new_tokens"):
+        if isinstance(raw.get(name), (int, float)) and not isinstance(raw.get(name), bool):
+            defaults[name] = raw[name]
+    if raw.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+    elif raw.get("do_sample") is not True and "temperature" in defaults:
+        defaults.pop("temperature")  # Hugging Face ignores temperature unless do_sample is true
+    return defaults
+
+
+class LLM:
+    """A loaded model, its tokenizer, and a static-group engine to serve prompts with."""
+
+    def __init__(self, model: str | Path, backend: str = "numpy", dtype: str = "float32", batch_size: int = 8,
+                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0):
+        chosen, self.backend_note = get_backend(backend)
+        checkpoint = load_checkpoint(model)
+        self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
+        c = self.model.config
+        try:
+            self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
+        except TokenizerError:
+            self.tokenizer = None  # token-id prompts still work
+        self.defaults = SamplingParams(**generation_defaults(checkpoint.folder))
+        self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib)
+        self.seed = seed
+        self.last_stats: RunStats | None = None
+
+    def make_requests(self, prompts: Sequence[str | Sequence[int]], params=None, ids: Sequence | None = None,
+                      logprobs: bool = False) -> list[Request]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or self.defaults] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        ids = ids if ids is not None else [None] * len(prompts)
+        return [self.engine.make_request(i, p, sp, request_id=rid, run_seed=self.seed, want_logprobs=logprobs)
+                for i, (p, sp, rid) in enumerate(zip(prompts, params, ids))]
+
+    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ids: Sequence | None = None, logprobs: bool = False,
+                 on_final: Callable[[Request], None] | None = None) -> list[Request]:
+        """Serve the prompts (text, or token-id lists) and return their outputs in input order."""
+        requests = self.make_requests(prompts, params, ids=ids, logprobs=logprobs)
+        self.last_stats = self.engine.serve(requests, on_final=on_final)
+        return requests

@@ -1,0 +1,162 @@
+"""Sampling parameters, and choosing each request's next token from its own logits.
+
+Owns:
+  * `SamplingParams`: everything a request says about how it wants to be
+    generated and stopped (max_new_tokens, temperature, top_k, top_p, seed,
+    stop strings, stop token ids, ignore_eos), validated;
+  * `filtered_distribution`: temperature, then top-k, then top-p, turning a
+    row of raw logits into the probabilities the token is drawn from;
+  * `choose_token`: greedy or a draw from the request's own random stream,
+    plus the chosen token's log-probability under the unmodified model
+    (log-softmax of the raw logits).
+
+Sampling runs on the host in float64 NumPy, one request at a time, with each
+request's own `numpy.random.Generator`.  So a request's tokens depend only on
+its logits and its seed, never on which rows it was batched with, and the
+CuPy backend samples exactly what the NumPy backend does.
+
+Must not know: models, batches, scheduling or text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from .errors import MinirtError
+
+
+class RequestError(MinirtError):
+    """A request that cannot be served as asked (bad parameters, a prompt too long)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is generated and when it stops."""
+
+    max_new_tokens: int = 64  # stop with finish_reason "length" after this many tokens
+    temperature: float = 0.0  # 0 means greedy (argmax); otherwise logits are divided by it
+    top_k: int = 0  # keep only the k most likely tokens (0: no limit)
+    top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p (1: no limit)
+    seed: int | None = None  # the request's own random stream; None: derived from the run's seed and the request's index
+    stop: tuple[str, ...] = ()  # stop strings; the text is cut just before the first one
+    stop_token_ids: tuple[int, ...] = ()  # token ids that end the request (finish_reason "stop")
+    ignore_eos: bool = False  # keep going past the end-of-text token
+
+    def __post_init__(self):
+        # Accept lists (from JSON) and a bare string for `stop`; store tuples so params are hashable.
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        object.__setattr__(self, "stop", tuple(stop) if stop is not None else ())
+        ids = self.stop_token_ids if self.stop_token_ids is not None else ()
+        object.__setattr__(self, "stop_token_ids", tuple(ids) if isinstance(ids, (list, tuple)) else ids)
+        self.validate()
+
+    def validate(self) -> None:
+        def is_int(value) -> bool:
+            return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+        def is_number(value) -> bool:
+            return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and np.isfinite(value)
+
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not is_number(self.temperature) or self.temperature < 0:
+            raise RequestError(f"temperature must be a number >= 0 (0 is greedy), got {self.temperature!r}")
+        if not is_int(self.top_k) or self.top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k!r}")
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
+            raise RequestError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise RequestError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}")
+        if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise RequestError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def updated(self, **overrides) -> SamplingParams:
+        """A copy with some fields replaced (validated again)."""
+        unknown = set(overrides) - set(self.field_names())
+        if unknown:
+            raise RequestError(f"unknown sampling field(s) {', '.join(sorted(unknown))}; known: {', '.join(self.field_names())}")
+        return replace(self, **overrides)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities of a row of logits, computed stably in float64."""
+    x = np.asarray(logits, dtype=np.float64)  # [V]
+    shifted = x - x.max()  # [V]
+    return shifted - np.log(np.exp(shifted).sum())  # [V]
+
+
+def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The probabilities a token is drawn from: softmax(logits / T), then top-k, then top-p, renormalised.
+
+    Top-k keeps every token whose logit is at least the k-th largest (ties at
+    the boundary are kept).  Top-p keeps the most likely tokens, in order,
+    until their total probability reaches top_p; the most likely token is
+    always kept.  Returns float64 [V] summing to 1.
+    """
+    scaled = np.asarray(logits, dtype=np.float64) / params.temperature  # [V]
+    keep = np.ones(scaled.shape, dtype=bool)  # [V]
+    if 0 < params.top_k < scaled.size:
+        kth_largest = np.partition(scaled, -params.top_k)[-params.top_k]
+        keep &= scaled >= kth_largest
+    probs = np.exp(log_softmax(np.where(keep, scaled, -np.inf)))  # [V], zero outside the kept set
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")  # [V] most likely first, ties by token id
+        mass_before = np.cumsum(probs[order]) - probs[order]  # [V] probability of the tokens ranked above
+        kept_in_order = mass_before < params.top_p  # [V]; the first token has mass_before 0, always kept
+        nucleus = np.zeros_like(keep)
+        nucleus[order[kept_in_order]] = True
+        probs = np.where(nucleus, probs, 0.0)  # [V]
+        probs = probs / probs.sum()
+    return probs
+
+
+def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None,
+                 want_logprob: bool = True) -> tuple[int, float | None]:
+    """Pick the next token for one request.  Returns (token id, its log-probability under the raw model).
+
+    The log-probability costs a softmax over the vocabulary; with
+    want_logprob=False it is skipped and None is returned in its place.
+
+    Greedy (temperature 0) takes the argmax, ties to the lowest id, and draws
+    no random number.  Otherwise one uniform number is drawn from the
+    request's own stream and mapped through the filtered distribution's
+    cumulative sum, in token-id order.
+    """
+    logits = np.asarray(logits)  # [V] fp32 from the model
+    if params.temperature == 0:
+        token = int(np.argmax(logits))
+    else:
+        probs = filtered_distribution(logits, params)  # [V]
+        cumulative = np.cumsum(probs)  # [V]
+        u = rng.random() * cumulative[-1]
+        token = int(np.searchsorted(cumulative, u, side="right"))
+        token = min(token, int(np.flatnonzero(probs)[-1]))  # guard the u == total edge
+    return token, (float(log_softmax(logits)[token]) if want_logprob else None)
+
+
+def request_rng(seed: int) -> np.random.Generator:
+    """A request's own random stream."""
+    return np.random.Generator(np.random.PCG64(seed))
+
+
+def derived_seed(run_seed: int, index: int) -> int:
+    """The seed of a request that set none: fixed by the run's seed and the request's input position.
+
+    It does not depend on batch size, order of service or neighbours, so a run is
+    reproducible and a request's output is the same in any batch.
+    """
+    return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+__all__ = ["SamplingParams", "RequestError", "choose_token", "filtered_distribution", "log_softmax",
+           "request_rng", "derived_seed"]
