@@ -121,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
         raise MinirtError(f"--batch-size must be at least 1, got {args.batch_size}")
-    entries = read_prompts(args.prompts, args.format)  # a bad file stops here, before loading anything
+    overrides = flag_overrides(args)
+    try:
+        SamplingParams().updated(**overrides)  # a bad flag stops here, before loading anything
+    except RequestError as exc:
+        raise MinirtError(f"bad sampling flag: {exc}") from None
+    entries = read_prompts(args.prompts, args.format)  # so does a bad prompts file
 
     jsonl = open_output(args.output) if args.output else None
 
@@ -132,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if llm.backend_note:
         print(llm.backend_note, file=sys.stderr)
     try:
-        run_defaults = llm.defaults.updated(**flag_overrides(args))
+        run_defaults = llm.defaults.updated(**overrides)
     except RequestError as exc:
         raise MinirtError(f"bad sampling flag: {exc}") from None
 

@@ -1,0 +1,247 @@
+"""The static-group engine: rounds, independent stopping, batch invariance, bad requests among good ones."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import FIXTURE_NAMES, FIXTURES, load_expected, random_model
+from minirt import LLM, SamplingParams
+from minirt.engine import Engine
+from minirt.sampling import log_softmax
+
+
+def engine_for(model, batch_size, tokenizer=None, **kw):
+    return Engine(model, tokenizer, batch_size=batch_size, **kw)
+
+
+def serve(engine, prompts, params, run_seed=0, logprobs=False):
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    requests = [engine.make_request(i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
+                for i, (p, sp) in enumerate(zip(prompts, params))]
+    stats = engine.serve(requests)
+    return requests, stats
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(seed=11, vocab_size=60, n_positions=32)
+
+
+# ------------------------------------------------------------------ the seed's exercise
+
+
+def test_seed_exercise_static_group_of_three(model, monkeypatch):
+    """Output lengths 2, 5 and 8 in a group of 3, then a fourth request."""
+    engine = engine_for(model, batch_size=3)
+    calls = []  # how many rows each forward pass really ran
+    original = model.next_token_logits
+
+    def spy(inputs, cache):
+        calls.append(inputs.batch_size)
+        return original(inputs, cache)
+
+    monkeypatch.setattr(model, "next_token_logits", spy)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 5, 8, 4)]
+    requests, stats = serve(engine, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], params)
+    first, fourth = stats.groups[0], requests[3]
+    assert (first.first_round, first.last_round) == (1, 8)
+    assert first.active_rows == [3, 3, 2, 2, 2, 1, 1, 1]
+    assert calls[:8] == [3, 3, 2, 2, 2, 1, 1, 1]  # finished rows really left the compute
+    assert [len(r.token_ids) for r in requests] == [2, 5, 8, 4]
+    assert [(r.first_round, r.finish_round) for r in requests[:3]] == [(1, 2), (1, 5), (1, 8)]
+    assert fourth.rounds_waited == 8 and fourth.first_round == 9 and fourth.finish_round == 12 and fourth.group == 2
+    assert stats.rounds == 12 and stats.utilization == pytest.approx((15 + 4) / (3 * 12))
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=9), batch_size=st.integers(1, 4))
+def test_rounds_are_set_by_each_groups_longest_member(model, lengths, batch_size):
+    engine = engine_for(model, batch_size)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
+    requests, stats = serve(engine, [[i % 50 + 1] for i in range(len(lengths))], params)
+    groups = [lengths[i:i + batch_size] for i in range(0, len(lengths), batch_size)]
+    assert stats.rounds == sum(max(g) for g in groups)
+    round_offset = 0
+    for g, group_lengths in enumerate(groups):
+        for j, n in enumerate(group_lengths):
+            r = requests[g * batch_size + j]
+            assert (r.group, r.first_round, r.finish_round, r.rounds_waited) == (g + 1, round_offset + 1, round_offset + n, round_offset)
+        round_offset += max(group_lengths)
+
+
+# ------------------------------------------------------------------ batch invariance
+
+
+params_strategy = st.builds(
+    SamplingParams,
+    max_new_tokens=st.integers(1, 8),
+    temperature=st.sampled_from([0.0, 0.0, 0.7, 1.3]),
+    top_k=st.sampled_from([0, 0, 3, 10]),
+    top_p=st.sampled_from([1.0, 1.0, 0.9, 0.5]),
+    seed=st.one_of(st.none(), st.integers(0, 2**32)),
+    stop_token_ids=st.lists(st.integers(0, 59), max_size=2).map(tuple),
+    ignore_eos=st.booleans(),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    prompts=st.lists(st.lists(st.integers(0, 59), min_size=0, max_size=12), min_size=1, max_size=7),
+    data=st.data(),
+)
+def test_a_requests_tokens_do_not_depend_on_its_batch(model, prompts, data):
+    """Alone, in batches of several sizes, and shuffled: every request produces the same tokens."""
+    params = [data.draw(params_strategy) for _ in prompts]
+    alone = {}
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        request = engine_for(model, 1).make_request(i, prompt, sp, run_seed=3)
+        engine_for(model, 1).serve([request])
+        alone[i] = request.token_ids
+    for batch_size in (2, 3, 7):
+        order = data.draw(st.permutations(range(len(prompts))))
+        engine = engine_for(model, batch_size)
+        requests = [engine.make_request(i, prompts[i], params[i], run_seed=3) for i in order]
+        engine.serve(requests)
+        for request in requests:
+            assert request.token_ids == alone[request.index], (batch_size, request.index)
+
+
+def test_same_prompt_and_seed_give_the_same_tokens_in_one_batch(model):
+    sp = SamplingParams(temperature=1.0, seed=42, max_new_tokens=12)
+    requests, _ = serve(engine_for(model, 4), [[5, 6, 7], [1], [5, 6, 7], [2, 3]], sp)
+    assert requests[0].token_ids == requests[2].token_ids
+    other_seed, _ = serve(engine_for(model, 4), [[5, 6, 7]], SamplingParams(temperature=1.0, seed=43, max_new_tokens=12))
+    assert other_seed[0].token_ids != requests[0].token_ids
+
+
+# ------------------------------------------------------------------ stopping, per request
+
+
+def test_eos_stops_only_its_own_request_and_ignore_eos_goes_on(model):
+    engine = engine_for(model, 3)
+    probe, _ = serve(engine, [[9, 9]], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    eos = probe[0].token_ids[2]  # make the third token this request produces the EOS
+    engine.eos_token_id = eos
+    requests, stats = serve(engine, [[9, 9], [9, 9], [1, 2]], [
+        SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=6, ignore_eos=True), SamplingParams(max_new_tokens=6, ignore_eos=True)])
+    stopped, kept_going, peer = requests
+    first_eos = probe[0].token_ids.index(eos)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == probe[0].token_ids[: first_eos + 1]
+    assert kept_going.finish_reason == "length" and kept_going.token_ids == probe[0].token_ids
+    assert len(peer.token_ids) == 6 and stats.rounds == 6
+
+
+def test_stop_token_ids(model):
+    engine = engine_for(model, 2)
+    probe, _ = serve(engine, [[3, 4, 5]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    target = probe[0].token_ids[4]
+    requests, _ = serve(engine, [[3, 4, 5]], SamplingParams(max_new_tokens=8, ignore_eos=True, stop_token_ids=(target,)))
+    cut = probe[0].token_ids.index(target) + 1
+    assert requests[0].token_ids == probe[0].token_ids[:cut] and requests[0].finish_reason == "stop"
+
+
+def test_context_full_finishes_with_length(model):
+    n_positions = model.config.n_positions  # 32
+    requests, _ = serve(engine_for(model, 3), [list(range(30)), list(range(32)), [1]], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    assert len(requests[0].token_ids) == 2 and requests[0].finish_reason == "length"  # 30 + 2 = 32 positions
+    assert len(requests[1].token_ids) == 1 and requests[1].finish_reason == "length"  # a full prompt still gets one token
+    assert len(requests[2].token_ids) == 10
+    # Every token but the last is fed back, and each fed token needs a position.
+    assert all(r.prompt_len + len(r.token_ids) - 1 <= n_positions for r in requests)
+    assert all(r.kv_len == 0 for r in requests)  # released after the group
+
+
+def test_a_bad_request_gets_its_own_error_and_peers_are_unchanged(model):
+    good = [[1, 2, 3], [4, 5]]
+    sp = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    clean, _ = serve(engine_for(model, 3), good, sp)
+    mixed, stats = serve(engine_for(model, 3), [good[0], list(range(33)), [99], good[1]], sp)
+    assert mixed[1].error and "more than the model's context of 32" in mixed[1].error and mixed[1].finish_reason == "error"
+    assert mixed[2].error and "outside the vocabulary" in mixed[2].error
+    assert mixed[0].token_ids == clean[0].token_ids and mixed[3].token_ids == clean[1].token_ids
+    assert stats.failed == 2 and len(stats.groups) == 1
+
+
+def test_empty_prompt_starts_from_bos(model):
+    engine = engine_for(model, 2)
+    engine.bos_token_id = 7
+    empty, _ = serve(engine, [[]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    explicit, _ = serve(engine, [[7]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert empty[0].prompt_ids == [7] and empty[0].token_ids == explicit[0].token_ids
+
+
+def test_kv_budget_limits_the_group_and_refuses_what_can_never_fit(model):
+    engine = engine_for(model, batch_size=3)
+    per_position = engine.kv_bytes_per_position
+    sp = SamplingParams(max_new_tokens=4, ignore_eos=True)  # 2-token prompts need 5 positions each
+    engine.kv_budget_bytes = 10 * per_position  # room for two such slots, not three
+    requests, stats = serve(engine, [[1, 2], [3, 4], [5, 6]], sp)
+    assert [len(g.members) for g in stats.groups] == [2, 1]
+    assert requests[2].rounds_waited == 4
+    big, stats = serve(engine, [[1, 2], list(range(20)), [5, 6]], sp)  # 23 positions > budget alone
+    assert big[1].error and "KV cache" in big[1].error
+    assert big[0].token_ids == requests[0].token_ids and big[2].token_ids == requests[2].token_ids
+
+
+def test_logprobs_are_the_raw_models_log_softmax(model):
+    requests, _ = serve(engine_for(model, 2), [[1, 2, 3], [4]], SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, ignore_eos=True),
+                        logprobs=True)
+    for r in requests:
+        full = model.logits([r.prompt_ids + r.token_ids])[0]  # [len, V], independent full recompute
+        want = [float(log_softmax(full[r.prompt_len - 1 + k])[t]) for k, t in enumerate(r.token_ids)]
+        assert np.allclose(r.logprobs, want, atol=1e-4)
+
+
+# ------------------------------------------------------------------ against transformers
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURE_NAMES if "greedy_0" in load_expected(n)])
+def test_engine_greedy_matches_transformers(name):
+    expected = load_expected(name)
+    prompts = [expected[f"prompt_{g}"].tolist() for g in range(2)]
+    llm = LLM(FIXTURES / name, batch_size=2)
+    outputs = llm.generate(prompts, SamplingParams(max_new_tokens=32, ignore_eos=True))
+    for g, out in enumerate(outputs):
+        assert out.token_ids == expected[f"greedy_{g}"].tolist()
+
+
+# ------------------------------------------------------------------ text, stop strings, tokenizer
+
+
+def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
+    llm = LLM(tiny_lm, batch_size=2)
+    tok = llm.tokenizer
+    prompt = "To be, or not"
+    probe = llm.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
+    pieces = [tok.decode([t]) for t in probe.token_ids]
+    spans = [i for i in range(len(pieces) - 1)
+             if pieces[i].isascii() and pieces[i + 1].isascii() and pieces[i].strip() and pieces[i + 1].strip()]
+    assert spans, f"need two printable neighbouring tokens in {pieces}"
+    i = spans[0]
+    stop = pieces[i][-1] + pieces[i + 1][0]  # straddles the boundary between token i and i+1
+    full = tok.decode(probe.token_ids)
+    finish_at = next(k for k in range(1, len(probe.token_ids) + 1) if stop in tok.decode(probe.token_ids[:k]))
+    out, peer = llm.generate([prompt, "Shall I"], [SamplingParams(max_new_tokens=24, ignore_eos=True, stop=["zzz-never", stop]),
+                                                  SamplingParams(max_new_tokens=24, ignore_eos=True)])
+    assert out.finish_reason == "stop" and out.text == full[: full.find(stop)]
+    assert out.token_ids == probe.token_ids[:finish_at] and out.finish_round == finish_at
+    assert len(peer.token_ids) == 24  # the peer did not stop with it
+
+
+def test_text_is_the_decoded_tokens_and_eos_text_is_left_out(tiny_lm):
+    llm = LLM(tiny_lm, batch_size=3)
+    outs = llm.generate(["All the world", "", "Café"], SamplingParams(max_new_tokens=16, temperature=1.0, seed=5))
+    for out in outs:
+        produced = [t for t in out.token_ids if t != llm.tokenizer.eos_token_id]
+        assert out.text == llm.tokenizer.decode(produced)
+        if out.finish_reason == "stop":
+            assert out.token_ids[-1] == llm.tokenizer.eos_token_id
+    assert outs[1].prompt_ids == [llm.tokenizer.bos_token_id]
+
+
+def test_stop_strings_need_a_tokenizer():
+    llm = LLM(FIXTURES / "base")
+    out = llm.generate([[1, 2]], SamplingParams(stop=["x"]))[0]
+    assert out.finish_reason == "error" and "tokenizer" in out.error

@@ -1,0 +1,167 @@
+"""`python -m minirt.generate`: prompts files, records, exit codes, one-line errors, interruption."""
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from minirt.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
+from minirt.engine import Engine
+from minirt.generate import main
+from minirt.prompt_file import read_prompts, unescape_txt
+
+REQUIRED_FIELDS = {"index", "id", "prompt", "text", "token_ids", "finish_reason", "group", "rounds_waited",
+                   "first_round", "finish_round", "error"}
+
+
+def run(argv, capsys):
+    code = run_command(main, argv, prog="minirt.generate")
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def read_records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_txt_escapes():
+    assert unescape_txt(r"line one\nline two\tand a \\n literal, a \q stays") == "line one\nline two\tand a \\n literal, a \\q stays"
+
+
+def test_txt_file(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("first\n\n  \nsecond\\nwith newline\n")
+    entries = read_prompts(str(f))
+    assert [e.prompt for e in entries] == ["first", "second\nwith newline"]
+    assert [e.line for e in entries] == [1, 4]
+
+
+def test_jsonl_file_good_and_bad_lines(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join([
+        json.dumps({"prompt": "a", "id": "x", "max_new_tokens": 3, "stop": ["\n"]}),
+        "{not json",
+        json.dumps({"id": 7}),
+        json.dumps({"prompt": "b", "temprature": 1}),
+        json.dumps(["a list"]),
+        json.dumps({"prompt": [1, 2, 3]}),
+    ]) + "\n")
+    entries = read_prompts(str(f))
+    assert entries[0].error is None and entries[0].id == "x" and entries[0].overrides == {"max_new_tokens": 3, "stop": ["\n"]}
+    assert "line 2: not valid JSON" in entries[1].error
+    assert "line 3: no \"prompt\"" in entries[2].error and entries[2].id == "7"
+    assert "unknown field(s) temprature" in entries[3].error
+    assert "expected a JSON object" in entries[4].error
+    assert entries[5].error is None and entries[5].prompt == [1, 2, 3]
+
+
+def test_records_in_input_order_with_every_field(tiny_lm, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    lines = [{"prompt": "To be", "id": "a", "max_new_tokens": 9}, {"prompt": "Shall I", "max_new_tokens": 2},
+             {"prompt": "All the", "max_new_tokens": 5, "temperature": 0.8, "seed": 3},
+             {"prompt": "x" * 300}, {"prompt": "Now is", "max_new_tokens": 1}]
+    prompts.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out_file = tmp_path / "out.jsonl"
+    code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2", "--output", str(out_file),
+                          "--logprobs", "--ignore-eos", "--trace", "--backend", "numpy"], capsys)
+    assert code == EXIT_REQUEST_FAILED  # one prompt is too long for the 64-position context
+    records = read_records(out_file)
+    assert [r["index"] for r in records] == [0, 1, 2, 3, 4]
+    assert all(REQUIRED_FIELDS <= set(r) for r in records)
+    assert [r["id"] for r in records] == ["a", "1", "2", "3", "4"]
+    assert [len(r["token_ids"]) for r in records] == [9, 2, 5, 0, 1]
+    assert records[3]["error"] and "context of 64" in records[3]["error"] and records[3]["finish_reason"] == "error"
+    assert all(len(r["logprobs"]) == len(r["token_ids"]) and all(lp <= 0 for lp in r["logprobs"]) for r in records)
+    # groups of 2 in arrival order; the refused request takes no row
+    assert [(r["group"], r["first_round"], r["finish_round"], r["rounds_waited"]) for r in records if not r["error"]] == [
+        (1, 1, 9, 0), (1, 1, 2, 0), (2, 10, 14, 9), (2, 10, 10, 9)]
+    assert out.index("### [0] a") < out.index("### [1]") < out.index("### [3]: error") < out.index("### [4]")
+    assert "requests     5 (4 ok, 1 failed)" in err and "groups       2 (batch size 2)" in err and "rounds       14" in err
+    assert "utilization  60.7% active rows (17 of 28 row-rounds)" in err
+    assert "group 1: 2 members, rounds 1-9" in err and "waiting through all 9 rounds of this group: [2]" in err
+
+
+def test_stdin_txt_and_success_exit(tiny_lm, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("To be\nAll the world\n"))
+    code, out, err = run(["--model", str(tiny_lm), "--prompts", "-", "--max-new-tokens", "3", "--backend", "numpy"], capsys)
+    assert code == EXIT_OK
+    assert out.count("### ") == 2 and "requests     2 (2 ok, 0 failed)" in err
+
+
+def test_flags_are_defaults_and_jsonl_fields_override_them(tiny_lm, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "To be"}) + "\n" + json.dumps({"prompt": "To be", "max_new_tokens": 2}) + "\n")
+    out_file = tmp_path / "o.jsonl"
+    code, _, _ = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--max-new-tokens", "6", "--ignore-eos",
+                      "--output", str(out_file), "--quiet"], capsys)
+    assert code == EXIT_OK
+    assert [len(r["token_ids"]) for r in read_records(out_file)] == [6, 2]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--prompts", "/no/such/file.txt"], "does not exist"),
+    (["--prompts", "{prompts}", "--model", "/no/such/model"], "does not exist"),
+    (["--prompts", "{prompts}", "--temperature", "-1"], "bad sampling flag: temperature"),
+    (["--prompts", "{prompts}", "--top-p", "2"], "top_p"),
+    (["--prompts", "{prompts}", "--batch-size", "0"], "--batch-size"),
+    (["--prompts", "{prompts}", "--output", "/no/such/dir/out.jsonl"], "cannot write --output"),
+    (["--prompts", "{empty}"], "holds no prompts"),
+    (["--prompts", "{binary}"], "not UTF-8"),
+])
+def test_bad_files_and_flags_are_one_line(tiny_lm, tmp_path, capsys, argv, fragment):
+    (tmp_path / "p.txt").write_text("hello\n")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
+    argv = [a.format(prompts=tmp_path / "p.txt", empty=tmp_path / "empty.txt", binary=tmp_path / "bin.txt") for a in argv]
+    if "--model" not in argv:
+        argv += ["--model", str(tiny_lm)]
+    code, out, err = run(argv, capsys)
+    assert code == EXIT_USAGE
+    assert len(err.strip().splitlines()) == 1 and fragment in err and "Traceback" not in err
+
+
+def test_interrupt_keeps_every_final_record(tiny_lm, tmp_path, capsys, monkeypatch):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(["To be", "Shall I", "All the", "Now is"]) + "\n")
+    out_file = tmp_path / "o.jsonl"
+    original = Engine.run_round
+    calls = {"n": 0}
+
+    def flaky(self, active, cache):
+        calls["n"] += 1
+        if calls["n"] == 6:  # group 1 (2 x 3 tokens) is done after round 3; interrupt group 2 mid-way
+            raise KeyboardInterrupt
+        return original(self, active, cache)
+
+    monkeypatch.setattr(Engine, "run_round", flaky)
+    code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2", "--max-new-tokens", "3",
+                          "--ignore-eos", "--output", str(out_file)], capsys)
+    assert code == EXIT_INTERRUPTED
+    assert [r["index"] for r in read_records(out_file)] == [0, 1]
+    assert "interrupted; 2 of 4 records were final and written" in err
+
+
+def test_no_model_and_nothing_shipped(tmp_path, capsys, monkeypatch):
+    import minirt.generate as generate
+
+    monkeypatch.setattr(generate, "SHIPPED_MODELS", tmp_path / "weights")
+    (tmp_path / "p.txt").write_text("hi\n")
+    code, _, err = run(["--prompts", str(tmp_path / "p.txt")], capsys)
+    assert code == EXIT_USAGE and "no --model given" in err
+
+
+def test_help_has_examples_and_exit_codes():
+    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--help"], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0
+    assert "examples:" in result.stdout and "exit status:" in result.stdout and "\\n" in result.stdout
+
+
+def test_module_runs_as_a_subprocess(tiny_lm, tmp_path):
+    (tmp_path / "p.txt").write_text("To be\n")
+    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--model", str(tiny_lm), "--prompts", str(tmp_path / "p.txt"),
+                             "--max-new-tokens", "4"], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("### [0]: ") and "backend auto" in result.stderr

@@ -1,0 +1,129 @@
+"""temperature, top_k and top_p against an independent, brute-force computation of the filtered distribution."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minirt.sampling import (RequestError, SamplingParams, choose_token, derived_seed, filtered_distribution,
+                             log_softmax, request_rng)
+
+
+def brute_force_distribution(logits, temperature, top_k, top_p):
+    """The filtered distribution by the definitions, with plain Python and the math module."""
+    scaled = [x / temperature for x in logits]
+    ids = list(range(len(scaled)))
+    if top_k:
+        kth = sorted(scaled, reverse=True)[min(top_k, len(scaled)) - 1]
+        ids = [i for i in ids if scaled[i] >= kth]
+    top = max(scaled[i] for i in ids)
+    weights = {i: math.exp(scaled[i] - top) for i in ids}
+    total = sum(weights.values())
+    probs = {i: w / total for i, w in weights.items()}
+    if top_p < 1:
+        ranked = sorted(probs, key=lambda i: (-probs[i], i))
+        kept, mass = [], 0.0
+        for i in ranked:
+            if mass >= top_p:
+                break
+            kept.append(i)
+            mass += probs[i]
+        total = sum(probs[i] for i in kept)
+        probs = {i: probs[i] / total for i in kept}
+    return [probs.get(i, 0.0) for i in range(len(logits))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    logits=st.lists(st.floats(-20, 20, allow_nan=False), min_size=1, max_size=30),
+    temperature=st.floats(0.05, 5),
+    top_k=st.integers(0, 35),
+    top_p=st.floats(0.01, 1.0),
+)
+def test_filtered_distribution_matches_the_definition(logits, temperature, top_k, top_p):
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    got = filtered_distribution(np.array(logits, dtype=np.float32), params)
+    want = brute_force_distribution([float(np.float32(x)) for x in logits], temperature, top_k, top_p)
+    assert abs(got.sum() - 1) < 1e-9
+    # Boundary ties may be resolved differently only when two probabilities are equal to ~1e-12;
+    # the brute force ranks ties by id exactly as the implementation does.
+    assert np.allclose(got, want, atol=1e-9)
+
+
+def test_hand_computed_example():
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert np.allclose(p, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0])  # 0.5+0.2 < 0.8, so 0.15 joins
+    p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert np.allclose(p, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0])
+    p = filtered_distribution(logits, SamplingParams(temperature=0.5))
+    squared = np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2
+    assert np.allclose(p, squared / squared.sum())
+
+
+def test_sampling_frequencies_follow_the_distribution():
+    logits = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], dtype=np.float32)
+    params = SamplingParams(temperature=0.9, top_k=4, top_p=0.95)
+    want = np.array(brute_force_distribution(logits.tolist(), 0.9, 4, 0.95))
+    rng = request_rng(123)
+    n = 20000
+    counts = np.bincount([choose_token(logits, params, rng, want_logprob=False)[0] for _ in range(n)], minlength=6)
+    assert counts[want == 0].sum() == 0  # filtered tokens are never drawn
+    observed = counts / n
+    assert np.all(np.abs(observed - want) < 4 * np.sqrt(want * (1 - want) / n) + 1e-12)
+
+
+def test_greedy_is_argmax_and_draws_nothing():
+    rng = request_rng(5)
+    state = rng.bit_generator.state
+    token, logprob = choose_token(np.array([0.1, 3.0, 3.0, -1.0]), SamplingParams(temperature=0), rng)
+    assert token == 1  # ties go to the lowest id
+    assert rng.bit_generator.state == state
+    assert logprob == pytest.approx(3.0 - math.log(math.exp(0.1) + 2 * math.exp(3.0) + math.exp(-1.0)))
+
+
+def test_logprob_is_under_the_raw_distribution_not_the_filtered_one():
+    logits = np.array([1.0, 2.0, 3.0])
+    token, logprob = choose_token(logits, SamplingParams(temperature=0.5, top_k=1), request_rng(0))
+    assert token == 2
+    assert logprob == pytest.approx(float(log_softmax(logits)[2]))
+
+
+def test_same_seed_same_stream_and_derived_seeds_differ():
+    logits = np.zeros(50)
+    params = SamplingParams(temperature=1.0)
+    r1, r2, r3 = request_rng(7), request_rng(7), request_rng(8)
+    draws = [choose_token(logits, params, r1)[0] for _ in range(20)]
+    assert draws == [choose_token(logits, params, r2)[0] for _ in range(20)]
+    assert draws != [choose_token(logits, params, r3)[0] for _ in range(20)]
+    seeds = {derived_seed(0, i) for i in range(100)} | {derived_seed(1, i) for i in range(100)}
+    assert len(seeds) == 200 and all(0 <= s < 2**63 for s in seeds)
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_k": -1}, "top_k"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"seed": -3}, "seed"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": [3]}, "stop"),
+    ({"stop_token_ids": ["x"]}, "stop_token_ids"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"max_new_tokens": True}, "max_new_tokens"),
+])
+def test_bad_parameters_are_refused(fields, fragment):
+    with pytest.raises(RequestError, match=fragment):
+        SamplingParams(**fields)
+
+
+def test_updated_refuses_unknown_fields_and_accepts_lists():
+    params = SamplingParams().updated(stop=["a", "b"], stop_token_ids=[1, 2])
+    assert params.stop == ("a", "b") and params.stop_token_ids == (1, 2)
+    assert SamplingParams(stop="x").stop == ("x",)
+    with pytest.raises(RequestError, match="unknown sampling field"):
+        SamplingParams().updated(temprature=1.0)
