@@ -71,6 +71,13 @@ class RoundInputs:
         rows = np.nonzero(self.new_lens > 0)[0]  # [B'] rows that brought tokens
         return rows, self.new_lens[rows] - 1  # [B'], [B']
 
+    def unpack(self, packed: np.ndarray) -> np.ndarray:
+        """Per-token rows [N, ...] in real_tokens() order -> the padded layout [B, T, ...] (padding zero)."""
+        rows, cols = self.real_tokens()
+        padded = np.zeros((self.batch_size, self.seq_len, *packed.shape[1:]), dtype=packed.dtype)  # [B, T, ...]
+        padded[rows, cols] = packed
+        return padded
+
     def contiguous_slots(self) -> tuple[int, int] | None:
         """(first, stop) when the slots are first, first+1, ...; the KV read is then a view."""
         if self.batch_size == 0:

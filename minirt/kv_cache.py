@@ -69,17 +69,15 @@ class KVCache:
                 f"but the cache was allocated with capacity {self.capacity}"
             )
 
-    def write(self, layer: int, new_keys, new_values, write_index) -> None:
-        """Store this round's real keys/values for one layer.
+    def write(self, layer: int, new_keys, new_values, slots, positions) -> None:
+        """Store this round's keys/values for one layer, each token at its own position in its row's slot.
 
-        new_keys, new_values: [B, H, T, D], the whole padded round.
-        write_index: (rows, cols, slots, positions) of the real tokens, each [N_real],
-        already on the backend.
+        new_keys, new_values: [N, H, D], one row per real token (padding never arrives here).
+        slots, positions: [N] each, already on the backend.
         """
-        rows, cols, slots, positions = write_index
-        # Advanced indices on axes 0 and 2, split by a slice: both sides are [N_real, H, D].
-        self.keys[layer][slots, :, positions] = new_keys[rows, :, cols]  # [N_real, H, D]
-        self.values[layer][slots, :, positions] = new_values[rows, :, cols]  # [N_real, H, D]
+        # Advanced indices on axes 0 and 2, split by a slice: the target is [N, H, D] too.
+        self.keys[layer][slots, :, positions] = new_keys  # [N, H, D]
+        self.values[layer][slots, :, positions] = new_values  # [N, H, D]
 
     def read(self, layer: int, inputs: RoundInputs, slot_index):
         """Keys and values of the round's rows, positions 0..L-1 (L = longest row).

@@ -9,9 +9,15 @@ shapes in comments, and parameter names are the checkpoint's own
 (`h.3.attn.c_attn.weight`).  Shape letters:
 
     B  rows in the batch          T  new tokens per row this round (padded)
-    N  B * T, the flattened rows  L  key positions attended (longest row's kv_len)
+    N  real tokens in the round   L  key positions attended (longest row's kv_len)
     C  n_embd                     H  n_head      D  head_dim = C // H
     I  n_inner (MLP width)        V  vocab_size
+
+Real tokens travel packed, as [N, C] rows with no padding, so every weight
+GEMM is 2-D and no compute is spent on padding.  Only attention needs the
+rows apart: there the queries are laid out padded, [B, H, T, D], beside each
+row's keys from the KV cache, and the mask says who may see whom.  At decode
+(one token per row) packed and padded are the same and nothing moves.
 
 Every function takes `xp`, the array module (numpy or cupy), and uses nothing
 NumPy-only, so the GPU runs this same code.  Numerically delicate steps
@@ -37,9 +43,9 @@ from .kv_cache import KVCache
 # ---------------------------------------------------------------------------- layers
 
 
-def embed(xp, wte, wpe, input_ids, positions):
-    """Token embedding plus position embedding."""
-    return wte[input_ids] + wpe[positions]  # [B, T, C]
+def embed(xp, wte, wpe, token_ids, positions):
+    """Token embedding plus position embedding, for the round's real tokens."""
+    return wte[token_ids] + wpe[positions]  # [N, C]
 
 
 def layer_norm(xp, x, weight, bias, eps: float):
@@ -111,17 +117,34 @@ def softmax_attention(xp, q, keys, values, mask, scale: float):
     return weights.astype(values.dtype, copy=False) @ values  # [B, H, T, D]
 
 
+def to_padded(xp, packed, batch):
+    """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero)."""
+    if batch.all_real:
+        return packed.reshape(batch.batch_size, batch.seq_len, *packed.shape[1:])  # [B, T, ...] a view
+    padded = xp.zeros((batch.batch_size, batch.seq_len, *packed.shape[1:]), dtype=packed.dtype)  # [B, T, ...]
+    padded[batch.token_rows, batch.token_cols] = packed
+    return padded
+
+
+def to_packed(xp, padded, batch):
+    """The padded layout [B, T, ...] -> packed real-token rows [N, ...]."""
+    if batch.all_real:
+        return padded.reshape(batch.batch_size * batch.seq_len, *padded.shape[2:])  # [N, ...]
+    return padded[batch.token_rows, batch.token_cols]  # [N, ...]
+
+
 def causal_self_attention(xp, x, p, config: GPT2Config, cache: KVCache, layer: int, batch):
     """Fused QKV projection, cache write, masked attention over the cache, output projection."""
-    B, T, H, D, C = batch.batch_size, batch.seq_len, config.n_head, config.head_dim, config.n_embd
+    N, H, D, C = x.shape[0], config.n_head, config.head_dim, config.n_embd
     qkv = linear(xp, x, p["attn.c_attn.weight"], p["attn.c_attn.bias"])  # [N, 3C]
-    qkv = qkv.reshape(B, T, 3, H, D).transpose(2, 0, 3, 1, 4)  # [3, B, H, T, D]
-    q, k, v = qkv[0], qkv[1], qkv[2]  # each [B, H, T, D]
-    cache.write(layer, k, v, batch.write_index)  # real tokens only, into each row's slot
+    qkv = qkv.reshape(N, 3, H, D)  # [N, 3, H, D]
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # each [N, H, D]
+    cache.write(layer, k, v, batch.token_slots, batch.token_positions)  # each token into its row's slot
     keys, values = cache.read(layer, batch.inputs, batch.slot_index)  # each [B, H, L, D]
+    q = to_padded(xp, q, batch).transpose(0, 2, 1, 3)  # [B, H, T, D]
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
     out = softmax_attention(xp, q, keys, values, batch.mask, scale)  # [B, H, T, D]
-    out = out.transpose(0, 2, 1, 3).reshape(B * T, C)  # [N, C] heads side by side again
+    out = to_packed(xp, out.transpose(0, 2, 1, 3), batch).reshape(N, C)  # [N, C] heads side by side again
     return linear(xp, out, p["attn.c_proj.weight"], p["attn.c_proj.bias"])  # [N, C]
 
 
@@ -153,13 +176,13 @@ class BatchOnDevice:
     def __init__(self, xp, backend: Backend, inputs: RoundInputs):
         self.inputs = inputs
         self.batch_size, self.seq_len = inputs.batch_size, inputs.seq_len
-        rows, cols = inputs.real_tokens()  # [N_real] each
-        self.write_index = tuple(
-            backend.asarray(a) for a in (rows, cols, inputs.slots[rows], inputs.past_lens[rows] + cols)
-        )  # (rows, cols, slots, positions), each [N_real]
+        rows, cols = inputs.real_tokens()  # [N] each: where each packed token sits in the padded layout
+        self.all_real = bool(rows.size == inputs.batch_size * inputs.seq_len)  # no padding: packed == padded
+        self.token_rows, self.token_cols = backend.asarray(rows), backend.asarray(cols)  # [N], [N]
+        self.token_ids = backend.asarray(inputs.input_ids[rows, cols])  # [N]
+        self.token_positions = backend.asarray(inputs.positions[rows, cols])  # [N] = past_lens[row] + col
+        self.token_slots = backend.asarray(inputs.slots[rows])  # [N] the KV slot of each token's row
         self.slot_index = backend.asarray(inputs.slots)  # [B]
-        self.input_ids = backend.asarray(inputs.input_ids)  # [B, T]
-        self.positions = backend.asarray(inputs.positions)  # [B, T]
         self.mask = attention_mask(
             xp, backend.asarray(inputs.past_lens), backend.asarray(inputs.kv_lens), inputs.seq_len, inputs.max_kv_len
         )  # [B, 1, T, L]
@@ -209,22 +232,21 @@ class GPT2:
     def forward(self, inputs: RoundInputs, cache: KVCache):
         """One forward pass of a round: writes each row's new keys and returns the final hidden states.
 
-        Returns a backend array [B, T, C] (after ln_f).  Each slot's length is
-        advanced by its row's new tokens.
+        Returns a backend array [N, C] (after ln_f), one row per real token in
+        `inputs.real_tokens()` order (row by row, left to right).  Each slot's
+        length is advanced by its row's new tokens.
         """
         xp, c = self.xp, self.config
         cache.check_room(inputs)
         if int((inputs.positions).max(initial=0)) >= c.n_positions:
             raise ValueError(f"a position reaches {int(inputs.positions.max())}, past the context of {c.n_positions}")
         batch = BatchOnDevice(xp, self.backend, inputs)
-        B, T = batch.batch_size, batch.seq_len
-        x = embed(xp, self.params["wte.weight"], self.params["wpe.weight"], batch.input_ids, batch.positions)  # [B, T, C]
-        x = x.reshape(B * T, c.n_embd)  # [N, C] so every weight GEMM is 2-D
+        x = embed(xp, self.params["wte.weight"], self.params["wpe.weight"], batch.token_ids, batch.token_positions)  # [N, C]
         for layer, p in enumerate(self.blocks):
             x = transformer_block(xp, x, p, c, cache, layer, batch)  # [N, C]
         x = layer_norm(xp, x, self.params["ln_f.weight"], self.params["ln_f.bias"], c.layer_norm_epsilon)  # [N, C]
         cache.advance(inputs)
-        return x.reshape(B, T, c.n_embd)  # [B, T, C]
+        return x  # [N, C]
 
     def head(self, hidden):
         """Final hidden states [..., C] -> fp32 logits [..., V] (a backend array)."""
@@ -239,10 +261,11 @@ class GPT2:
         of a small model), and only they cross back to the host: NumPy fp32
         [B', V], where B' counts the rows with new_lens > 0, in row order.
         """
-        hidden = self.forward(inputs, cache)  # [B, T, C]
-        rows, cols = inputs.last_tokens()  # [B'], [B']
-        last = hidden[self.backend.asarray(rows), self.backend.asarray(cols)]  # [B', C]
-        return self.backend.to_numpy(self.head(last))  # [B', V]
+        hidden = self.forward(inputs, cache)  # [N, C]
+        last = np.cumsum(inputs.new_lens)[inputs.new_lens > 0] - 1  # [B'] packed index of each row's last token
+        if last.size == hidden.shape[0]:  # decode: every token is some row's last
+            return self.backend.to_numpy(self.head(hidden))  # [B', V]
+        return self.backend.to_numpy(self.head(hidden[self.backend.asarray(last)]))  # [B', V]
 
     def check_token_ids(self, token_ids) -> list[list[int]]:
         """Validate a list of token-id lists; returns them as plain int lists."""
@@ -276,8 +299,8 @@ class GPT2:
             return np.zeros((len(rows), max_len, self.config.vocab_size), dtype=np.float32)
         cache = self.new_kv_cache(n_slots=len(rows), capacity=max_len)
         inputs = prepare_round(rows, slots=np.arange(len(rows)), past_lens=np.zeros(len(rows)))
-        hidden = self.forward(inputs, cache)  # [B, T, C]
-        return self.backend.to_numpy(self.head(hidden))  # [B, T, V]
+        hidden = self.forward(inputs, cache)  # [N, C]
+        return inputs.unpack(self.backend.to_numpy(self.head(hidden)))  # [B, T, V]
 
 
 class InputError(MinirtError, ValueError):

@@ -10,14 +10,16 @@ import pytest
 
 from minirt.backend import numpy_backend
 from minirt.batch import prepare_round
-from minirt.checkpoint import Checkpoint, expected_shapes
+from minirt.checkpoint import Checkpoint
 from minirt.config import GPT2Config
 from minirt.model import GPT2
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 DATA = ROOT / "tests" / "data"
-sys.path.insert(0, str(ROOT / "tools"))  # tools/reference.py, for live transformers comparisons
+sys.path.insert(0, str(ROOT / "tools"))  # tools/reference.py (transformers) and tools/tiny_random_model.py
+
+from tiny_random_model import random_tensors, write_tiny_lm  # noqa: E402
 
 
 def reference_available() -> bool:
@@ -42,17 +44,7 @@ def random_model(seed: int = 0, dtype=np.float32, backend=None, **fields) -> GPT
     raw = {"vocab_size": 50, "n_positions": 32, "n_embd": 16, "n_layer": 2, "n_head": 2}
     raw.update(fields)
     config = GPT2Config.from_dict(raw, source="test")
-    rng = np.random.default_rng(seed)
-    tensors = {}
-    for name, shape in expected_shapes(config).items():
-        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
-            tensors[name] = (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
-        elif name.endswith(".bias"):
-            tensors[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif name in ("wte.weight", "wpe.weight"):
-            tensors[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            tensors[name] = (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
+    tensors = random_tensors(config, seed)
     tensors["lm_head.weight"] = tensors["wte.weight"]
     checkpoint = Checkpoint(folder=Path("."), config=config, tensors=tensors,
                             file_dtypes={k: "F32" for k in tensors}, head_is_tied=True)
@@ -85,43 +77,6 @@ def load_expected(name: str) -> dict[str, np.ndarray]:
 
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").is_file())
 
-
-CORPUS = (
-    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
-    "the slings and arrows of outrageous fortune, or to take arms against a sea of troubles. "
-    "Shall I compare thee to a summer's day? Thou art more lovely and more temperate. "
-    "Now is the winter of our discontent made glorious summer by this sun of York. "
-    "All the world's a stage, and all the men and women merely players. Café, naïve, 日本語, 🤗. "
-) * 20
-
-
-def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_target: int = 300) -> Path:
-    """A small model folder with a real byte-level BPE tokenizer and random weights (NumPy only).
-
-    Its config's eos_token_id is the tokenizer's <|endoftext|>, so EOS handling is real.
-    """
-    import json
-
-    from safetensors.numpy import save_file
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_target, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([CORPUS], trainer=trainer)
-    tok.save(str(folder / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
-    eos = tok.token_to_id("<|endoftext|>")
-    config = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": n_positions, "n_embd": 32, "n_layer": 2,
-              "n_head": 4, "bos_token_id": eos, "eos_token_id": eos}
-    (folder / "config.json").write_text(json.dumps(config))
-    model = random_model(seed=seed, **{k: v for k, v in config.items() if k not in ("model_type", "bos_token_id", "eos_token_id")})
-    tensors = {name: np.ascontiguousarray(array) for name, array in model.params.items() if name != "lm_head.weight"}
-    save_file(tensors, str(folder / "model.safetensors"))
-    return folder
 
 
 @pytest.fixture(scope="session")

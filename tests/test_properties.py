@@ -79,8 +79,8 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
             n = data.draw(st.integers(1, len(sequences[b]) - fed[b]))
             chunks.append(sequences[b][fed[b]: fed[b] + n])
         inputs = prepare_round(chunks, slots=slots[rows], past_lens=cache.lengths[slots[rows]])
-        hidden = model.forward(inputs, cache)  # [len(rows), T, C]
-        logits = model.backend.to_numpy(model.head(hidden))  # [len(rows), T, V]
+        hidden = model.forward(inputs, cache)  # [N, C], the real tokens packed
+        logits = inputs.unpack(model.backend.to_numpy(model.head(hidden)))  # [len(rows), T, V]
         for i, (b, chunk) in enumerate(zip(rows, chunks)):
             got[b][fed[b]: fed[b] + len(chunk)] = logits[i, : len(chunk)]
             fed[b] += len(chunk)
@@ -102,8 +102,8 @@ def test_row_with_no_valid_keys_is_finite():
     model = model_for(2, 0)
     cache = model.new_kv_cache(n_slots=3, capacity=8)
     inputs = prepare_round([[1, 2, 3], [], [4]], slots=[0, 1, 2], past_lens=[0, 0, 0])
-    hidden = model.backend.to_numpy(model.forward(inputs, cache))  # [3, 3, C]
-    assert np.isfinite(hidden).all()
+    hidden = model.backend.to_numpy(model.forward(inputs, cache))  # [4, C]: 3 + 0 + 1 real tokens
+    assert hidden.shape[0] == 4 and np.isfinite(hidden).all()
     assert cache.lengths.tolist() == [3, 0, 1]
     assert np.isfinite(model.logits([[5, 6], []])).all()
 
@@ -116,7 +116,7 @@ def test_stale_slot_contents_are_masked():
     model.forward(first, cache)
     cache.reset_slot(0)  # a new request takes the slot; old keys remain beyond length 0
     second = prepare_round([[1, 2]], slots=[0], past_lens=[0])
-    logits = model.backend.to_numpy(model.head(model.forward(second, cache)))[0]
+    logits = model.backend.to_numpy(model.head(model.forward(second, cache)))  # [2, V]
     assert relative_error(logits, model.logits([[1, 2]])[0]) <= TOL
 
 

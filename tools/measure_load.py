@@ -73,14 +73,11 @@ TRANSFORMERS_CHILD = CHILD_TEMPLATE.format(
 
 
 def make_checkpoint(folder: Path) -> None:
-    """A random-weight gpt2-124M (transformers' own init), saved by save_pretrained."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from reference import make_gpt2_124m
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config())  # the gpt2 defaults: 12 x 768, 50257 tokens, 1024 positions
-    model.save_pretrained(folder)
-    print(f"wrote {folder} ({sum(p.stat().st_size for p in folder.iterdir()) / 2**20:.0f} MiB)")
+    make_gpt2_124m(folder)
+    print(f"checkpoint {folder} ({sum(p.stat().st_size for p in folder.iterdir()) / 2**20:.0f} MiB)")
 
 
 def run_child(code: str, model: str) -> dict:

@@ -122,3 +122,33 @@ def reference_greedy(model: GPT2LMHeadModel, prompt: list[int], steps: int) -> t
             margins.append(float(top2[0] - top2[1]))
             tokens.append(int(torch.argmax(logits)))
     return tokens[len(prompt):], margins
+
+
+GPT2_VOCAB = Path(__file__).resolve().parent.parent / "tests" / "data" / "gpt2-vocab"
+
+
+def make_gpt2_124m(folder: Path, seed: int = 0) -> Path:
+    """A random-weight gpt2-124M (transformers' own init), written by save_pretrained, unless already there.
+
+    OpenAI's real GPT-2 vocabulary goes beside it (as vocab.json + merges.txt),
+    so text prompts work; the weights are random, so the text that comes out is not.
+    """
+    import shutil
+
+    folder = Path(folder)
+    if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(GPT2Config())  # the gpt2 defaults: 12 x 768, 50257 tokens, 1024 positions
+        model.save_pretrained(folder)
+    if not (folder / "vocab.json").is_file():
+        shutil.copy(GPT2_VOCAB / "encoder.json", folder / "vocab.json")
+        shutil.copy(GPT2_VOCAB / "vocab.bpe", folder / "merges.txt")
+    return folder
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "make-124m":
+        raise SystemExit("usage: python tools/reference.py make-124m FOLDER   (a random-weight gpt2-124M with GPT-2's vocabulary)")
+    print(f"wrote {make_gpt2_124m(Path(sys.argv[2]))}")
