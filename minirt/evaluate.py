@@ -1,0 +1,162 @@
+"""`python -m minirt.evaluate --text FILE`: mean token loss and perplexity, from minirt's own forward pass.
+
+Owns: the sliding-window definition of a text's loss, and the command around it.
+
+A text longer than the context is scored in windows of `window` tokens that
+start every `stride` tokens.  The first window scores all of its
+predictions; each later window scores only the tokens no earlier window
+scored, so every token after the first is predicted exactly once, with at
+least `window - stride` tokens of context once the text is long enough.
+The loss is the mean, over those predictions, of -log p(token | context),
+in nats; the perplexity is its exponential.  Windows are scored several at
+a time in one padded batch, and the head runs only on scored positions.
+
+Must not know: sampling, serving or scheduling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from .backend import BACKEND_NAMES
+from .batch import prepare_round
+from .cli import EXIT_OK, run_command
+from .errors import MinirtError
+from .generate import default_model
+from .llm import LLM
+from .model import GPT2
+
+HEAD_BYTES_PER_BATCH = 256 * 2**20  # cap on the fp32 logits held at once
+
+
+def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, stop, first scored target) for each window over a text of n_tokens.
+
+    A window covers ids[start:stop]; it predicts targets start+1 .. stop-1 and
+    scores those from `first` on (absolute indices).
+    """
+    if window < 2 or not 1 <= stride < window:  # windows must overlap, or boundary tokens go unscored
+        raise MinirtError(f"need window >= 2 and 1 <= stride < window, got window {window}, stride {stride}")
+    spans, scored_through, start = [], 0, 0
+    while n_tokens >= 2:
+        stop = min(start + window, n_tokens)
+        spans.append((start, stop, max(scored_through + 1, start + 1)))
+        scored_through = stop - 1
+        if stop == n_tokens:
+            break
+        start += stride
+    return spans
+
+
+def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=None) -> tuple[float, int]:
+    """(total negative log-likelihood in nats, number of predictions) of a token sequence."""
+    spans = windows(len(ids), window, stride)
+    per_batch = max(1, HEAD_BYTES_PER_BATCH // (window * model.config.vocab_size * 4))
+    token_ids = np.asarray(ids, dtype=np.int64)  # [n_tokens]
+    total, count = 0.0, 0
+    for first in range(0, len(spans), per_batch):
+        group = spans[first:first + per_batch]
+        cache = model.new_kv_cache(n_slots=len(group), capacity=max(stop - start for start, stop, _ in group))
+        inputs = prepare_round([ids[start:stop] for start, stop, _ in group], slots=np.arange(len(group)),
+                               past_lens=np.zeros(len(group)))
+        hidden = model.forward(inputs, cache)  # [N, C], every token of every window, packed row by row
+        offsets = np.concatenate([[0], np.cumsum(inputs.new_lens)[:-1]])  # [W] packed index of each window's first token
+        # The hidden state at absolute position t predicts target t + 1.
+        rows = np.concatenate([offsets[w] + np.arange(s0 - 1 - start, stop - 1 - start)
+                               for w, (start, stop, s0) in enumerate(group)])  # [S] packed rows that are scored
+        targets = np.concatenate([token_ids[s0:stop] for start, stop, s0 in group])  # [S]
+        logits = model.backend.to_numpy(model.head(hidden[model.backend.asarray(rows)])).astype(np.float64)  # [S, V]
+        top = logits.max(axis=-1, keepdims=True)  # [S, 1]
+        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1))  # [S]
+        total += float((log_norm - logits[np.arange(len(targets)), targets]).sum())
+        count += len(targets)
+        if progress:
+            progress(first + len(group), len(spans))
+    return total, count
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m minirt.evaluate",
+        description="Mean token loss and perplexity of a text under a GPT-2 model, computed by minirt's forward pass.",
+        epilog="""examples:
+  python -m minirt.evaluate --text weights/shakespeare-gpt2-tiny/validation.txt
+  python -m minirt.evaluate --model gpt2 --text wiki.txt --stride 512 --json
+
+The text is tokenized whole.  Longer than the context, it is scored with a sliding
+window (default: the model's context, stride half of it); each token after the first
+is predicted once.  Loss is in nats per token; perplexity = exp(loss).""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--text", required=True, metavar="FILE", help="a UTF-8 text file, or - for standard input")
+    p.add_argument("--model", help="a model folder or cached hub id (default: the model shipped in weights/)")
+    p.add_argument("--window", type=int, help="tokens per window (default: the model's context)")
+    p.add_argument("--stride", type=int, help="tokens between window starts (default: half the window)")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto)")
+    p.add_argument("--dtype", default="float32", help="compute dtype (default float32)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p
+
+
+def read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise MinirtError(f"text file {path} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise MinirtError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    text = read_text(args.text)
+    llm = LLM(args.model or default_model(), backend=args.backend, dtype=args.dtype)
+    if llm.tokenizer is None:
+        raise MinirtError(f"{llm.model.folder} has no tokenizer, so it cannot score text")
+    n_positions = llm.model.config.n_positions
+    window = args.window or n_positions
+    if window > n_positions:
+        raise MinirtError(f"--window {window} is longer than the model's context of {n_positions}")
+    stride = args.stride or max(1, window // 2)
+    ids = llm.tokenizer.encode(text)
+    if len(ids) < 2:
+        raise MinirtError(f"{args.text} has {len(ids)} token(s); at least 2 are needed to score a prediction")
+
+    interactive = sys.stderr.isatty() and not args.json
+
+    def progress(done: int, total: int) -> None:
+        if interactive:
+            print(f"\rscoring windows {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    total, count = text_loss(llm.model, ids, window, stride, progress)
+    seconds = time.perf_counter() - start
+    if interactive:
+        print(file=sys.stderr)
+    loss = total / count
+    result = {"model": str(llm.model.folder), "text": args.text, "tokens": len(ids), "predictions": count,
+              "window": window, "stride": stride, "loss": loss, "perplexity": math.exp(loss), "seconds": seconds}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"model        {result['model']}")
+        print(f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions (window {window}, stride {stride})")
+        print(f"loss         {loss:.4f} nats/token")
+        print(f"perplexity   {math.exp(loss):.2f}")
+        print(f"time         {seconds:.2f} s")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(main, prog="minirt.evaluate"))
