@@ -30,11 +30,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .batch import prepare_round
 from .kv_cache import KVCache
 from .model import GPT2
 from .request import Request, Status
 from .sampling import RequestError, SamplingParams, derived_seed, request_rng
-from .batch import prepare_round
 from .tokenizer import Tokenizer
 
 DEFAULT_KV_BUDGET_MIB = 4096
@@ -180,7 +180,8 @@ class Engine:
                     on_round(stats)
 
             group.last_round = round_number
-            self.release_group(members, cache)
+            self.release_group(members)
+            cache = None  # drop the group's KV buffers before the next group allocates its own
             if on_group_end:
                 on_group_end(group, list(waiting))
         stats.failed = sum(1 for r in requests if r.error is not None)
@@ -246,8 +247,7 @@ class Engine:
                 on_final(request)
 
     @staticmethod
-    def release_group(members: list[Request], cache: KVCache) -> None:
-        """The group is over: its KV cache is dropped and the next group may start."""
+    def release_group(members: list[Request]) -> None:
+        """The group is over: members let go of its KV cache, and the next group may start."""
         for request in members:
             request.release()
-        del cache

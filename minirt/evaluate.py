@@ -71,10 +71,10 @@ def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=No
         rows = np.concatenate([offsets[w] + np.arange(s0 - 1 - start, stop - 1 - start)
                                for w, (start, stop, s0) in enumerate(group)])  # [S] packed rows that are scored
         targets = np.concatenate([token_ids[s0:stop] for start, stop, s0 in group])  # [S]
-        logits = model.backend.to_numpy(model.head(hidden[model.backend.asarray(rows)])).astype(np.float64)  # [S, V]
+        logits = model.backend.to_numpy(model.head(hidden[model.backend.asarray(rows)]))  # [S, V] fp32
         top = logits.max(axis=-1, keepdims=True)  # [S, 1]
-        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1))  # [S]
-        total += float((log_norm - logits[np.arange(len(targets)), targets]).sum())
+        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1, dtype=np.float64))  # [S] log-sum-exp
+        total += float((log_norm - logits[np.arange(len(targets)), targets]).sum(dtype=np.float64))
         count += len(targets)
         if progress:
             progress(first + len(group), len(spans))

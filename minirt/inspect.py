@@ -24,6 +24,7 @@ from .model import GPT2
 from .tokenizer import load_tokenizer
 
 EXAMPLES = """examples:
+  python -m minirt.inspect weights/shakespeare-gpt2-tiny --prompt "ROMEO:" --top-k 5
   python -m minirt.inspect tests/fixtures/base --ids 5,6,7 --ids 9
   python -m minirt.inspect gpt2 --prompt "The capital of France is" --top-k 5
   python -m minirt.inspect /path/to/gpt2-folder --dtype float16

@@ -1,12 +1,11 @@
 """A tiny GPT-2 with random weights and a real byte-level BPE tokenizer, made with NumPy and tokenizers alone.
 
-Used by the tests (a model with a tokenizer, so text, EOS and stop strings are
-real) and to write `examples/tiny-random-gpt2/`, which lets
-`python -m minirt.generate` run on a fresh clone before a trained model ships.
-Its weights are random, so its text is noise; its tokenizer is trained on a
-few lines of Shakespeare below.
+Used by the tests: a model with a tokenizer, so text, EOS and stop strings are
+real, yet small enough to make in a fraction of a second.  Its weights are
+random, so its text is noise; its tokenizer is trained on a few lines of
+Shakespeare below.
 
-    python tools/tiny_random_model.py examples/tiny-random-gpt2
+    python tools/tiny_random_model.py /tmp/tiny-random-gpt2
 """
 
 from __future__ import annotations
