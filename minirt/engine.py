@@ -1,7 +1,8 @@
-"""The static-group serving loop: many requests, served in fixed groups that share each forward pass.
+"""The serving loop: many requests, run in rounds that share each forward pass.
 
 Owns: turning prompts into `Request`s (refusing bad ones with an error of
-their own), and `Engine.serve`, which runs them in static groups:
+their own), and `Engine.serve`, which runs them under a scheduling policy
+(minirt/scheduler.py).  Under the default, static groups, the loop reads:
 
     while requests wait:
         members = choose members (arrival order, up to batch_size, within the KV budget)
@@ -13,10 +14,14 @@ their own), and `Engine.serve`, which runs them in static groups:
             keep each finished member's status (it leaves the compute, its record is final)
         release the group                (only now may the next group start)
 
-Rounds are numbered across the whole run.  A group's first round is its
-prefill and gives every member its first token; a member that produces L
-tokens is active in its group's first L rounds.  A finished member costs no
-compute in later rounds and never stops or alters the others.
+Under `continuous`, the scheduler instead frees a finished member's row at
+once and admits waiting requests into free rows at every round; the rest
+of the loop is the same.
+
+Rounds are numbered across the whole run.  A request's first round is its
+prefill and gives it its first token; a request that produces L tokens is
+active in L consecutive rounds.  A finished request costs no compute in later
+rounds and never stops or alters the others.
 
 Must not know: the layers' arithmetic, files, command-line flags or output formats.
 """
@@ -24,7 +29,6 @@ Must not know: the layers' arithmetic, files, command-line flags or output forma
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -33,22 +37,13 @@ import numpy as np
 from .batch import prepare_round
 from .kv_cache import KVCache
 from .model import GPT2
-from .request import Request, Status
+from .request import Request
 from .sampling import RequestError, SamplingParams, derived_seed, request_rng
+from .scheduler import POLICIES, GroupRecord, RoundPlan, Scheduler
 from .tokenizer import Tokenizer
 
 DEFAULT_KV_BUDGET_MIB = 4096
-
-
-@dataclass
-class GroupRecord:
-    """What one static group did, for traces and summaries."""
-
-    number: int  # 1-based
-    members: list[Request]
-    first_round: int
-    last_round: int = 0
-    active_rows: list[int] = field(default_factory=list)  # per round of this group
+DEFAULT_ROUND_TOKENS = 2048  # continuous batching: tokens one round may process (a prefill counts its prompt)
 
 
 @dataclass
@@ -56,17 +51,15 @@ class RunStats:
     """Counts for the run summary.  Utilization = active row-rounds / (batch_size x rounds)."""
 
     batch_size: int
+    policy: str = "static"
     requests: int = 0
     failed: int = 0
     rounds: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     wall_seconds: float = 0.0
-    groups: list[GroupRecord] = field(default_factory=list)
-
-    @property
-    def active_rows_per_round(self) -> list[int]:
-        return [n for g in self.groups for n in g.active_rows]
+    groups: list[GroupRecord] = field(default_factory=list)  # static groups (none under continuous)
+    active_rows_per_round: list[int] = field(default_factory=list)
 
     @property
     def utilization(self) -> float:
@@ -81,7 +74,13 @@ class Engine:
     """Serves requests on one model in static groups."""
 
     def __init__(self, model: GPT2, tokenizer: Tokenizer | None, batch_size: int = 8,
-                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB):
+                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, policy: str = "static",
+                 round_token_budget: int = DEFAULT_ROUND_TOKENS):
+        if policy not in POLICIES:
+            raise RequestError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+        if round_token_budget < 1:
+            raise RequestError(f"the round token budget must be at least 1, got {round_token_budget}")
+        self.policy, self.round_token_budget = policy, round_token_budget
         if batch_size < 1:
             raise RequestError(f"batch size must be at least 1, got {batch_size}")
         if kv_budget_mib <= 0:
@@ -145,87 +144,64 @@ class Engine:
         if bad:
             raise RequestError(f"stop token id {bad[0]} is outside the vocabulary [0, {self.model.config.vocab_size})")
 
-    # ------------------------------------------------------------------ the static-group loop
+    # ------------------------------------------------------------------ the loop
+
+    @property
+    def kv_budget_positions(self) -> int:
+        """The KV budget counted in positions (one position = keys + values of every layer)."""
+        return self.kv_budget_bytes // self.kv_bytes_per_position
 
     def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
               on_round: Callable[[RunStats], None] | None = None,
               on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
-        """Serve every waiting request in static groups; call on_final(request) as each record becomes final."""
-        stats = RunStats(batch_size=self.batch_size, requests=len(requests))
+        """Serve every waiting request; call on_final(request) as each record becomes final."""
+        n_positions = self.model.config.n_positions
+        scheduler = Scheduler(self.policy, self.batch_size, self.kv_budget_positions, n_positions,
+                              self.round_token_budget)
+        stats = RunStats(batch_size=self.batch_size, policy=self.policy, requests=len(requests))
         start = time.perf_counter()
-        for request in requests:
-            if request.finished and on_final:  # refused before running: final already
+        refused = [r for r in requests if r.finished] + scheduler.submit(requests)  # never to run
+        for request in refused:
+            if on_final:
                 on_final(request)
-        waiting = deque(r for r in requests if r.status is Status.WAITING)
+        cache = None
+        if self.policy == "continuous" and scheduler.waiting:  # one pool of rows for the whole run
+            cache = self.model.new_kv_cache(n_slots=self.batch_size,
+                                            capacity=max(scheduler.need(r) for r in scheduler.waiting))
         round_number = 0
-        while waiting:
-            members = self.choose_members(waiting, on_final)
-            if not members:
-                continue
-            group = GroupRecord(number=len(stats.groups) + 1, members=members, first_round=round_number + 1)
-            stats.groups.append(group)
-            cache = self.allocate_group_kv(group)
-            stats.prompt_tokens += sum(r.prompt_len for r in members)
+        while scheduler.has_work():
+            round_number += 1
+            plan = scheduler.plan(round_number)  # static: a new group only when the last one is released
+            if plan.new_group is not None:
+                cache = self.allocate_group_kv(plan.new_group)
+            for request in plan.admitted:
+                request.attach(cache, self.tokenizer)
+            stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
 
-            while not all(r.finished for r in members):
-                round_number += 1
-                active = [r for r in members if not r.finished]  # finished members leave the compute
-                logits = self.run_round(active, cache)  # [len(active), V], one forward pass
-                self.apply_updates(active, logits, round_number)
-                group.active_rows.append(len(active))
-                stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(active)
-                self.keep_finished(active, on_final)
-                stats.wall_seconds = time.perf_counter() - start
-                if on_round:
-                    on_round(stats)
+            logits = self.run_round(plan.active, cache)  # [len(active), V], one forward pass
+            self.apply_updates(plan.active, logits, round_number)
+            ended_group = scheduler.complete(plan)  # finished rows leave; continuous frees them at once
+            self.keep_finished(plan, on_final)
 
-            group.last_round = round_number
-            self.release_group(members)
-            cache = None  # drop the group's KV buffers before the next group allocates its own
-            if on_group_end:
-                on_group_end(group, list(waiting))
+            stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(plan.active)
+            stats.wall_seconds = time.perf_counter() - start
+            if on_round:
+                on_round(stats)
+            if ended_group is not None:
+                self.release_group(ended_group.members)
+                cache = None  # drop the group's KV buffers before the next group allocates its own
+                if on_group_end:
+                    on_group_end(ended_group, list(scheduler.waiting))
+        stats.groups, stats.active_rows_per_round = scheduler.groups, scheduler.active_rows
         stats.failed = sum(1 for r in requests if r.error is not None)
         stats.wall_seconds = time.perf_counter() - start
         return stats
 
-    def choose_members(self, waiting: deque, on_final=None) -> list[Request]:
-        """Take requests from the front of the queue, in arrival order, while the group fits.
-
-        A group fits while it has at most batch_size members and its KV cache
-        (members x the longest member's capacity) stays within the budget.  A
-        request too big for the budget even alone is refused with its own error.
-        """
-        members: list[Request] = []
-        capacity = 0
-        n_positions = self.model.config.n_positions
-        while waiting and len(members) < self.batch_size:
-            candidate = waiting[0]
-            need = candidate.kv_capacity_needed(n_positions)
-            alone_bytes = need * self.kv_bytes_per_position
-            if alone_bytes > self.kv_budget_bytes:
-                waiting.popleft()
-                candidate.refuse(
-                    f"needs {alone_bytes / 2**20:.1f} MiB of KV cache, over the budget of "
-                    f"{self.kv_budget_bytes / 2**20:.0f} MiB; lower max_new_tokens or raise the KV budget"
-                )
-                if on_final:
-                    on_final(candidate)
-                continue
-            group_bytes = (len(members) + 1) * max(capacity, need) * self.kv_bytes_per_position
-            if members and group_bytes > self.kv_budget_bytes:
-                break  # the group is full by memory; the candidate waits for the next group
-            members.append(waiting.popleft())
-            capacity = max(capacity, need)
-        return members
-
     def allocate_group_kv(self, group: GroupRecord) -> KVCache:
-        """One KV slot per member, each long enough for the longest member; members take their slots."""
+        """A static group's KV cache: one slot per member, each long enough for the longest member."""
         n_positions = self.model.config.n_positions
         capacity = max(r.kv_capacity_needed(n_positions) for r in group.members)
-        cache = self.model.new_kv_cache(n_slots=len(group.members), capacity=capacity)
-        for slot, request in enumerate(group.members):
-            request.start(group.number, slot, cache, group.first_round, self.tokenizer)
-        return cache
+        return self.model.new_kv_cache(n_slots=len(group.members), capacity=capacity)
 
     def run_round(self, active: list[Request], cache: KVCache) -> np.ndarray:
         """Prepare the batch metadata for the active members and run one forward pass."""
@@ -239,12 +215,14 @@ class Engine:
         for request, row in zip(active, logits):
             request.take_step(row, round_number, self.eos_token_id, n_positions)
 
-    @staticmethod
-    def keep_finished(active: list[Request], on_final) -> None:
+    def keep_finished(self, plan: RoundPlan, on_final) -> None:
         """A member that finished this round keeps its status and record; it is not run again."""
-        for request in active:
-            if request.finished and on_final:
-                on_final(request)
+        for request in plan.active:
+            if request.finished:
+                if self.policy == "continuous":
+                    request.release()  # its row goes to the next admitted request
+                if on_final:
+                    on_final(request)
 
     @staticmethod
     def release_group(members: list[Request]) -> None:

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from .backend import BACKEND_NAMES
 from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, run_command
-from .engine import DEFAULT_KV_BUDGET_MIB
+from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS
 from .errors import MinirtError
 from .llm import LLM
 from .prompt_file import FORMATS, read_prompts
-from .report import OrderedOutput, Progress, group_grid, summary
+from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
+from .scheduler import POLICIES
 from .request import Request
 from .sampling import RequestError, SamplingParams
 
@@ -33,6 +34,7 @@ EPILOG = r"""
 examples:
   python -m minirt.generate --prompts prompts.txt
   python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
+  python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
   python -m minirt.generate --model /path/to/gpt2-folder --prompts - --temperature 0.8 --top-p 0.95 --seed 1
   echo 'Once upon a time' | python -m minirt.generate --model gpt2 --prompts - --max-new-tokens 40
 
@@ -68,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(default: the model shipped in weights/)")
     p.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto: cupy if a GPU is usable)")
     p.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16, float64")
-    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows per static group (default 8)")
+    p.add_argument("--policy", choices=POLICIES, default="static",
+                   help="static groups (default), or continuous batching that refills free rows every round")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)")
+    p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
+                   help=f"continuous: tokens one round may process, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})")
     p.add_argument("--kv-budget-mib", type=float, default=DEFAULT_KV_BUDGET_MIB, metavar="MIB",
                    help=f"memory a group's KV cache may take (default {DEFAULT_KV_BUDGET_MIB})")
     g = p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
@@ -84,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--output", metavar="FILE.jsonl", help="write one JSON record per request, in input order, as each is final")
     o.add_argument("--logprobs", action="store_true", help="add each chosen token's log-probability to the records")
-    o.add_argument("--trace", action="store_true", help="print each group's round grid on standard error")
+    o.add_argument("--trace", action="store_true", help="print the round grid (each static group's) on standard error")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--quiet", action="store_true", help="print no completions on standard output (records still go to --output)")
     return p
@@ -121,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.batch_size < 1:
         raise MinirtError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_round_tokens < 1:
+        raise MinirtError(f"--max-round-tokens must be at least 1, got {args.max_round_tokens}")
     overrides = flag_overrides(args)
     try:
         SamplingParams().updated(**overrides)  # a bad flag stops here, before loading anything
@@ -132,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     llm = LLM(args.model or default_model(), backend=args.backend, dtype=args.dtype,
-              batch_size=args.batch_size, kv_budget_mib=args.kv_budget_mib, seed=args.seed)
+              batch_size=args.batch_size, kv_budget_mib=args.kv_budget_mib, seed=args.seed,
+              policy=args.policy, round_token_budget=args.max_round_tokens)
     load_seconds = time.perf_counter() - start
     if llm.backend_note:
         print(llm.backend_note, file=sys.stderr)
@@ -182,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"minirt.generate: interrupted; {output.done} of {len(requests)} records were final and written",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    if args.trace and args.policy == "continuous":
+        print(continuous_grid(requests, stats), file=sys.stderr)
     print(summary(stats, load_seconds), file=sys.stderr, end="")
     return EXIT_REQUEST_FAILED if stats.failed else EXIT_OK
 

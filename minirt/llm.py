@@ -5,7 +5,7 @@ call that serves a list of prompts in static groups and returns their
 outputs in input order.
 
     from minirt import LLM, SamplingParams
-    llm = LLM("gpt2", batch_size=8)
+    llm = LLM("gpt2", batch_size=8)                 # policy="continuous" to refill rows every round
     for out in llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_new_tokens=20)):
         print(out.text, out.finish_reason, out.first_round, out.finish_round)
 
@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from .backend import get_backend, resolve_dtype
 from .checkpoint import load_checkpoint
-from .engine import DEFAULT_KV_BUDGET_MIB, Engine, RunStats
+from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
 from .errors import TokenizerError
 from .model import GPT2
 from .request import Request
@@ -59,7 +59,8 @@ class LLM:
     """A loaded model, its tokenizer, and a static-group engine to serve prompts with."""
 
     def __init__(self, model: str | Path, backend: str = "numpy", dtype: str = "float32", batch_size: int = 8,
-                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0):
+                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0, policy: str = "static",
+                 round_token_budget: int = DEFAULT_ROUND_TOKENS):
         chosen, self.backend_note = get_backend(backend)
         checkpoint = load_checkpoint(model)
         self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
@@ -69,7 +70,8 @@ class LLM:
         except TokenizerError:
             self.tokenizer = None  # token-id prompts still work
         self.defaults = SamplingParams(**generation_defaults(checkpoint.folder))
-        self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib)
+        self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
+                             policy=policy, round_token_budget=round_token_budget)
         self.seed = seed
         self.last_stats: RunStats | None = None
 

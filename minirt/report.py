@@ -18,7 +18,8 @@ import sys
 import time
 from typing import IO
 
-from .engine import GroupRecord, RunStats
+from .engine import RunStats
+from .scheduler import GroupRecord
 from .request import Request
 
 
@@ -100,33 +101,52 @@ class Progress:
             self.stream.flush()
 
 
-def group_grid(group: GroupRecord, waiting: list[Request]) -> str:
-    """A static group's rounds: a row per member, a column per round.
-
-    '#' the member produced a token in that round, '.' it had finished but
-    its row stayed in the group; then which requests waited for the group.
-    """
-    rounds = list(range(group.first_round, group.last_round + 1))
+def round_grid(title: str, members: list[Request], first_round: int, last_round: int, active_rows: list[int],
+               rows_stay: bool) -> list[str]:
+    """A row per request, a column per round: '#' it produced a token, '-' it was waiting,
+    '.' it had finished but its row stayed in the group (static), blank once its row was freed."""
+    rounds = list(range(first_round, last_round + 1))
     wide = len(rounds) <= 40  # space the columns when they fit
     sep = " " if wide else ""
-    label_width = max([len(request_label(r)) for r in group.members] + [len("active rows")]) + 2
-    members = f"{len(group.members)} member{'s' if len(group.members) != 1 else ''}"
-    lines = [f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}"]
+    label_width = max([len(request_label(r)) for r in members] + [len("active rows")]) + 2
+    lines = [title]
     if wide:
         lines.append(" " * label_width + sep.join(str(n % 10) for n in rounds) + "   (round, last digit)")
-    for r in group.members:
+    for r in members:
         cells = []
         for n in rounds:
-            active = r.first_round is not None and r.finish_round is not None and r.first_round <= n <= r.finish_round
-            cells.append("#" if active else ".")
-        label = request_label(r)
+            if r.first_round is not None and r.finish_round is not None and r.first_round <= n <= r.finish_round:
+                cells.append("#")
+            elif r.first_round is not None and n < r.first_round:
+                cells.append("-")
+            else:
+                cells.append("." if rows_stay else " ")
         reason = r.finish_reason if r.error is None else "error"
-        lines.append(f"{label:<{label_width}}{sep.join(cells)}   {len(r.token_ids)} tokens, {reason}")
-    lines.append(f"{'active rows':<{label_width}}" + sep.join(str(n) if n < 10 else "+" for n in group.active_rows))
+        lines.append(f"{request_label(r):<{label_width}}{sep.join(cells)}   {len(r.token_ids)} tokens, {reason}")
+    lines.append(f"{'active rows':<{label_width}}" + sep.join(str(n) if n < 10 else "+" for n in active_rows))
+    return lines
+
+
+def group_grid(group: GroupRecord, waiting: list[Request]) -> str:
+    """A static group's rounds, and which requests waited for the whole group."""
+    members = f"{len(group.members)} member{'s' if len(group.members) != 1 else ''}"
+    lines = round_grid(f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}",
+                       group.members, group.first_round, group.last_round, group.active_rows, rows_stay=True)
     if waiting:
+        rounds = group.last_round - group.first_round + 1
         shown = ", ".join(f"[{r.index}]" for r in waiting[:8]) + (" ..." if len(waiting) > 8 else "")
-        lines.append(f"waiting through all {len(rounds)} rounds of this group: {shown} "
+        lines.append(f"waiting through all {rounds} rounds of this group: {shown} "
                      f"(the next group starts in round {group.last_round + 1})")
+    return "\n".join(lines) + "\n"
+
+
+def continuous_grid(requests: list[Request], stats: RunStats) -> str:
+    """The whole run under continuous batching: rows are freed and refilled every round."""
+    served = [r for r in requests if r.first_round is not None]
+    if not served:
+        return ""
+    lines = round_grid(f"continuous batching: {len(served)} requests in up to {stats.batch_size} rows, rounds 1-{stats.rounds}",
+                       served, 1, stats.rounds, stats.active_rows_per_round, rows_stay=False)
     return "\n".join(lines) + "\n"
 
 
@@ -137,7 +157,8 @@ def summary(stats: RunStats, load_seconds: float) -> str:
     active = sum(stats.active_rows_per_round)
     lines = [
         f"requests     {stats.requests} ({ok} ok, {stats.failed} failed)",
-        f"groups       {len(stats.groups)} (batch size {stats.batch_size})",
+        (f"groups       {len(stats.groups)} (static, batch size {stats.batch_size})" if stats.policy == "static"
+         else f"policy       continuous batching, up to {stats.batch_size} rows"),
         f"rounds       {stats.rounds}",
         f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",
         f"tokens       {stats.prompt_tokens} prompt, {stats.generated_tokens} generated",

@@ -72,7 +72,7 @@ class Request:
 
     @property
     def kv_len(self) -> int:
-        """Keys and values this request holds in its slot (0 before it runs)."""
+        """Keys and values this request holds in its slot (0 before it runs and after it is released)."""
         return 0 if self.kv_cache is None else int(self.kv_cache.lengths[self.slot])
 
     def kv_capacity_needed(self, n_positions: int) -> int:
@@ -83,11 +83,16 @@ class Request:
         """Finish without running: the request gets an error of its own."""
         self.status, self.finish_reason, self.error = Status.FINISHED, "error", message
 
-    def start(self, group: int, slot: int, cache: KVCache, first_round: int, tokenizer: Tokenizer | None) -> None:
-        """Become a member of a group: take a KV slot and start the round bookkeeping."""
-        self.status, self.group, self.slot, self.kv_cache = Status.RUNNING, group, slot, cache
-        cache.reset_slot(slot)
+    def admit(self, group: int | None, slot: int, first_round: int) -> None:
+        """The scheduler lets it in: it owns a row (slot) from this round on.  `group` is None under continuous batching."""
+        self.status, self.group, self.slot = Status.RUNNING, group, slot
         self.first_round, self.rounds_waited = first_round, first_round - 1
+
+    def attach(self, cache: KVCache | None, tokenizer: Tokenizer | None) -> None:
+        """The engine gives it its KV slot's storage and a text decoder (a simulation attaches none)."""
+        self.kv_cache = cache
+        if cache is not None:
+            cache.reset_slot(self.slot)
         self._decoder = tokenizer.stream() if tokenizer is not None else None
         self.text = "" if tokenizer is not None else None
 

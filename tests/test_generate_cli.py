@@ -79,7 +79,7 @@ def test_records_in_input_order_with_every_field(tiny_lm, tmp_path, capsys):
     assert [(r["group"], r["first_round"], r["finish_round"], r["rounds_waited"]) for r in records if not r["error"]] == [
         (1, 1, 9, 0), (1, 1, 2, 0), (2, 10, 14, 9), (2, 10, 10, 9)]
     assert out.index("### [0] a") < out.index("### [1]") < out.index("### [3]: error") < out.index("### [4]")
-    assert "requests     5 (4 ok, 1 failed)" in err and "groups       2 (batch size 2)" in err and "rounds       14" in err
+    assert "requests     5 (4 ok, 1 failed)" in err and "groups       2 (static, batch size 2)" in err and "rounds       14" in err
     assert "utilization  60.7% active rows (17 of 28 row-rounds)" in err
     assert "group 1: 2 members, rounds 1-9" in err and "waiting through all 9 rounds of this group: [2]" in err
 
@@ -165,3 +165,21 @@ def test_module_runs_as_a_subprocess(tiny_lm, tmp_path):
                              "--max-new-tokens", "4"], capture_output=True, text=True, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("### [0]: ") and "backend auto" in result.stderr
+
+
+def test_continuous_policy_gives_the_same_records_sooner(tiny_lm, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "max_new_tokens": n})
+                                 for p, n in [("To be", 2), ("Shall I", 5), ("All the", 8), ("Now is", 4)]) + "\n")
+    records = {}
+    for policy in ("static", "continuous"):
+        out_file = tmp_path / f"{policy}.jsonl"
+        code, _, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "3", "--ignore-eos",
+                            "--policy", policy, "--trace", "--quiet", "--output", str(out_file)], capsys)
+        assert code == EXIT_OK
+        records[policy] = read_records(out_file)
+    assert [r["token_ids"] for r in records["static"]] == [r["token_ids"] for r in records["continuous"]]
+    assert [r["first_round"] for r in records["static"]] == [1, 1, 1, 9]
+    assert [r["first_round"] for r in records["continuous"]] == [1, 1, 1, 3]
+    assert [r["group"] for r in records["continuous"]] == [None] * 4
+    assert "continuous batching: 4 requests in up to 3 rows, rounds 1-8" in err and "policy       continuous" in err

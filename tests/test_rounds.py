@@ -1,0 +1,147 @@
+"""Static groups beside continuous batching: the seed's exercise, scheduler invariants, engine == simulator."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_model
+from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
+from minirt.engine import Engine
+from minirt.rounds import main, simulate, svg_panels
+from minirt.sampling import SamplingParams
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+lengths = st.lists(st.integers(1, 12), min_size=1, max_size=12)
+
+
+def test_seed_exercise_static():
+    sim = simulate([2, 5, 8, 4], "static", rows=3)
+    first_group = sim.scheduler.groups[0]
+    assert (first_group.first_round, first_group.last_round) == (1, 8)
+    assert first_group.active_rows == [3, 3, 2, 2, 2, 1, 1, 1]
+    fourth = sim.requests[3]
+    assert fourth.rounds_waited == 8 and fourth.first_round == 9 and fourth.finish_round == 12
+
+
+def test_seed_exercise_continuous():
+    sim = simulate([2, 5, 8, 4], "continuous", rows=3)
+    fourth = sim.requests[3]
+    assert fourth.first_round == 3 and fourth.rounds_waited == 2 and fourth.finish_round == 6
+    assert sim.total_rounds == 8 and sim.scheduler.active_rows == [3, 3, 3, 3, 3, 2, 1, 1]
+
+
+def test_cli_json_for_the_seed_exercise(capsys):
+    assert run_command(main, ["--lengths", "2,5,8,4", "--batch-size", "3", "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    static, continuous = report["policies"]["static"], report["policies"]["continuous"]
+    assert static["total_rounds"] == 12 and continuous["total_rounds"] == 8
+    assert static["requests"][3] == {"index": 3, "output_len": 4, "rounds_waited": 8, "first_round": 9, "finish_round": 12}
+    assert continuous["requests"][3]["first_round"] == 3
+    assert static["utilization"] == pytest.approx(19 / 36, abs=1e-6)
+
+
+@SETTINGS
+@given(output_lens=lengths, rows=st.integers(1, 5), data=st.data())
+def test_every_request_gets_exactly_its_tokens(output_lens, rows, data):
+    prompts = data.draw(st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens)))
+    for policy in ("static", "continuous"):
+        sim = simulate(output_lens, policy, rows, prompts, round_tokens=16)
+        for r, n in zip(sim.requests, output_lens):
+            assert len(r.token_ids) == n and r.finish_round - r.first_round + 1 == n
+        assert sum(sim.scheduler.active_rows) == sum(output_lens)
+        assert max(sim.scheduler.active_rows) <= rows
+
+
+@SETTINGS
+@given(output_lens=lengths, rows=st.integers(1, 5), kv_extra=st.integers(0, 40))
+def test_static_rounds_are_the_sum_of_each_groups_longest(output_lens, rows, kv_extra):
+    kv_budget = max(output_lens) + kv_extra  # prompts of 1: a request reserves its output length
+    sim = simulate(output_lens, "static", rows, kv_budget=kv_budget)
+    groups = sim.scheduler.groups
+    assert sim.total_rounds == sum(max(len(r.token_ids) for r in g.members) for g in groups)
+    order = [r.index for g in groups for r in g.members]
+    assert order == list(range(len(output_lens)))  # groups take requests in arrival order
+    for g in groups:
+        longest = max(len(r.token_ids) for r in g.members)  # with 1-token prompts, a request reserves its length
+        assert len(g.members) <= rows
+        assert len(g.members) == 1 or len(g.members) * longest <= kv_budget
+    if kv_budget >= rows * max(output_lens):  # memory never binds: groups are consecutive chunks of `rows`
+        chunks = [output_lens[i:i + rows] for i in range(0, len(output_lens), rows)]
+        assert sim.total_rounds == sum(max(c) for c in chunks)
+
+
+@SETTINGS
+@given(output_lens=lengths, rows=st.integers(1, 5), data=st.data())
+def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output_lens, rows, data):
+    prompts = data.draw(st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens)))
+    kv_budget = data.draw(st.integers(max(p + n - 1 for p, n in zip(prompts, output_lens)), 80))
+    round_tokens = data.draw(st.integers(max(prompts), 30))
+    checked = []
+
+    def check(scheduler, plan):
+        reserved = sum(scheduler.need(r) for r in plan.active)
+        admitted = {id(r) for r in plan.admitted}
+        tokens = sum(r.prompt_len if id(r) in admitted else 1 for r in plan.active)
+        assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= rows
+        if len(plan.active) < rows:  # a free row: nobody waiting may fit it
+            for waiting in scheduler.waiting:
+                fits_kv = reserved + scheduler.need(waiting) <= kv_budget
+                fits_tokens = tokens + waiting.prompt_len <= round_tokens
+                assert not (fits_kv and fits_tokens), f"row idle while request {waiting.index} fits"
+        checked.append(len(plan.active))
+
+    simulate(output_lens, "continuous", rows, prompts, kv_budget=kv_budget, round_tokens=round_tokens, on_plan=check)
+    assert checked
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(output_lens=st.lists(st.integers(1, 7), min_size=1, max_size=7), rows=st.integers(1, 4), data=st.data())
+def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, data):
+    model = random_model(seed=5, vocab_size=40, n_positions=32)
+    prompts = data.draw(st.lists(st.integers(1, 6), min_size=len(output_lens), max_size=len(output_lens)))
+    tokens_by_policy = {}
+    for policy in ("static", "continuous"):
+        engine = Engine(model, None, batch_size=rows, policy=policy, round_token_budget=12)
+        requests = [engine.make_request(i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True))
+                    for i, (p, n) in enumerate(zip(prompts, output_lens))]
+        stats = engine.serve(requests)
+        sim = simulate(output_lens, policy, rows, prompts, kv_budget=engine.kv_budget_positions, round_tokens=12)
+        assert [(r.first_round, r.finish_round) for r in requests] == [(r.first_round, r.finish_round) for r in sim.requests]
+        assert stats.active_rows_per_round == sim.scheduler.active_rows
+        tokens_by_policy[policy] = [r.token_ids for r in requests]
+    assert tokens_by_policy["static"] == tokens_by_policy["continuous"]  # the policy never changes a result
+
+
+def test_svg_is_well_formed_and_draws_every_active_cell(tmp_path):
+    sims = [simulate([2, 5, 8, 4], policy, rows=3) for policy in ("static", "continuous")]
+    svg = svg_panels(sims, "seed exercise")
+    root = ET.fromstring(svg)
+    cell = int(root.get("data-cell"))
+    blue = [int(el.get("width")) for el in root.iter("{http://www.w3.org/2000/svg}rect") if el.get("fill") == "#2b6cb0"]
+    active_cells = sum(2 + 5 + 8 + 4 for _ in sims)
+    gap = 1 if cell >= 10 else 0
+    assert len(blue) - 1 == active_cells and set(blue[:-1]) == {cell - gap}  # one rect per active cell, then the legend
+    assert run_command(main, ["--lengths", "2,5,8,4", "--batch-size", "3", "--svg", str(tmp_path / "g.svg")]) == EXIT_OK
+    ET.parse(tmp_path / "g.svg")
+
+
+def test_workload_comparison_and_errors(capsys):
+    assert run_command(main, ["--workload", "30", "--seed", "1", "--batch-sizes", "2,4", "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    for rows in ("2", "4"):
+        static = report["batch_sizes"][rows]["policies"]["static"]
+        continuous = report["batch_sizes"][rows]["policies"]["continuous"]
+        assert continuous["total_rounds"] <= static["total_rounds"]
+        assert len(static["requests"]) == 30
+    for argv, fragment in [(["--lengths", "2,0"], "length must be an integer >= 1"),
+                           (["--lengths", "2,5", "--prompt-lengths", "1"], "prompt lengths"),
+                           (["--lengths", "2,5", "--batch-size", "0"], "--batch-size")]:
+        try:
+            code = run_command(main, argv, prog="minirt.rounds")
+        except SystemExit as exc:  # argparse refuses a malformed flag itself, also with status 2
+            code = exc.code
+        assert code == EXIT_USAGE
+        assert fragment in capsys.readouterr().err
