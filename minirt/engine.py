@@ -178,8 +178,7 @@ class Engine:
                 request.attach(cache, self.tokenizer)
             stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
 
-            logits = self.run_round(plan.active, cache)  # [len(active), V], one forward pass
-            self.apply_updates(plan.active, logits, round_number)
+            self.run_round(plan.active, cache, round_number)  # one forward pass, then each member's update
             ended_group = scheduler.complete(plan)  # finished rows leave; continuous frees them at once
             self.keep_finished(plan, on_final)
 
@@ -203,11 +202,19 @@ class Engine:
         capacity = max(r.kv_capacity_needed(n_positions) for r in group.members)
         return self.model.new_kv_cache(n_slots=len(group.members), capacity=capacity)
 
-    def run_round(self, active: list[Request], cache: KVCache) -> np.ndarray:
-        """Prepare the batch metadata for the active members and run one forward pass."""
+    def run_round(self, active: list[Request], cache: KVCache, round_number: int) -> None:
+        """Prepare the batch metadata for the active members, run one forward pass, apply the updates."""
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
         inputs = prepare_round([r.next_input() for r in active], slots=slots, past_lens=cache.lengths[slots])
-        return self.model.next_token_logits(inputs, cache)  # [B, V] fp32, host
+        n_positions = self.model.config.n_positions
+        if all(r.params.temperature == 0 and not r.want_logprobs for r in active):
+            # Greedy rows need only the argmax: it is taken on the backend, and only B ids come back.
+            tokens = self.model.greedy_next_tokens(inputs, cache)  # [B] int64
+            for request, token in zip(active, tokens):
+                request.append_token(int(token), None, round_number, self.eos_token_id, n_positions)
+            return
+        logits = self.model.next_token_logits(inputs, cache)  # [B, V] fp32, host
+        self.apply_updates(active, logits, round_number)
 
     def apply_updates(self, active: list[Request], logits: np.ndarray, round_number: int) -> None:
         """Each active member picks its token from its own row and checks its own stop conditions."""

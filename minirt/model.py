@@ -163,8 +163,12 @@ def transformer_block(xp, x, p, config: GPT2Config, cache: KVCache, layer: int, 
 
 
 def lm_head(xp, hidden, head_weight):
-    """Hidden states -> next-token logits, in fp32."""
-    return (hidden @ head_weight.T).astype(xp.float32, copy=False)  # [N, V]
+    """Hidden states -> next-token logits, computed and returned in fp32.
+
+    `head_weight` is kept in fp32 even when the model computes in fp16: logits
+    of tens are only resolved to ~0.03 in fp16, enough to flip a greedy choice.
+    """
+    return hidden.astype(xp.float32, copy=False) @ head_weight.T  # [N, V] fp32
 
 
 # ---------------------------------------------------------------------------- the model
@@ -206,6 +210,9 @@ class GPT2:
                 # array stays a read-only view of the memory-mapped file.
                 converted[id(host)] = backend.asarray(host).astype(self.dtype, copy=False)
             self.params[name] = converted[id(host)]
+        head = checkpoint.tensors["lm_head.weight"]  # [V, C], file precision
+        self.head_weight = (self.params["lm_head.weight"] if self.dtype == np.float32
+                            else backend.asarray(head).astype(np.float32))  # [V, C] fp32 for fp32 logits
         n = self.config.n_layer
         self.blocks = [
             {name[len(f"h.{i}."):]: array for name, array in self.params.items() if name.startswith(f"h.{i}.")}
@@ -251,7 +258,7 @@ class GPT2:
     def head(self, hidden):
         """Final hidden states [..., C] -> fp32 logits [..., V] (a backend array)."""
         flat = hidden.reshape(-1, self.config.n_embd)  # [N, C]
-        logits = lm_head(self.xp, flat, self.params["lm_head.weight"])  # [N, V]
+        logits = lm_head(self.xp, flat, self.head_weight)  # [N, V]
         return logits.reshape(*hidden.shape[:-1], self.config.vocab_size)  # [..., V]
 
     def next_token_logits(self, inputs: RoundInputs, cache: KVCache) -> np.ndarray:
@@ -266,6 +273,19 @@ class GPT2:
         if last.size == hidden.shape[0]:  # decode: every token is some row's last
             return self.backend.to_numpy(self.head(hidden))  # [B', V]
         return self.backend.to_numpy(self.head(hidden[self.backend.asarray(last)]))  # [B', V]
+
+    def greedy_next_tokens(self, inputs: RoundInputs, cache: KVCache) -> np.ndarray:
+        """Run a round and return each row's argmax token [B'] (int64, host).
+
+        The argmax runs on the backend, so on a GPU only B integers cross to the
+        host per round instead of B x V logits.  Ties go to the lowest id, as
+        with NumPy's argmax on the host.
+        """
+        hidden = self.forward(inputs, cache)  # [N, C]
+        last = np.cumsum(inputs.new_lens)[inputs.new_lens > 0] - 1  # [B']
+        if last.size != hidden.shape[0]:
+            hidden = hidden[self.backend.asarray(last)]  # [B', C]
+        return self.backend.to_numpy(self.xp.argmax(self.head(hidden), axis=-1)).astype(np.int64)  # [B']
 
     def check_token_ids(self, token_ids) -> list[list[int]]:
         """Validate a list of token-id lists; returns them as plain int lists."""

@@ -109,8 +109,13 @@ class Request:
     def take_step(self, logits: np.ndarray, round_number: int, eos_token_id: int | None, n_positions: int) -> None:
         """Choose this round's token from its logits [V], append it, and check every stop condition."""
         token, logprob = choose_token(logits, self.params, self.rng, want_logprob=self.want_logprobs)
+        self.append_token(token, logprob, round_number, eos_token_id, n_positions)
+
+    def append_token(self, token: int, logprob: float | None, round_number: int, eos_token_id: int | None,
+                     n_positions: int) -> None:
+        """Append a chosen token and check every stop condition (the engine's greedy fast path enters here)."""
         self.token_ids.append(token)
-        if self.want_logprobs:
+        if self.want_logprobs and logprob is not None:
             self.logprobs.append(logprob)
 
         is_eos = token == eos_token_id and not self.params.ignore_eos

@@ -36,13 +36,13 @@ def test_seed_exercise_static_group_of_three(model, monkeypatch):
     """Output lengths 2, 5 and 8 in a group of 3, then a fourth request."""
     engine = engine_for(model, batch_size=3)
     calls = []  # how many rows each forward pass really ran
-    original = model.next_token_logits
+    original = model.forward
 
     def spy(inputs, cache):
         calls.append(inputs.batch_size)
         return original(inputs, cache)
 
-    monkeypatch.setattr(model, "next_token_logits", spy)
+    monkeypatch.setattr(model, "forward", spy)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 5, 8, 4)]
     requests, stats = serve(engine, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], params)
     first, fourth = stats.groups[0], requests[3]

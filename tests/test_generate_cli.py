@@ -130,11 +130,11 @@ def test_interrupt_keeps_every_final_record(tiny_lm, tmp_path, capsys, monkeypat
     original = Engine.run_round
     calls = {"n": 0}
 
-    def flaky(self, active, cache):
+    def flaky(self, active, cache, round_number):
         calls["n"] += 1
         if calls["n"] == 6:  # group 1 (2 x 3 tokens) is done after round 3; interrupt group 2 mid-way
             raise KeyboardInterrupt
-        return original(self, active, cache)
+        return original(self, active, cache, round_number)
 
     monkeypatch.setattr(Engine, "run_round", flaky)
     code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2", "--max-new-tokens", "3",
