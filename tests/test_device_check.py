@@ -1,0 +1,60 @@
+"""The CPU side of tools/device_check.py: argument parsing, the NumPy run, the byte counts, the JSON."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import random_model, requires_reference
+from device_check import kv_bytes_per_step, parse_args, summary_table, weight_bytes_per_step
+
+
+def test_arguments():
+    args = parse_args(["--batch-sizes", "1,8,64", "--dtypes", "float16", "--out", "x.json"])
+    assert args.batch_sizes == [1, 8, 64] and args.dtypes == ["float16"] and args.backend == "cupy"
+    assert args.sections == ["environment", "correctness", "timing", "floor"]
+    quick = parse_args(["--quick", "--new-tokens", "64"])
+    assert quick.new_tokens == 4
+    with pytest.raises(SystemExit):
+        parse_args(["--sections", "environment,bogus"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_weight_bytes_count_every_block_tensor_and_an_fp32_head(dtype):
+    model = random_model(seed=0, vocab_size=97, n_embd=24, n_head=3, n_layer=2, n_inner=40, n_positions=16)
+    item = np.dtype(dtype).itemsize
+    blocks = sum(a.size for name, a in model.params.items() if name.startswith("h.")) * item
+    want = blocks + model.params["ln_f.weight"].size * 2 * item + 97 * 24 * 4
+    assert weight_bytes_per_step(model.config, dtype) == want
+    assert kv_bytes_per_step(model.config, dtype, batch=3, kv_len=10) == 2 * 2 * 3 * 10 * 24 * item
+
+
+@requires_reference
+def test_numpy_run_writes_every_section(tmp_path):
+    from device_check import main
+
+    out = tmp_path / "dc.json"
+    assert main(["--backend", "numpy", "--quick", "--batch-sizes", "1,2", "--dtypes", "float32", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    sections = results["sections"]
+    assert set(sections) == {"environment", "correctness", "timing", "floor"}
+    assert sections["correctness"]["fp32_within_1e-4"] is True
+    assert sections["timing"]["float32_batch2"]["minirt"]["tokens_per_s"] > 0
+    assert sections["timing"]["float32_batch2"]["ratio"] > 0
+    assert 0 < sections["floor"]["float32_batch1"]["fraction_of_floor"]
+    table = summary_table(results)
+    assert "float32      2" in table and "timing        ok" in table
+
+
+def test_a_section_that_fails_is_recorded_and_the_rest_still_run(tmp_path, monkeypatch):
+    import device_check
+
+    def broken(args, deadline, state):
+        raise RuntimeError("simulated failure")
+
+    monkeypatch.setitem(device_check.SECTIONS, "environment", broken)
+    out = tmp_path / "dc.json"
+    assert device_check.main(["--backend", "numpy", "--quick", "--sections", "environment,floor", "--out", str(out)]) == 0
+    sections = json.loads(out.read_text())["sections"]
+    assert sections["environment"]["error"] == "RuntimeError: simulated failure"
+    assert sections["floor"]["skipped"] == "needs the timing section"

@@ -1,0 +1,365 @@
+"""One prepared run on a lent GPU: environment, correctness, speed against transformers, bandwidth floor.
+
+Made for a single run of at most 9 minutes on the lent NVIDIA H200 (cupy-cuda13x,
+torch, transformers, safetensors and tokenizers preinstalled; no network; minirt
+is used from this checkout, not installed).  It works against a global
+deadline, writes its results to a JSON file after every section (so a run cut
+short keeps what it measured), and prints a summary table last.
+
+Sections:
+  1. environment   versions, the GPU, and a compiled ElementwiseKernel checked
+                   against its NumPy twin (minirt's tanh GELU);
+  2. correctness   the `gpu` property tests (pytest -m gpu), and a random-weight
+                   model of the gpt2-124M shape against transformers on the GPU,
+                   in fp32 and fp16;
+  3. timing        decode tokens/s at batch 1, 8 and 64, fp16 and fp32, minirt
+                   against transformers' `generate` (PyTorch eager) on the same
+                   weights, plus minirt's host overhead per round measured with
+                   cupyx.profiler.benchmark;
+  4. floor         the bytes of weights and KV read per decode step, divided by
+                   ~4.8 TB/s, as a fraction of the measured step time.
+
+On the device machine (see README, "Running on a GPU"):
+
+    python tools/device_check.py --out $OUT/device_check.json
+
+Here, on the CPU, the same code runs small and fast (the tests do this):
+
+    python tools/device_check.py --backend numpy --quick --out /tmp/device_check.json
+
+pytest and hypothesis may be missing on the device machine; install them into
+.device_deps (`pip install --target .device_deps pytest hypothesis`) and carry
+that folder, and this script puts it on the path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+if (ROOT / ".device_deps").is_dir():
+    sys.path.insert(0, str(ROOT / ".device_deps"))
+
+H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e, the H200's nominal memory bandwidth
+GPT2_124M = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
+QUICK = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="minirt on a GPU: environment, correctness, speed, bandwidth floor.",
+                                epilog="example: python tools/device_check.py --out $OUT/device_check.json")
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "device_check.json"),
+                   help="JSON results file, rewritten after every section (default $OUT/device_check.json)")
+    p.add_argument("--deadline", type=float, default=510.0, help="seconds for the whole run (default 510)")
+    p.add_argument("--backend", choices=("cupy", "numpy"), default="cupy", help="numpy runs the CPU side only")
+    p.add_argument("--quick", action="store_true", help="a tiny model and few tokens (for CPU smoke tests)")
+    p.add_argument("--batch-sizes", default="1,8,64", help="decode batch sizes to time (default 1,8,64)")
+    p.add_argument("--dtypes", default="float16,float32", help="compute dtypes to time (default float16,float32)")
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per request (default 32)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    p.add_argument("--sections", default="environment,correctness,timing,floor", help="which sections to run")
+    p.add_argument("--no-transformers", action="store_true", help="skip the transformers side")
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    args.dtypes = [d for d in args.dtypes.split(",") if d]
+    args.sections = [s for s in args.sections.split(",") if s]
+    unknown = set(args.sections) - {"environment", "correctness", "timing", "floor"}
+    if unknown:
+        p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    if args.quick:
+        args.new_tokens = min(args.new_tokens, 4)
+        args.prompt_len = min(args.prompt_len, 8)
+    return args
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def model_shape(args) -> dict:
+    return QUICK if args.quick else GPT2_124M
+
+
+def torch_device(args) -> str:
+    import torch
+
+    return "cuda" if args.backend == "cupy" and torch.cuda.is_available() else "cpu"
+
+
+def make_checkpoint(args, folder: Path):
+    """A random-weight GPT-2 (transformers' own init) saved in safetensors; returns the torch model."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(**model_shape(args))).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def weight_bytes_per_step(config, dtype) -> int:
+    """Bytes of weights a decode step reads: every block and the head (kept in fp32), not wte/wpe rows."""
+    item = np.dtype(dtype).itemsize
+    C, I, V = config.n_embd, config.n_inner, config.vocab_size
+    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C) + 4 * C
+    return config.n_layer * per_block * item + V * C * 4 + 2 * C * item
+
+
+def kv_bytes_per_step(config, dtype, batch: int, kv_len: float) -> float:
+    return 2 * config.n_layer * batch * kv_len * config.n_embd * np.dtype(dtype).itemsize
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def section_environment(args, deadline, state) -> dict:
+    from minirt.model import gelu
+
+    out = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()}
+    for name in ("torch", "transformers", "safetensors", "tokenizers"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception as exc:  # report, don't fail
+            out[name] = f"not importable ({type(exc).__name__})"
+    x = np.linspace(-6, 6, 4097, dtype=np.float32)
+    if args.backend == "cupy":
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        out.update({"cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+                    "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
+                    "gpu": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+                    "gpu_memory_gib": round(props["totalGlobalMem"] / 2**30, 1)})
+        kernel = cupy.ElementwiseKernel(
+            "float32 x", "float32 y",
+            "y = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)))", "minirt_gelu_tanh")
+        got = cupy.asnumpy(kernel(cupy.asarray(x)))
+        out["compiled_kernel_max_abs_error_vs_numpy_twin"] = float(np.abs(got - gelu(np, x)).max())
+    else:
+        out["compiled_kernel"] = "skipped (numpy backend)"
+    return out
+
+
+def section_correctness(args, deadline, state) -> dict:
+    import torch
+
+    import minirt
+
+    out = {}
+    if args.backend == "cupy":
+        budget = max(30, min(240, deadline.left() - 200))
+        try:
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider"],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=budget,
+                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+            out["gpu_property_tests"] = {"exit_code": run.returncode, "tail": run.stdout.strip().splitlines()[-3:]}
+        except subprocess.TimeoutExpired:
+            out["gpu_property_tests"] = {"exit_code": None, "tail": [f"timed out after {budget:.0f} s"]}
+    else:
+        out["gpu_property_tests"] = "skipped (numpy backend)"
+
+    folder = Path(state["scratch"]) / "model"
+    reference = make_checkpoint(args, folder)
+    state["folder"], state["reference"] = folder, reference
+    rng = np.random.default_rng(0)
+    V = reference.config.vocab_size
+    sequences = [rng.integers(0, V, n).tolist() for n in (40, 3, 17, 1)]
+    device = torch_device(args)
+    ref_model = reference.to(device)  # stays fp32; timing makes its own copies
+    with torch.no_grad():
+        want = [ref_model(torch.tensor([s], device=device)).logits[0].float().cpu().numpy() for s in sequences]
+    for dtype in ("float32", "float16"):
+        model = minirt.load_model(folder, backend=args.backend, dtype=dtype)
+        got = model.logits(sequences)
+        errs = [float(np.abs(got[b, :len(s)] - want[b]).max() / np.abs(want[b]).max()) for b, s in enumerate(sequences)]
+        out[f"logits_{dtype}_max_rel_error_vs_transformers_fp32"] = max(errs)
+    out["model_shape"] = model_shape(args)
+    out["fp32_within_1e-4"] = out["logits_float32_max_rel_error_vs_transformers_fp32"] <= 1e-4
+    return out
+
+
+def time_minirt(args, folder, dtype, batch) -> dict:
+    from minirt import LLM, SamplingParams
+
+    llm = LLM(folder, backend=args.backend, dtype=dtype, batch_size=batch)
+    V = llm.model.config.vocab_size
+    rng = np.random.default_rng(batch)
+    prompts = [rng.integers(0, V, args.prompt_len).tolist() for _ in range(batch)]
+    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(max_new_tokens=2, ignore_eos=True))  # warm-up: kernels, memory pool
+    llm.model.backend.synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params)
+    llm.model.backend.synchronize()
+    seconds = time.perf_counter() - start
+    result = {"tokens_per_s": batch * args.new_tokens / seconds, "step_ms": 1e3 * seconds / args.new_tokens}
+    if args.backend == "cupy":
+        result["host_overhead"] = host_overhead(llm.model, batch, args)
+    return result
+
+
+def host_overhead(model, batch: int, args) -> dict:
+    """CPU vs GPU time of one decode round at kv_len ~ prompt_len, from cupyx.profiler.benchmark."""
+    from cupyx.profiler import benchmark
+
+    from minirt.batch import prepare_round
+
+    cache = model.new_kv_cache(n_slots=batch, capacity=args.prompt_len + 1)
+    slots = np.arange(batch)
+    model.forward(prepare_round([[1] * args.prompt_len] * batch, slots, np.zeros(batch)), cache)
+
+    def one_round():
+        cache.lengths[:] = args.prompt_len  # rewind, so every repeat is the same round
+        model.greedy_next_tokens(prepare_round([[2]] * batch, slots, cache.lengths[slots]), cache)
+
+    perf = benchmark(one_round, n_repeat=20, n_warmup=3)
+    cpu_ms, gpu_ms = float(np.mean(perf.cpu_times)) * 1e3, float(np.mean(perf.gpu_times)) * 1e3
+    return {"cpu_ms": cpu_ms, "gpu_ms": gpu_ms}
+
+
+def time_transformers(args, reference, dtype, batch) -> dict:
+    import torch
+
+    import copy
+
+    device = torch_device(args)
+    model = copy.deepcopy(reference).to(device=device, dtype=getattr(torch, dtype)).eval()  # the fp32 original stays
+    V = model.config.vocab_size
+    ids = torch.as_tensor(np.random.default_rng(batch).integers(0, V, (batch, args.prompt_len)), device=device)
+    kwargs = dict(do_sample=False, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids[:1], **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(ids, **kwargs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return {"tokens_per_s": batch * args.new_tokens / seconds}
+
+
+def section_timing(args, deadline, state) -> dict:
+    if "folder" not in state:
+        state["reference"] = make_checkpoint(args, Path(state["scratch"]) / "model")
+        state["folder"] = Path(state["scratch"]) / "model"
+    out = {}
+    for dtype in args.dtypes:
+        for batch in args.batch_sizes:
+            key = f"{dtype}_batch{batch}"
+            if deadline.left() < 25:
+                out[key] = "skipped: deadline"
+                continue
+            row = {"minirt": time_minirt(args, state["folder"], dtype, batch)}
+            if not args.no_transformers:
+                row["transformers"] = time_transformers(args, state["reference"], dtype, batch)
+                row["ratio"] = row["minirt"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+            out[key] = row
+            state["results"]["sections"]["timing"] = {"partial": True, **out}
+            write_results(args, state["results"])
+    return out
+
+
+def section_floor(args, deadline, state) -> dict:
+    import minirt
+
+    timing = state["results"]["sections"].get("timing", {})
+    if "folder" not in state:
+        return {"skipped": "needs the timing section"}
+    config = minirt.load_checkpoint(state["folder"]).config
+    out = {}
+    for dtype in args.dtypes:
+        for batch in args.batch_sizes:
+            row = timing.get(f"{dtype}_batch{batch}")
+            if not isinstance(row, dict):
+                continue
+            kv_len = args.prompt_len + args.new_tokens / 2  # the average history a step reads
+            step_bytes = weight_bytes_per_step(config, dtype) + kv_bytes_per_step(config, dtype, batch, kv_len)
+            floor_ms = 1e3 * step_bytes / H200_BANDWIDTH
+            out[f"{dtype}_batch{batch}"] = {"bytes_per_step": step_bytes, "floor_ms": floor_ms,
+                                            "measured_step_ms": row["minirt"]["step_ms"],
+                                            "fraction_of_floor": floor_ms / row["minirt"]["step_ms"]}
+    return out
+
+
+SECTIONS = {"environment": section_environment, "correctness": section_correctness,
+            "timing": section_timing, "floor": section_floor}
+MIN_SECONDS = {"environment": 5, "correctness": 60, "timing": 60, "floor": 1}
+
+
+def write_results(args, results) -> None:
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{args.out}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, args.out)
+
+
+def summary_table(results) -> str:
+    lines = ["section       status"]
+    for name, value in results["sections"].items():
+        status = value if isinstance(value, str) else ("error: " + value["error"] if "error" in value else "ok")
+        lines.append(f"{name:13s} {status}")
+    timing = results["sections"].get("timing", {})
+    floor = results["sections"].get("floor", {})
+    if isinstance(timing, dict):
+        lines.append("")
+        lines.append(f"{'dtype':8s} {'batch':>5s} {'minirt tok/s':>13s} {'transformers':>13s} {'ratio':>6s} {'floor frac':>10s}")
+        for key, row in timing.items():
+            if not isinstance(row, dict) or "minirt" not in row:
+                continue
+            dtype, batch = key.split("_batch")
+            theirs = row.get("transformers", {}).get("tokens_per_s", float("nan"))
+            frac = floor.get(key, {}).get("fraction_of_floor", float("nan")) if isinstance(floor, dict) else float("nan")
+            lines.append(f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
+                         f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    deadline = Deadline(args.deadline)
+    results = {"args": vars(args), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": {}}
+    with tempfile.TemporaryDirectory() as scratch:
+        state = {"scratch": scratch, "results": results}
+        for name in args.sections:
+            if deadline.left() < MIN_SECONDS[name]:
+                results["sections"][name] = "skipped: deadline"
+            else:
+                start = time.perf_counter()
+                try:
+                    results["sections"][name] = SECTIONS[name](args, deadline, state)
+                except Exception as exc:  # keep going: later sections may still run
+                    results["sections"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+                if isinstance(results["sections"][name], dict):
+                    results["sections"][name].pop("partial", None)
+                    results["sections"][name]["seconds"] = round(time.perf_counter() - start, 1)
+            write_results(args, results)
+            print(f"[{name}] done, {deadline.left():.0f} s left", flush=True)
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_results(args, results)
+    print(summary_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
