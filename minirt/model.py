@@ -101,6 +101,9 @@ def attention_mask(xp, past_lens, kv_lens, seq_len: int, kv_len: int):
 def softmax_attention(xp, q, keys, values, mask, scale: float):
     """softmax(q k^T * scale, over visible keys) @ v, with no NaN for a row that sees no key.
 
+    Everything here runs in fp32, whatever the compute dtype: scores, softmax and
+    the weighted sum (the result is cast back).
+
     Masked scores are set with `where` to the most negative finite float (never
     -inf arithmetic), and the probabilities are zeroed with `where` again, so a
     query with no visible key gets all-zero weights and a zero output.
@@ -114,7 +117,8 @@ def softmax_attention(xp, q, keys, values, mask, scale: float):
     weights = xp.where(mask, xp.exp(scores), 0.0)  # [B, H, T, L]
     total = weights.sum(axis=-1, keepdims=True)  # [B, H, T, 1]; >= 1 if any key is visible
     weights = weights / xp.maximum(total, 1.0)  # [B, H, T, L]; rows with no key stay 0
-    return weights.astype(values.dtype, copy=False) @ values  # [B, H, T, D]
+    values32 = values.astype(xp.float32, copy=False)  # [B, H, L, D]; a 4-D fp16 matmul would fall back to slow GEMVs on CuPy
+    return (weights @ values32).astype(q.dtype, copy=False)  # [B, H, T, D]
 
 
 def to_padded(xp, packed, batch):
