@@ -79,16 +79,14 @@ class KVCache:
         self.keys[layer][slots, :, positions] = new_keys  # [N, H, D]
         self.values[layer][slots, :, positions] = new_values  # [N, H, D]
 
-    def read(self, layer: int, inputs: RoundInputs, slot_index):
-        """Keys and values of the round's rows, positions 0..L-1 (L = longest row).
+    def read(self, layer: int, slot_index, slot_span: tuple[int, int] | None, kv_len: int):
+        """Keys and values of the round's rows (slots `slot_index`, [B]), positions 0..kv_len-1.
 
-        A view when the slots are contiguous; otherwise a gather (a copy of L positions).
-        Returns two arrays of shape [B, H, L, D].
+        A view when the slots are contiguous (`slot_span` = (first, stop)); otherwise a
+        gather, a copy of kv_len positions.  Returns two arrays of shape [B, H, L, D].
         """
-        kv_len = inputs.max_kv_len
-        span = inputs.contiguous_slots()
-        if span is not None:
-            first, stop = span
+        if slot_span is not None:
+            first, stop = slot_span
             return self.keys[layer, first:stop, :, :kv_len], self.values[layer, first:stop, :, :kv_len]
         return self.keys[layer][slot_index, :, :kv_len], self.values[layer][slot_index, :, :kv_len]
 

@@ -144,7 +144,7 @@ def causal_self_attention(xp, x, p, config: GPT2Config, cache: KVCache, layer: i
     qkv = qkv.reshape(N, 3, H, D)  # [N, 3, H, D]
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # each [N, H, D]
     cache.write(layer, k, v, batch.token_slots, batch.token_positions)  # each token into its row's slot
-    keys, values = cache.read(layer, batch.inputs, batch.slot_index)  # each [B, H, L, D]
+    keys, values = cache.read(layer, batch.slot_index, batch.slot_span, batch.kv_len)  # each [B, H, L, D]
     q = to_padded(xp, q, batch).transpose(0, 2, 1, 3)  # [B, H, T, D]
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
     out = softmax_attention(xp, q, keys, values, batch.mask, scale)  # [B, H, T, D]
@@ -191,6 +191,8 @@ class BatchOnDevice:
         self.token_positions = backend.asarray(inputs.positions[rows, cols])  # [N] = past_lens[row] + col
         self.token_slots = backend.asarray(inputs.slots[rows])  # [N] the KV slot of each token's row
         self.slot_index = backend.asarray(inputs.slots)  # [B]
+        self.slot_span = inputs.contiguous_slots()  # (first, stop) when the KV read can be a view
+        self.kv_len = inputs.max_kv_len  # L, the longest row's keys after this round
         self.mask = attention_mask(
             xp, backend.asarray(inputs.past_lens), backend.asarray(inputs.kv_lens), inputs.seq_len, inputs.max_kv_len
         )  # [B, 1, T, L]
