@@ -7,16 +7,19 @@ Start here:
     padded batch;
   * `load_tokenizer(folder)` turns text into ids and back;
   * `LLM(model).generate(prompts, SamplingParams(...))` serves prompts in
-    static groups (`python -m minirt.generate` is the same on the command line).
+    static groups, or with `policy="continuous"` (`python -m minirt.generate`
+    is the same on the command line; `python -m minirt.rounds` counts rounds).
 
 Where things live (each module's docstring says what it owns):
   config.py      the hyperparameters, checked            checkpoint.py  finding and reading weights
   tokenizer.py   text <-> ids                            backend.py     numpy or cupy (`xp`)
   batch.py       one round's padded batch metadata       kv_cache.py    per-request key/value buffers
   model.py       the layers and the forward pass       sampling.py    SamplingParams, choosing a token
-  request.py     one request's own state and stops      engine.py      the static-group loop
+  request.py     one request's own state and stops      engine.py      the serving loop
   llm.py         the Python API                         generate.py    the command line
   prompt_file.py reading .txt / .jsonl prompts          report.py      output, progress, trace, summary
+  scheduler.py   static groups or continuous batching   rounds.py      simulating both, counted in rounds
+  evaluate.py    loss and perplexity of a text          inspect.py     describe a checkpoint
 """
 
 from .backend import get_backend

@@ -38,7 +38,7 @@ from .batch import prepare_round
 from .kv_cache import KVCache
 from .model import GPT2
 from .request import Request
-from .sampling import RequestError, SamplingParams, derived_seed, request_rng
+from .sampling import GREEDY_BELOW, RequestError, SamplingParams, derived_seed, request_rng
 from .scheduler import POLICIES, GroupRecord, RoundPlan, Scheduler
 from .tokenizer import Tokenizer
 
@@ -71,7 +71,7 @@ class RunStats:
 
 
 class Engine:
-    """Serves requests on one model in static groups."""
+    """Serves requests on one model, in static groups or with continuous batching."""
 
     def __init__(self, model: GPT2, tokenizer: Tokenizer | None, batch_size: int = 8,
                  kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, policy: str = "static",
@@ -165,8 +165,8 @@ class Engine:
             if on_final:
                 on_final(request)
         cache = None
-        if self.policy == "continuous" and scheduler.waiting:  # one pool of rows for the whole run
-            cache = self.model.new_kv_cache(n_slots=self.batch_size,
+        if self.policy == "continuous" and scheduler.waiting:  # one pool of rows for the whole run, within the budget
+            cache = self.model.new_kv_cache(n_slots=scheduler.max_rows,
                                             capacity=max(scheduler.need(r) for r in scheduler.waiting))
         round_number = 0
         while scheduler.has_work():
@@ -207,7 +207,7 @@ class Engine:
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
         inputs = prepare_round([r.next_input() for r in active], slots=slots, past_lens=cache.lengths[slots])
         n_positions = self.model.config.n_positions
-        if all(r.params.temperature == 0 and not r.want_logprobs for r in active):
+        if all(r.params.temperature < GREEDY_BELOW and not r.want_logprobs for r in active):
             # Greedy rows need only the argmax: it is taken on the backend, and only B ids come back.
             tokens = self.model.greedy_next_tokens(inputs, cache)  # [B] int64
             for request, token in zip(active, tokens):

@@ -12,9 +12,9 @@ Layout, per layer:  keys[layer, slot, head, position, head_dim]  (same for value
   * Nothing is concatenated or reallocated per step: the pool's capacity is
     chosen up front, so a step's cost is the attention itself, not a copy of
     the whole history.
-  * Only real tokens are written.  Positions past a slot's length hold stale
-    or zero numbers, and the attention mask (key-is-real) never lets a query
-    see them.  The pool starts zeroed so those numbers are always finite.
+  * Only real tokens are written.  Positions past a slot's length hold zeros
+    (the pool starts zeroed, and a slot is zeroed when a new request takes it),
+    and the attention mask (key-is-real) never lets a query see them.
 
 Must not know: layers' arithmetic, requests, sampling or scheduling.
 """
@@ -56,7 +56,14 @@ class KVCache:
         return self.keys[:, slot, :, :length], self.values[:, slot, :, :length]  # each [n_layer, H, length, D]
 
     def reset_slot(self, slot: int) -> None:
-        """Give a slot to a new request: length 0 (old keys stay, but are masked out)."""
+        """Give a slot to a new request: length 0 and zeroed storage.
+
+        The mask already hides old entries, but attention multiplies them by a zero
+        weight, and 0 x inf is NaN: zeroing keeps an earlier occupant's overflow
+        from ever reaching the next request.
+        """
+        self.keys[:, slot] = 0
+        self.values[:, slot] = 0
         self.lengths[slot] = 0
 
     def check_room(self, inputs: RoundInputs) -> None:

@@ -1,8 +1,8 @@
 """The Python API, shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`.
 
 Owns: loading a model with its tokenizer and generation defaults, and one
-call that serves a list of prompts in static groups and returns their
-outputs in input order.
+call that serves a list of prompts (in static groups, or with continuous
+batching) and returns their outputs in input order.
 
     from minirt import LLM, SamplingParams
     llm = LLM("gpt2", batch_size=8)                 # policy="continuous" to refill rows every round
@@ -56,7 +56,7 @@ def generation_defaults(folder: Path) -> dict:
 
 
 class LLM:
-    """A loaded model, its tokenizer, and a static-group engine to serve prompts with."""
+    """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by default)."""
 
     def __init__(self, model: str | Path, backend: str = "numpy", dtype: str = "float32", batch_size: int = 8,
                  kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0, policy: str = "static",

@@ -131,7 +131,7 @@ class Request:
         if len(self.token_ids) >= self.params.max_new_tokens:
             self.finish("length", round_number)
         elif self.prompt_len + len(self.token_ids) >= n_positions:
-            self.finish("length", round_number)  # the next token would have no position left
+            self.finish("length", round_number)  # prompt + output fill the context (Hugging Face's max_length)
 
     def _found_stop_string(self, new_text: str) -> bool:
         """Add new text; if a stop string now appears, cut the text just before it."""

@@ -27,6 +27,9 @@ import numpy as np
 from .errors import MinirtError
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this are treated as 0 (greedy)
+
+
 class RequestError(MinirtError):
     """A request that cannot be served as asked (bad parameters, a prompt too long)."""
 
@@ -36,7 +39,7 @@ class SamplingParams:
     """How one request is generated and when it stops."""
 
     max_new_tokens: int = 64  # stop with finish_reason "length" after this many tokens
-    temperature: float = 0.0  # 0 means greedy (argmax); otherwise logits are divided by it
+    temperature: float = 0.0  # 0 (or below 1e-5) means greedy (argmax); otherwise logits are divided by it
     top_k: int = 0  # keep only the k most likely tokens (0: no limit)
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p (1: no limit)
     seed: int | None = None  # the request's own random stream; None: derived from the run's seed and the request's index
@@ -110,7 +113,9 @@ def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndar
         keep &= scaled >= kth_largest
     probs = np.exp(log_softmax(np.where(keep, scaled, -np.inf)))  # [V], zero outside the kept set
     if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")  # [V] most likely first, ties by token id
+        # Most likely first, ranked by the logits themselves (rounding can tie probabilities
+        # that the logits still tell apart); equal logits go by token id.
+        order = np.argsort(-np.where(keep, scaled, -np.inf), kind="stable")  # [V]
         mass_before = np.cumsum(probs[order]) - probs[order]  # [V] probability of the tokens ranked above
         kept_in_order = mass_before < params.top_p  # [V]; the first token has mass_before 0, always kept
         nucleus = np.zeros_like(keep)
@@ -133,7 +138,7 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     cumulative sum, in token-id order.
     """
     logits = np.asarray(logits)  # [V] fp32 from the model
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:  # 0, or so small that logits / T would overflow: greedy
         token = int(np.argmax(logits))
     else:
         probs = filtered_distribution(logits, params)  # [V]

@@ -12,7 +12,9 @@ order, prompt length, the KV positions a request reserves, finished or not):
                do not fit) into free rows while three limits hold: max_rows,
                the round's token budget (a prefill costs its prompt tokens, a
                decode row one token), and the KV budget (the positions each
-               running request reserves).
+               running request reserves).  Because minirt's KV pool gives each
+               row a slot as long as the longest request needs, the rows are
+               also capped at budget // longest need.
 
 The engine asks a scheduler for each round's plan and reports back after the
 round; `python -m minirt.rounds` drives the very same objects with requests
@@ -94,6 +96,12 @@ class Scheduler:
                 refused.append(request)
             else:
                 self.waiting.append(request)
+        if self.policy == "continuous" and self.waiting:
+            # The KV pool gives every row a slot as long as the longest request needs, so the
+            # budget also caps the rows: rows x longest need <= budget.
+            longest = max(self.need(r) for r in self.waiting)
+            self.max_rows = max(1, min(self.max_rows, self.kv_budget // longest))
+            self.free_slots = list(range(self.max_rows))
         return refused
 
     def has_work(self) -> bool:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
+
+# In CI, hypothesis draws the same examples every run, so a run is repeatable; locally it explores.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 from minirt.backend import numpy_backend
 from minirt.batch import prepare_round

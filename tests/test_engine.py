@@ -245,3 +245,34 @@ def test_stop_strings_need_a_tokenizer():
     llm = LLM(FIXTURES / "base")
     out = llm.generate([[1, 2]], SamplingParams(stop=["x"]))[0]
     assert out.finish_reason == "error" and "tokenizer" in out.error
+
+
+def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
+    engine = Engine(model, None, batch_size=8, policy="continuous")
+    engine.kv_budget_bytes = 12 * engine.kv_bytes_per_position  # two rows of the longest need (6 positions)
+    sizes = []
+    original = model.new_kv_cache
+    monkeypatch.setattr(model, "new_kv_cache", lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity))
+    sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    requests = [engine.make_request(i, [1, 2, 3], sp) for i in range(5)]
+    stats = engine.serve(requests)
+    assert sizes == [(2, 6)] and all(len(r.token_ids) == 4 for r in requests)
+    assert max(stats.active_rows_per_round) == 2
+
+
+def test_an_overflowed_slot_cannot_poison_its_next_occupant(model):
+    cache = model.new_kv_cache(n_slots=1, capacity=8)
+    cache.values[:, 0] = np.inf  # whatever an earlier request left behind, even an fp16 overflow
+    cache.keys[:, 0] = np.nan
+    cache.reset_slot(0)
+    from minirt.batch import prepare_round
+
+    logits = model.backend.to_numpy(model.head(model.forward(prepare_round([[4, 5, 6]], [0], [0]), cache)))
+    assert np.isfinite(logits).all()
+    assert np.allclose(logits, model.logits([[4, 5, 6]])[0], atol=1e-5)
+
+
+def test_a_vanishing_temperature_is_greedy(model):
+    greedy, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True))
+    tiny, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300))
+    assert tiny[0].token_ids == greedy[0].token_ids

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minirt.sampling import (RequestError, SamplingParams, choose_token, derived_seed, filtered_distribution,
@@ -23,7 +23,7 @@ def brute_force_distribution(logits, temperature, top_k, top_p):
     total = sum(weights.values())
     probs = {i: w / total for i, w in weights.items()}
     if top_p < 1:
-        ranked = sorted(probs, key=lambda i: (-probs[i], i))
+        ranked = sorted(probs, key=lambda i: (-scaled[i], i))  # by logit, ties by id
         kept, mass = [], 0.0
         for i in ranked:
             if mass >= top_p:
@@ -46,6 +46,10 @@ def test_filtered_distribution_matches_the_definition(logits, temperature, top_k
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     got = filtered_distribution(np.array(logits, dtype=np.float32), params)
     want = brute_force_distribution([float(np.float32(x)) for x in logits], temperature, top_k, top_p)
+    # Where the running total lands within rounding of top_p, the two computations may
+    # legitimately keep one token more or less; such boundary cases say nothing.
+    kept = sorted((p for p in want if p > 0), reverse=True)
+    assume(all(abs(sum(kept[:i]) - top_p) > 1e-9 for i in range(len(kept) + 1)))
     assert abs(got.sum() - 1) < 1e-9
     # Boundary ties may be resolved differently only when two probabilities are equal to ~1e-12;
     # the brute force ranks ties by id exactly as the implementation does.

@@ -49,8 +49,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
-if (ROOT / ".device_deps").is_dir():
-    sys.path.insert(0, str(ROOT / ".device_deps"))
+if (ROOT / ".device_deps").is_dir():  # last, so the machine's own packages win
+    sys.path.append(str(ROOT / ".device_deps"))
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e, the H200's nominal memory bandwidth
 GPT2_124M = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
@@ -171,7 +171,8 @@ def section_correctness(args, deadline, state) -> dict:
             run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider"],
                                  cwd=ROOT, capture_output=True, text=True, timeout=budget,
                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-            out["gpu_property_tests"] = {"exit_code": run.returncode, "tail": run.stdout.strip().splitlines()[-3:]}
+            out["gpu_property_tests"] = {"exit_code": run.returncode, "tail": run.stdout.strip().splitlines()[-3:],
+                                         "stderr_tail": run.stderr.strip().splitlines()[-3:]}
         except subprocess.TimeoutExpired:
             out["gpu_property_tests"] = {"exit_code": None, "tail": [f"timed out after {budget:.0f} s"]}
     else:
@@ -204,21 +205,33 @@ def time_minirt(args, folder, dtype, batch) -> dict:
     V = llm.model.config.vocab_size
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(0, V, args.prompt_len).tolist() for _ in range(batch)]
-    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
     llm.generate(prompts[:1], SamplingParams(max_new_tokens=2, ignore_eos=True))  # warm-up: kernels, memory pool
-    llm.model.backend.synchronize()
-    start = time.perf_counter()
-    llm.generate(prompts, params)
-    llm.model.backend.synchronize()
-    seconds = time.perf_counter() - start
-    result = {"tokens_per_s": batch * args.new_tokens / seconds, "step_ms": 1e3 * seconds / args.new_tokens}
+
+    def timed(max_new_tokens: int) -> float:
+        llm.model.backend.synchronize()
+        start = time.perf_counter()
+        llm.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+        llm.model.backend.synchronize()
+        return time.perf_counter() - start
+
+    prefill = timed(1)  # one round: the prefill alone
+    seconds = timed(args.new_tokens)
+    decode = max(seconds - prefill, 1e-9)
+    result = {"tokens_per_s": batch * args.new_tokens / seconds,  # end to end, prefill included
+              "decode_tokens_per_s": batch * (args.new_tokens - 1) / decode,
+              "step_ms": 1e3 * decode / max(args.new_tokens - 1, 1)}  # one decode round
     if args.backend == "cupy":
         result["host_overhead"] = host_overhead(llm.model, batch, args)
     return result
 
 
 def host_overhead(model, batch: int, args) -> dict:
-    """CPU vs GPU time of one decode round at kv_len ~ prompt_len, from cupyx.profiler.benchmark."""
+    """CPU vs GPU time of one decode round at kv_len ~ prompt_len, from cupyx.profiler.benchmark.
+
+    The round is enqueued without copying its result back, so cpu_ms is the host's
+    time to prepare and launch it and gpu_ms the device's time to run it; a round is
+    host-bound when cpu_ms > gpu_ms.
+    """
     from cupyx.profiler import benchmark
 
     from minirt.batch import prepare_round
@@ -229,11 +242,12 @@ def host_overhead(model, batch: int, args) -> dict:
 
     def one_round():
         cache.lengths[:] = args.prompt_len  # rewind, so every repeat is the same round
-        model.greedy_next_tokens(prepare_round([[2]] * batch, slots, cache.lengths[slots]), cache)
+        hidden = model.forward(prepare_round([[2]] * batch, slots, cache.lengths[slots]), cache)  # [B, C]
+        return model.xp.argmax(model.head(hidden), axis=-1)  # stays on the device
 
     perf = benchmark(one_round, n_repeat=20, n_warmup=3)
     cpu_ms, gpu_ms = float(np.mean(perf.cpu_times)) * 1e3, float(np.mean(perf.gpu_times)) * 1e3
-    return {"cpu_ms": cpu_ms, "gpu_ms": gpu_ms}
+    return {"cpu_ms": cpu_ms, "gpu_ms": gpu_ms, "host_bound": cpu_ms > gpu_ms}
 
 
 def time_transformers(args, reference, dtype, batch) -> dict:
