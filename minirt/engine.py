@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .batch import prepare_round
+from .batch import RoundInputs, prepare_round
 from .kv_cache import KVCache
 from .model import GPT2
 from .request import Request
@@ -178,7 +178,9 @@ class Engine:
                 request.attach(cache, self.tokenizer)
             stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
 
-            self.run_round(plan.active, cache, round_number)  # one forward pass, then each member's update
+            metadata = self.prepare_batch_metadata(plan.active, cache)  # new tokens, positions, slots, kv lengths
+            greedy, outputs = self.execute_round(plan.active, metadata, cache)  # one forward pass
+            self.apply_updates(plan.active, greedy, outputs, round_number)  # each samples, appends, checks its stops
             ended_group = scheduler.complete(plan)  # finished rows leave; continuous frees them at once
             self.keep_finished(plan, on_final)
 
@@ -202,25 +204,27 @@ class Engine:
         capacity = max(r.kv_capacity_needed(n_positions) for r in group.members)
         return self.model.new_kv_cache(n_slots=len(group.members), capacity=capacity)
 
-    def run_round(self, active: list[Request], cache: KVCache, round_number: int) -> None:
-        """Prepare the batch metadata for the active members, run one forward pass, apply the updates."""
+    @staticmethod
+    def prepare_batch_metadata(active: list[Request], cache: KVCache) -> RoundInputs:
+        """The padded batch for this round: each active member's new tokens, its slot and what the slot holds."""
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
-        inputs = prepare_round([r.next_input() for r in active], slots=slots, past_lens=cache.lengths[slots])
-        n_positions = self.model.config.n_positions
-        if all(r.params.temperature < GREEDY_BELOW and not r.want_logprobs for r in active):
-            # Greedy rows need only the argmax: it is taken on the backend, and only B ids come back.
-            tokens = self.model.greedy_next_tokens(inputs, cache)  # [B] int64
-            for request, token in zip(active, tokens):
-                request.append_token(int(token), None, round_number, self.eos_token_id, n_positions)
-            return
-        logits = self.model.next_token_logits(inputs, cache)  # [B, V] fp32, host
-        self.apply_updates(active, logits, round_number)
+        return prepare_round([r.next_input() for r in active], slots=slots, past_lens=cache.lengths[slots])
 
-    def apply_updates(self, active: list[Request], logits: np.ndarray, round_number: int) -> None:
-        """Each active member picks its token from its own row and checks its own stop conditions."""
+    def execute_round(self, active: list[Request], metadata: RoundInputs, cache: KVCache) -> tuple[bool, np.ndarray]:
+        """One forward pass.  Returns (True, token ids [B]) when every row is greedy and wants no
+        logprobs (the argmax runs on the backend and only B ids come back), else (False, logits [B, V])."""
+        if all(r.params.temperature < GREEDY_BELOW and not r.want_logprobs for r in active):
+            return True, self.model.greedy_next_tokens(metadata, cache)  # [B] int64
+        return False, self.model.next_token_logits(metadata, cache)  # [B, V] fp32, host
+
+    def apply_updates(self, active: list[Request], greedy: bool, outputs: np.ndarray, round_number: int) -> None:
+        """Each active member takes its token (or picks it from its own logits row) and checks its own stops."""
         n_positions = self.model.config.n_positions
-        for request, row in zip(active, logits):
-            request.take_step(row, round_number, self.eos_token_id, n_positions)
+        for request, row in zip(active, outputs):
+            if greedy:
+                request.append_token(int(row), None, round_number, self.eos_token_id, n_positions)
+            else:
+                request.take_step(row, round_number, self.eos_token_id, n_positions)
 
     def keep_finished(self, plan: RoundPlan, on_final) -> None:
         """A member that finished this round keeps its status and record; it is not run again."""

@@ -127,16 +127,16 @@ def test_interrupt_keeps_every_final_record(tiny_lm, tmp_path, capsys, monkeypat
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n".join(["To be", "Shall I", "All the", "Now is"]) + "\n")
     out_file = tmp_path / "o.jsonl"
-    original = Engine.run_round
+    original = Engine.execute_round
     calls = {"n": 0}
 
-    def flaky(self, active, cache, round_number):
+    def flaky(self, active, metadata, cache):
         calls["n"] += 1
         if calls["n"] == 6:  # group 1 (2 x 3 tokens) is done after round 3; interrupt group 2 mid-way
             raise KeyboardInterrupt
-        return original(self, active, cache, round_number)
+        return original(self, active, metadata, cache)
 
-    monkeypatch.setattr(Engine, "run_round", flaky)
+    monkeypatch.setattr(Engine, "execute_round", flaky)
     code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2", "--max-new-tokens", "3",
                           "--ignore-eos", "--output", str(out_file)], capsys)
     assert code == EXIT_INTERRUPTED
