@@ -63,13 +63,16 @@ class RoundInputs:
         is_real = cols[None, :] < self.new_lens[:, None]  # [B, T]
         return np.nonzero(is_real)  # ([N_real], [N_real])
 
-    def last_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, cols) of each row's last real token: where next-token logits come from.
+    def first_token_offsets(self) -> np.ndarray:
+        """[B] where each row's tokens start among the packed real tokens (real_tokens() order)."""
+        return np.cumsum(self.new_lens) - self.new_lens  # [B]
+
+    def last_tokens(self) -> np.ndarray:
+        """[B'] packed index of each row's last real token: where next-token logits come from.
 
         A row with no new tokens has none; it is left out.
         """
-        rows = np.nonzero(self.new_lens > 0)[0]  # [B'] rows that brought tokens
-        return rows, self.new_lens[rows] - 1  # [B'], [B']
+        return (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [B']
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:
         """Per-token rows [N, ...] in real_tokens() order -> the padded layout [B, T, ...] (padding zero)."""

@@ -66,7 +66,7 @@ def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=No
         inputs = prepare_round([ids[start:stop] for start, stop, _ in group], slots=np.arange(len(group)),
                                past_lens=np.zeros(len(group)))
         hidden = model.forward(inputs, cache)  # [N, C], every token of every window, packed row by row
-        offsets = np.concatenate([[0], np.cumsum(inputs.new_lens)[:-1]])  # [W] packed index of each window's first token
+        offsets = inputs.first_token_offsets()  # [W] packed index of each window's first token
         # The hidden state at absolute position t predicts target t + 1.
         rows = np.concatenate([offsets[w] + np.arange(s0 - 1 - start, stop - 1 - start)
                                for w, (start, stop, s0) in enumerate(group)])  # [S] packed rows that are scored

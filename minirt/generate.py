@@ -172,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     def on_group_end(group, waiting):
         if args.trace:
             progress.close()
-            progress.drawn = False
             print(group_grid(group, waiting), file=sys.stderr)
 
     interrupted = False

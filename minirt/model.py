@@ -274,11 +274,15 @@ class GPT2:
         of a small model), and only they cross back to the host: NumPy fp32
         [B', V], where B' counts the rows with new_lens > 0, in row order.
         """
+        return self.backend.to_numpy(self.head(self._last_hidden(inputs, cache)))  # [B', V]
+
+    def _last_hidden(self, inputs: RoundInputs, cache: KVCache):
+        """Run the round; keep the hidden state of each row's last token, [B', C]."""
         hidden = self.forward(inputs, cache)  # [N, C]
-        last = np.cumsum(inputs.new_lens)[inputs.new_lens > 0] - 1  # [B'] packed index of each row's last token
+        last = inputs.last_tokens()  # [B']
         if last.size == hidden.shape[0]:  # decode: every token is some row's last
-            return self.backend.to_numpy(self.head(hidden))  # [B', V]
-        return self.backend.to_numpy(self.head(hidden[self.backend.asarray(last)]))  # [B', V]
+            return hidden
+        return hidden[self.backend.asarray(last)]  # [B', C]
 
     def greedy_next_tokens(self, inputs: RoundInputs, cache: KVCache) -> np.ndarray:
         """Run a round and return each row's argmax token [B'] (int64, host).
@@ -287,11 +291,8 @@ class GPT2:
         host per round instead of B x V logits.  Ties go to the lowest id, as
         with NumPy's argmax on the host.
         """
-        hidden = self.forward(inputs, cache)  # [N, C]
-        last = np.cumsum(inputs.new_lens)[inputs.new_lens > 0] - 1  # [B']
-        if last.size != hidden.shape[0]:
-            hidden = hidden[self.backend.asarray(last)]  # [B', C]
-        return self.backend.to_numpy(self.xp.argmax(self.head(hidden), axis=-1)).astype(np.int64)  # [B']
+        logits = self.head(self._last_hidden(inputs, cache))  # [B', V] on the backend
+        return self.backend.to_numpy(self.xp.argmax(logits, axis=-1)).astype(np.int64)  # [B']
 
     def check_token_ids(self, token_ids) -> list[list[int]]:
         """Validate a list of token-id lists; returns them as plain int lists."""

@@ -96,9 +96,11 @@ class Progress:
         self.drawn = True
 
     def close(self) -> None:
+        """End the bar's line (so other text can follow); the next update starts a new one."""
         if self.enabled and self.drawn:
             self.stream.write("\n")
             self.stream.flush()
+        self.drawn = False
 
 
 def round_grid(title: str, members: list[Request], first_round: int, last_round: int, active_rows: list[int],
