@@ -1,112 +1,130 @@
-"""Batch metadata: what one forward pass needs to know about each row.
+"""One round's batch metadata: what a forward pass needs to know about each row, on the host and on the backend.
 
-Owns: `RoundInputs`, the padded input layout of one round, and
-`prepare_round`, which builds it from each row's new tokens and its KV slot.
+Owns: `Batch`, built once per round from each row's new tokens, its KV slot
+and the keys that slot already holds, and everything derived from those
+numbers; `attention_mask`; and `check_token_ids`, the one check of what a
+model may be fed.
 
 A round feeds B rows.  Row b brings `new_lens[b]` new tokens (its whole prompt
 at prefill, one token per decode step) and already has `past_lens[b]` keys in
-its KV slot.  Rows are right-padded to the longest, T.  Everything that keeps
-padding from mattering is here, as explicit per-row numbers:
+its KV slot.  Everything that keeps padding from mattering is an explicit
+per-row number here:
 
   * positions: row b's tokens sit at past_lens[b] + 0, 1, ..., so every row's
-    positions start where its own history ends, whatever the padding;
-  * which tokens are real, so only those are written to the KV cache;
-  * kv_lens = past_lens + new_lens, from which the layers build the mask
-    "causal AND key-is-real".
+    positions start where its own history ends, whatever its neighbours;
+  * the packed layout: only real tokens travel through the weight GEMMs, as
+    N = sum(new_lens) rows, row by row; attention alone lays them out padded,
+    [B, T, ...] with T = max(new_lens), and `padded` / `packed` convert;
+  * kv_lens = past_lens + new_lens, from which the mask "causal AND
+    key-is-real" is built.
 
-All arrays here are small host-side NumPy arrays; the model moves them to the
-backend once per round.
+The host numbers are small NumPy arrays; what the layers read is moved to the
+backend once, when the batch is built, and shared by every layer.
 
 Must not know: weights, layers, requests, sampling or scheduling.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 
-PAD_TOKEN = 0  # any valid id: padded slots are computed, then ignored
+from .backend import Backend
+from .errors import InputError
 
 
-@dataclass(frozen=True)
-class RoundInputs:
-    """The padded batch for one forward pass (host-side NumPy arrays)."""
+def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
+    """`seq` as a list of plain ints inside the vocabulary, or an InputError that names `subject`."""
+    if isinstance(seq, (str, bytes)):
+        raise InputError(f"{subject} is not a list of integer token ids")
+    try:
+        ids = [int(t) for t in seq]
+    except (TypeError, ValueError):
+        raise InputError(f"{subject} is not a list of integer token ids") from None
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InputError(f"{subject} token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return ids
 
-    input_ids: np.ndarray  # [B, T] int64, PAD_TOKEN where a row has no token
-    positions: np.ndarray  # [B, T] int64, past_lens[b] + t for real tokens, 0 for padding
-    slots: np.ndarray  # [B] int64, the KV slot each row reads and writes
-    past_lens: np.ndarray  # [B] int64, keys already cached per row
-    new_lens: np.ndarray  # [B] int64, real (non-padding) tokens per row in this round
 
-    @property
-    def batch_size(self) -> int:
-        return int(self.input_ids.shape[0])
+def attention_mask(xp, past_lens, kv_lens, seq_len: int, kv_len: int):
+    """Which keys each query may see: causal AND key-is-real.
 
-    @property
-    def seq_len(self) -> int:
-        return int(self.input_ids.shape[1])
+    Query t of row b is the token at position past_lens[b] + t.  It may see
+    key j when j <= that position (causal) and j < kv_lens[b] (the key holds a
+    real token of this row, not padding or a stale slot entry).
+    """
+    query_pos = past_lens[:, None] + xp.arange(seq_len)[None, :]  # [B, T]
+    key_pos = xp.arange(kv_len)  # [L]
+    causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, L]
+    key_is_real = key_pos[None, :] < kv_lens[:, None]  # [B, L]
+    return (causal & key_is_real[:, None, :])[:, None, :, :]  # [B, 1, T, L]
 
-    @property
-    def kv_lens(self) -> np.ndarray:
-        """[B] keys per row once this round's tokens are written."""
-        return self.past_lens + self.new_lens
 
-    @property
-    def max_kv_len(self) -> int:
-        """L: how many key positions the attention must look at (the longest row)."""
-        return int(self.kv_lens.max()) if self.batch_size else 0
+def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
+    """(first, stop) when the slots are first, first+1, ...: the KV read is then a view, not a gather."""
+    if slots.size == 0:
+        return None
+    first = int(slots[0])
+    return (first, first + slots.size) if np.array_equal(slots, np.arange(first, first + slots.size)) else None
 
-    def real_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, cols) of every real token, in row-major order; padding excluded."""
-        cols = np.arange(self.seq_len)  # [T]
-        is_real = cols[None, :] < self.new_lens[:, None]  # [B, T]
-        return np.nonzero(is_real)  # ([N_real], [N_real])
 
-    def first_token_offsets(self) -> np.ndarray:
-        """[B] where each row's tokens start among the packed real tokens (real_tokens() order)."""
-        return np.cumsum(self.new_lens) - self.new_lens  # [B]
+class Batch:
+    """The metadata of one forward pass: host numbers per row and per token, and their copies on the backend.
 
-    def last_tokens(self) -> np.ndarray:
-        """[B'] packed index of each row's last real token: where next-token logits come from.
+    Host (NumPy):  new_lens, past_lens, kv_lens, slots [B]; positions [N];
+                   first_tokens [B]; last_tokens [B'] (rows that brought tokens).
+    Backend:       token_ids, token_positions, token_slots [N]; row_slots [B];
+                   mask [B, 1, T, L].
+    """
 
-        A row with no new tokens has none; it is left out.
-        """
-        return (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [B']
+    def __init__(self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None):
+        B = len(token_lists)
+        self.backend = backend
+        self.new_lens = np.array([len(tokens) for tokens in token_lists], dtype=np.int64)  # [B]
+        self.past_lens = np.zeros(B, np.int64) if past_lens is None else np.asarray(past_lens, np.int64).reshape(B)
+        self.slots = np.arange(B, dtype=np.int64) if slots is None else np.asarray(slots, np.int64).reshape(B)
+        self.kv_lens = self.past_lens + self.new_lens  # [B] keys per row once this round's tokens are written
+        self.batch_size = B
+        self.seq_len = max(int(self.new_lens.max()), 1) if B else 1  # T (at least 1, so shapes stay valid)
+        self.kv_len = int(self.kv_lens.max()) if B else 0  # L: key positions attention looks at
+        self.slot_span = contiguous_span(self.slots)  # (first, stop) when the KV read can be a view
 
-    def unpack(self, packed: np.ndarray) -> np.ndarray:
-        """Per-token rows [N, ...] in real_tokens() order -> the padded layout [B, T, ...] (padding zero)."""
-        rows, cols = self.real_tokens()
+        rows, cols = np.nonzero(np.arange(self.seq_len)[None, :] < self.new_lens[:, None])  # [N] each, row by row
+        self.n_tokens = int(rows.size)  # N
+        self.all_real = self.n_tokens == B * self.seq_len  # no padding at all: packed and padded are one layout
+        self.positions = self.past_lens[rows] + cols  # [N] each token's position in its own sequence
+        self.first_tokens = np.cumsum(self.new_lens) - self.new_lens  # [B] packed index of each row's first token
+        self.last_tokens = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [B'] where next-token logits come from
+
+        flat_ids = np.array([t for tokens in token_lists for t in tokens], dtype=np.int64)  # [N]
+        self._rows, self._cols = backend.asarray(rows), backend.asarray(cols)  # [N], [N] padded place of each token
+        self.token_ids = backend.asarray(flat_ids)  # [N]
+        self.token_positions = backend.asarray(self.positions)  # [N]
+        self.token_slots = backend.asarray(self.slots[rows])  # [N] the KV slot of each token's row
+        self.row_slots = backend.asarray(self.slots)  # [B]
+        self.mask = attention_mask(backend.xp, backend.asarray(self.past_lens), backend.asarray(self.kv_lens),
+                                   self.seq_len, self.kv_len)  # [B, 1, T, L]
+
+    def padded(self, packed):
+        """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""
+        if self.all_real:
+            return packed.reshape(self.batch_size, self.seq_len, *packed.shape[1:])  # [B, T, ...] a view
+        shape = (self.batch_size, self.seq_len, *packed.shape[1:])
+        padded = self.backend.xp.zeros(shape, dtype=packed.dtype)  # [B, T, ...]
+        padded[self._rows, self._cols] = packed
+        return padded
+
+    def packed(self, padded):
+        """The padded layout [B, T, ...] -> packed real-token rows [N, ...], on the backend."""
+        if self.all_real:
+            return padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])  # [N, ...]
+        return padded[self._rows, self._cols]  # [N, ...]
+
+    def unpack_on_host(self, packed: np.ndarray) -> np.ndarray:
+        """Host rows [N, ...] in packed order -> NumPy [B, T, ...] (padding zero), for results handed to users."""
+        rows, cols = self.backend.to_numpy(self._rows), self.backend.to_numpy(self._cols)
         padded = np.zeros((self.batch_size, self.seq_len, *packed.shape[1:]), dtype=packed.dtype)  # [B, T, ...]
         padded[rows, cols] = packed
         return padded
-
-    def contiguous_slots(self) -> tuple[int, int] | None:
-        """(first, stop) when the slots are first, first+1, ...; the KV read is then a view."""
-        if self.batch_size == 0:
-            return None
-        first = int(self.slots[0])
-        if np.array_equal(self.slots, np.arange(first, first + self.batch_size)):
-            return first, first + self.batch_size
-        return None
-
-
-def prepare_round(token_lists: list[list[int]], slots, past_lens) -> RoundInputs:
-    """Right-pad each row's new tokens and compute its positions from its own history.
-
-    token_lists[b] are row b's new tokens, slots[b] its KV slot, past_lens[b]
-    the keys that slot already holds.
-    """
-    batch = len(token_lists)
-    new_lens = np.array([len(tokens) for tokens in token_lists], dtype=np.int64)  # [B]
-    seq_len = max(int(new_lens.max()), 1) if batch else 1  # T (at least 1, so shapes stay valid)
-    slots = np.asarray(slots, dtype=np.int64).reshape(batch)  # [B]
-    past_lens = np.asarray(past_lens, dtype=np.int64).reshape(batch)  # [B]
-
-    input_ids = np.full((batch, seq_len), PAD_TOKEN, dtype=np.int64)  # [B, T]
-    positions = np.zeros((batch, seq_len), dtype=np.int64)  # [B, T]
-    for row, tokens in enumerate(token_lists):
-        n = len(tokens)
-        input_ids[row, :n] = tokens
-        positions[row, :n] = past_lens[row] + np.arange(n)
-    return RoundInputs(input_ids=input_ids, positions=positions, slots=slots, past_lens=past_lens, new_lens=new_lens)

@@ -1,22 +1,25 @@
 """The serving loop: many requests, run in rounds that share each forward pass.
 
-Owns: turning prompts into `Request`s (refusing bad ones with an error of
-their own), and `Engine.serve`, which runs them under a scheduling policy
-(minirt/scheduler.py).  Under the default, static groups, the loop reads:
+Owns: a request's way through the runtime, in one place.  `make_request`
+turns a prompt into a `Request` (a bad one is refused with an error of its
+own); `serve` refuses what no round could ever take, then runs the rest under
+a scheduling policy (minirt/scheduler.py), gives each admitted request its
+own KV slot, and holds the KV cache.  Under static groups, the default, the
+loop reads:
 
     while requests wait:
-        members = choose members (arrival order, up to batch_size, within the KV budget)
-        give each member its own KV slot in a cache allocated for this group
+        choose members                 (the scheduler: arrival order, up to batch_size, within the KV budget)
+        each member takes its own KV slot in a cache allocated for this group
         until every member has finished:
             prepare the batch metadata   (each active member's new tokens, slot, kv_len)
             run the round                (one forward pass of the active members)
-            apply the updates            (each member samples, appends, checks its own stops)
+            apply the updates            (each member picks its token, appends it, checks its own stops)
             keep each finished member's status (it leaves the compute, its record is final)
         release the group                (only now may the next group start)
 
 Under `continuous`, the scheduler instead frees a finished member's row at
-once and admits waiting requests into free rows at every round; the rest
-of the loop is the same.
+once and admits waiting requests into free rows at every round, all within
+one KV pool; the rest of the loop is the same.
 
 Rounds are numbered across the whole run.  A request's first round is its
 prefill and gives it its first token; a request that produces L tokens is
@@ -34,13 +37,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .batch import RoundInputs, prepare_round
+from .batch import Batch, check_token_ids
+from .errors import InputError, RequestError, require_at_least_one
 from .kv_cache import KVCache
 from .model import GPT2
-from .request import Request
-from .sampling import GREEDY_BELOW, RequestError, SamplingParams, derived_seed, request_rng
-from .scheduler import POLICIES, GroupRecord, RoundPlan, Scheduler
-from .tokenizer import Tokenizer
+from .request import Request, add_token, refuse
+from .sampling import SamplingParams, choose_tokens, derived_seed, request_rng
+from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
+from .tokenizer import Tokenizer, special_ids
 
 DEFAULT_KV_BUDGET_MIB = 4096
 DEFAULT_ROUND_TOKENS = 2048  # continuous batching: tokens one round may process (a prefill counts its prompt)
@@ -60,6 +64,7 @@ class RunStats:
     wall_seconds: float = 0.0
     groups: list[GroupRecord] = field(default_factory=list)  # static groups (none under continuous)
     active_rows_per_round: list[int] = field(default_factory=list)
+    kv_limited_rows: list[int] = field(default_factory=list)  # rows of each group or pool the KV budget held down
 
     @property
     def utilization(self) -> float:
@@ -70,6 +75,10 @@ class RunStats:
         return self.generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
+def ignore(*args) -> None:
+    """The callback for events nobody asked to hear about."""
+
+
 class Engine:
     """Serves requests on one model, in static groups or with continuous batching."""
 
@@ -78,55 +87,52 @@ class Engine:
                  round_token_budget: int = DEFAULT_ROUND_TOKENS):
         if policy not in POLICIES:
             raise RequestError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
-        if round_token_budget < 1:
-            raise RequestError(f"the round token budget must be at least 1, got {round_token_budget}")
-        self.policy, self.round_token_budget = policy, round_token_budget
-        if batch_size < 1:
-            raise RequestError(f"batch size must be at least 1, got {batch_size}")
-        if kv_budget_mib <= 0:
+        if not kv_budget_mib > 0:
             raise RequestError(f"the KV budget must be positive, got {kv_budget_mib} MiB")
-        self.model, self.tokenizer = model, tokenizer
-        self.batch_size = batch_size
+        self.batch_size = require_at_least_one(batch_size, "batch size")
+        self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
+        self.model, self.tokenizer, self.policy = model, tokenizer, policy
         self.kv_budget_bytes = int(kv_budget_mib * 2**20)
         c = model.config
         self.kv_bytes_per_position = KVCache.bytes_needed(c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype)
-        vocab_eos = tokenizer.eos_token_id if tokenizer is not None else c.eos_token_id
-        self.eos_token_id = vocab_eos if vocab_eos is not None and vocab_eos < c.vocab_size else None
-        vocab_bos = tokenizer.bos_token_id if tokenizer is not None else c.bos_token_id
-        self.bos_token_id = vocab_bos if vocab_bos is not None and vocab_bos < c.vocab_size else self.eos_token_id
+        self.eos_token_id, self.bos_token_id = ((tokenizer.eos_token_id, tokenizer.bos_token_id) if tokenizer
+                                                else special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size))
+        self.kv_cache: KVCache | None = None  # the running group's (or the continuous pool's) KV buffers
+        self.free_slots: list[int] = []  # slots of that cache no running request holds
+
+    @property
+    def kv_budget_positions(self) -> int:
+        """The KV budget counted in positions (one position = keys + values of every layer)."""
+        return self.kv_budget_bytes // self.kv_bytes_per_position
 
     # ------------------------------------------------------------------ making requests
 
-    def make_request(self, index: int, prompt: str | Sequence[int], params: SamplingParams, request_id=None,
-                     run_seed: int = 0, want_logprobs: bool = False) -> Request:
-        """A Request for one prompt (text or token ids).  A bad one comes back already refused."""
-        text = prompt if isinstance(prompt, str) else None
-        request = Request(index=index, id=str(index if request_id is None else request_id), prompt=text,
-                          prompt_ids=[], params=params, want_logprobs=want_logprobs)
+    def make_request(self, index: int, prompt: str | Sequence[int] | None, params: SamplingParams, request_id=None,
+                     run_seed: int = 0, want_logprobs: bool = False, error: str | None = None) -> Request:
+        """A Request for one prompt (text or token ids).  A bad one, or one given an `error`, comes back refused."""
+        request = Request(index=index, id=str(index if request_id is None else request_id),
+                          prompt=prompt if isinstance(prompt, str) else None, prompt_ids=[], params=params,
+                          want_logprobs=want_logprobs)
         try:
-            request.prompt_ids = self._prompt_ids(prompt)
-            self._check_params(params)
-        except RequestError as exc:
-            request.refuse(str(exc))
+            if error is not None:  # already known to be bad (a bad line of a prompts file)
+                raise RequestError(error)
+            request.prompt_ids = self.prompt_ids(prompt)
+            self.check_params(params)
+        except (RequestError, InputError) as exc:
+            refuse(request, str(exc))
             return request
-        seed = params.seed if params.seed is not None else derived_seed(run_seed, index)
-        request.rng = request_rng(seed)
+        request.rng = request_rng(params.seed if params.seed is not None else derived_seed(run_seed, index))
         return request
 
-    def _prompt_ids(self, prompt) -> list[int]:
+    def prompt_ids(self, prompt) -> list[int]:
+        """What the model is fed first: the encoded text or the checked ids; BOS alone for an empty prompt."""
         c = self.model.config
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer, so prompts must be token-id lists")
             ids = self.tokenizer.encode(prompt)
         else:
-            try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
-                raise RequestError("a prompt must be text or a list of token ids") from None
-            bad = [t for t in ids if not 0 <= t < c.vocab_size]
-            if bad:
-                raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {c.vocab_size})")
+            ids = check_token_ids(prompt, c.vocab_size, "prompt")
         if not ids:  # an empty prompt starts from the beginning-of-text token
             if self.bos_token_id is None:
                 raise RequestError("the prompt is empty and the model has no BOS/EOS token to start from")
@@ -137,106 +143,98 @@ class Engine:
             )
         return ids
 
-    def _check_params(self, params: SamplingParams) -> None:
+    def check_params(self, params: SamplingParams) -> None:
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
-        bad = [t for t in params.stop_token_ids if t >= self.model.config.vocab_size]
-        if bad:
-            raise RequestError(f"stop token id {bad[0]} is outside the vocabulary [0, {self.model.config.vocab_size})")
+        check_token_ids(params.stop_token_ids, self.model.config.vocab_size, "stop")
 
     # ------------------------------------------------------------------ the loop
-
-    @property
-    def kv_budget_positions(self) -> int:
-        """The KV budget counted in positions (one position = keys + values of every layer)."""
-        return self.kv_budget_bytes // self.kv_bytes_per_position
 
     def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
               on_round: Callable[[RunStats], None] | None = None,
               on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
-        """Serve every waiting request; call on_final(request) as each record becomes final."""
-        n_positions = self.model.config.n_positions
-        scheduler = Scheduler(self.policy, self.batch_size, self.kv_budget_positions, n_positions,
-                              self.round_token_budget)
-        stats = RunStats(batch_size=self.batch_size, policy=self.policy, requests=len(requests))
+        """Serve every waiting request; call on_final(request) as each record becomes final.
+
+        on_round(stats) runs after every round, on_group_end(group, waiting) after each static group.
+        """
+        on_final, on_round, on_group_end = on_final or ignore, on_round or ignore, on_group_end or ignore
+        scheduler = SCHEDULERS[self.policy](self.batch_size, self.kv_budget_positions, self.model.config.n_positions,
+                                            self.round_token_budget)
+        stats = RunStats(batch_size=self.batch_size, policy=self.policy, requests=len(requests),
+                         groups=scheduler.groups, active_rows_per_round=scheduler.active_rows)  # both grow as it runs
         start = time.perf_counter()
-        refused = [r for r in requests if r.finished] + scheduler.submit(requests)  # never to run
-        for request in refused:
-            if on_final:
-                on_final(request)
-        cache = None
-        if self.policy == "continuous" and scheduler.waiting:  # one pool of rows for the whole run, within the budget
-            cache = self.model.new_kv_cache(n_slots=scheduler.max_rows,
-                                            capacity=max(scheduler.need(r) for r in scheduler.waiting))
+        for request in self.submit_or_refuse(requests, scheduler):  # these never run: their records are final now
+            on_final(request)
         round_number = 0
         while scheduler.has_work():
             round_number += 1
-            plan = scheduler.plan(round_number)  # static: a new group only when the last one is released
-            if plan.new_group is not None:
-                cache = self.allocate_group_kv(plan.new_group)
-            for request in plan.admitted:
-                request.attach(cache, self.tokenizer)
-            stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
-
-            metadata = self.prepare_batch_metadata(plan.active, cache)  # new tokens, positions, slots, kv lengths
-            greedy, outputs = self.execute_round(plan.active, metadata, cache)  # one forward pass
-            self.apply_updates(plan.active, greedy, outputs, round_number)  # each samples, appends, checks its stops
-            ended_group = scheduler.complete(plan)  # finished rows leave; continuous frees them at once
-            self.keep_finished(plan, on_final)
-
+            plan = scheduler.plan(round_number)  # choose members (static: only once the last group is released)
+            self.admit(plan, stats)  # each admitted member takes its own KV slot
+            batch = self.prepare_batch_metadata(plan.active)  # new tokens, positions, slots, kv lengths
+            logits = self.model.forward(batch, self.kv_cache)  # run the round: one forward pass, [B, V]
+            self.apply_updates(plan.active, logits, round_number)  # each picks its token, appends it, checks stops
+            ended_group = scheduler.complete(plan)  # finished rows leave the compute
+            self.keep_finished(plan.active, on_final)  # ... and their records are final
             stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(plan.active)
             stats.wall_seconds = time.perf_counter() - start
-            if on_round:
-                on_round(stats)
+            on_round(stats)
             if ended_group is not None:
-                self.release_group(ended_group.members)
-                cache = None  # drop the group's KV buffers before the next group allocates its own
-                if on_group_end:
-                    on_group_end(ended_group, list(scheduler.waiting))
-        stats.groups, stats.active_rows_per_round = scheduler.groups, scheduler.active_rows
+                self.release_group()  # only now may the next group start
+                on_group_end(ended_group, list(scheduler.waiting))
+        self.release_group()
         stats.failed = sum(1 for r in requests if r.error is not None)
         stats.wall_seconds = time.perf_counter() - start
         return stats
 
-    def allocate_group_kv(self, group: GroupRecord) -> KVCache:
-        """A static group's KV cache: one slot per member, each long enough for the longest member."""
-        n_positions = self.model.config.n_positions
-        capacity = max(r.kv_capacity_needed(n_positions) for r in group.members)
-        return self.model.new_kv_cache(n_slots=len(group.members), capacity=capacity)
-
     @staticmethod
-    def prepare_batch_metadata(active: list[Request], cache: KVCache) -> RoundInputs:
-        """The padded batch for this round: each active member's new tokens, its slot and what the slot holds."""
-        slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
-        return prepare_round([r.next_input() for r in active], slots=slots, past_lens=cache.lengths[slots])
-
-    def execute_round(self, active: list[Request], metadata: RoundInputs, cache: KVCache) -> tuple[bool, np.ndarray]:
-        """One forward pass.  Returns (True, token ids [B]) when every row is greedy and wants no
-        logprobs (the argmax runs on the backend and only B ids come back), else (False, logits [B, V])."""
-        if all(r.params.temperature < GREEDY_BELOW and not r.want_logprobs for r in active):
-            return True, self.model.greedy_next_tokens(metadata, cache)  # [B] int64
-        return False, self.model.next_token_logits(metadata, cache)  # [B, V] fp32, host
-
-    def apply_updates(self, active: list[Request], greedy: bool, outputs: np.ndarray, round_number: int) -> None:
-        """Each active member takes its token (or picks it from its own logits row) and checks its own stops."""
-        n_positions = self.model.config.n_positions
-        for request, row in zip(active, outputs):
-            if greedy:
-                request.append_token(int(row), None, round_number, self.eos_token_id, n_positions)
-            else:
-                request.take_step(row, round_number, self.eos_token_id, n_positions)
-
-    def keep_finished(self, plan: RoundPlan, on_final) -> None:
-        """A member that finished this round keeps its status and record; it is not run again."""
-        for request in plan.active:
+    def submit_or_refuse(requests: list[Request], scheduler: Scheduler) -> list[Request]:
+        """Queue every runnable request; return those that will never run (already refused, or too big)."""
+        refused = [r for r in requests if r.finished]
+        for request in requests:
             if request.finished:
-                if self.policy == "continuous":
-                    request.release()  # its row goes to the next admitted request
-                if on_final:
-                    on_final(request)
+                continue
+            reason = scheduler.refusal(request)
+            if reason is None:
+                scheduler.submit(request)
+            else:
+                refuse(request, reason)
+                refused.append(request)
+        return refused
 
-    @staticmethod
-    def release_group(members: list[Request]) -> None:
-        """The group is over: members let go of its KV cache, and the next group may start."""
-        for request in members:
-            request.release()
+    def admit(self, plan: RoundPlan, stats: RunStats) -> None:
+        """A new group (or the continuous pool) gets its KV cache; each admitted request takes a slot of it."""
+        if plan.new_kv is not None:
+            rows, capacity = plan.new_kv  # one slot per row, each as long as the longest request needs
+            self.kv_cache = self.model.new_kv_cache(n_slots=rows, capacity=capacity)
+            self.free_slots = list(range(rows))
+            if plan.kv_limited:
+                stats.kv_limited_rows.append(rows)
+        for request in plan.admitted:
+            request.slot = self.free_slots.pop(0)
+            self.kv_cache.reset_slot(request.slot)  # zeroed, so nothing of an earlier occupant can leak in
+            request.decoder = self.tokenizer.stream() if self.tokenizer is not None else None
+            request.text = "" if self.tokenizer is not None else None
+        stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
+
+    def prepare_batch_metadata(self, active: list[Request]) -> Batch:
+        """The batch for this round: each active member's new tokens, its slot and what the slot holds."""
+        slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
+        return Batch([r.next_input() for r in active], self.model.backend, slots=slots,
+                     past_lens=self.kv_cache.lengths[slots])
+
+    def apply_updates(self, active: list[Request], logits, round_number: int) -> None:
+        """Each active member picks its token from its own logits row, appends it, and checks its own stops."""
+        n_positions = self.model.config.n_positions
+        for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active)):
+            add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
+
+    def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
+        """A member that finished this round keeps its status and record; its slot is free again."""
+        for request in active:
+            if request.finished:
+                self.free_slots = sorted(self.free_slots + [request.slot])  # continuous: the next admission takes it
+                on_final(request)
+
+    def release_group(self) -> None:
+        """The group is over: drop its KV cache before the next group allocates its own."""
+        self.kv_cache, self.free_slots = None, []

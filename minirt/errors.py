@@ -1,8 +1,13 @@
-"""The exceptions minirt raises for problems a user can fix.
+"""The exceptions minirt raises for problems a user can fix, and the one check every layer shares.
 
-Owns: one base class, `MinirtError`, whose message is a single line that says
-what went wrong, where, and what to do about it.  Command-line entry points
-print that line (no traceback) and exit non-zero.
+Owns: `MinirtError`, whose message is a single line that says what went
+wrong, where, and what to do about it (command-line entry points print that
+line, never a traceback, and exit non-zero), its subclasses, and
+`require_at_least_one`, the check on a count (batch size, token budget) that
+the API and the command lines share.
+
+The errors that mean "a bad value" (`RequestError`, `InputError`) are also
+`ValueError`s, so code that catches ValueError catches them too.
 
 Must not know: anything about models, files or arrays.
 """
@@ -22,3 +27,18 @@ class BackendError(MinirtError):
 
 class TokenizerError(MinirtError):
     """Tokenizer files that are missing or unreadable."""
+
+
+class RequestError(MinirtError, ValueError):
+    """A request that cannot be served as asked (bad parameters, a prompt too long, a budget too small)."""
+
+
+class InputError(MinirtError, ValueError):
+    """Token ids the model cannot take (out of vocabulary, too long, not integers)."""
+
+
+def require_at_least_one(value: int, name: str) -> int:
+    """`value` when it is an integer >= 1, else a RequestError naming it (`--batch-size`, `batch size`, ...)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestError(f"{name} must be at least 1, got {value}")
+    return value

@@ -25,14 +25,15 @@ import time
 import numpy as np
 
 from .backend import BACKEND_NAMES
-from .batch import prepare_round
+from .batch import Batch
 from .cli import EXIT_OK, run_command
 from .errors import MinirtError
 from .generate import default_model
 from .llm import LLM
 from .model import GPT2
+from .sampling import log_softmax
 
-HEAD_BYTES_PER_BATCH = 256 * 2**20  # cap on the fp32 logits held at once
+HEAD_BYTES_PER_BATCH = 128 * 2**20  # cap on the fp32 logits held at once (their float64 log-softmax is twice that)
 
 
 def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -62,19 +63,13 @@ def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=No
     total, count = 0.0, 0
     for first in range(0, len(spans), per_batch):
         group = spans[first:first + per_batch]
-        cache = model.new_kv_cache(n_slots=len(group), capacity=max(stop - start for start, stop, _ in group))
-        inputs = prepare_round([ids[start:stop] for start, stop, _ in group], slots=np.arange(len(group)),
-                               past_lens=np.zeros(len(group)))
-        hidden = model.forward(inputs, cache)  # [N, C], every token of every window, packed row by row
-        offsets = inputs.first_token_offsets()  # [W] packed index of each window's first token
+        batch = Batch([ids[start:stop] for start, stop, _ in group], model.backend)  # one row per window, no KV cache
         # The hidden state at absolute position t predicts target t + 1.
-        rows = np.concatenate([offsets[w] + np.arange(s0 - 1 - start, stop - 1 - start)
-                               for w, (start, stop, s0) in enumerate(group)])  # [S] packed rows that are scored
+        rows = np.concatenate([batch.first_tokens[w] + np.arange(s0 - 1 - start, stop - 1 - start)
+                               for w, (start, stop, s0) in enumerate(group)])  # [S] packed tokens that are scored
         targets = np.concatenate([token_ids[s0:stop] for start, stop, s0 in group])  # [S]
-        logits = model.backend.to_numpy(model.head(hidden[model.backend.asarray(rows)]))  # [S, V] fp32
-        top = logits.max(axis=-1, keepdims=True)  # [S, 1]
-        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=-1, dtype=np.float64))  # [S] log-sum-exp
-        total += float((log_norm - logits[np.arange(len(targets)), targets]).sum(dtype=np.float64))
+        logits = model.backend.to_numpy(model.forward(batch, logits_at=rows))  # [S, V] fp32
+        total -= float(log_softmax(logits)[np.arange(len(targets)), targets].sum())
         count += len(targets)
         if progress:
             progress(first + len(group), len(spans))

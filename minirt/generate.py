@@ -1,13 +1,17 @@
-"""`python -m minirt.generate --prompts FILE`: serve a file of prompts in static groups.
+"""`python -m minirt.generate --prompts FILE`: serve a file of prompts, in static groups or with continuous batching.
 
-Owns: the command line.  It reads the prompts file, works out each request's
-sampling parameters (built-in defaults < the model's generation_config.json
-< flags < the request's own JSONL fields), serves the requests with the
-static-group engine, and reports: completions on standard output in input
-order, JSONL records with --output, a progress bar, the round grid with
---trace, and a summary on standard error.
+Owns: the command line, in four steps that `main` calls in order:
 
-Must not know: the layers, the KV cache or sampling arithmetic.
+    parse_args      flags, checked before anything is loaded
+    build_requests  the prompts file, and each request's sampling parameters
+                    (built-in defaults < the model's generation_config.json
+                    < flags < the request's own JSONL fields)
+    serve           the requests, through the `LLM` API, with callbacks that report as records become final
+    report          completions on standard output in input order, JSONL
+                    records with --output, a progress bar, the round grid
+                    with --trace, and a summary on standard error
+
+Must not know: the engine, the layers, the KV cache or sampling arithmetic.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from pathlib import Path
 
 from .backend import BACKEND_NAMES
 from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, run_command
-from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS
-from .errors import MinirtError
+from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, RunStats
+from .errors import MinirtError, RequestError, require_at_least_one
 from .llm import LLM
-from .prompt_file import FORMATS, read_prompts
+from .prompt_file import FORMATS, PromptEntry, read_prompts
 from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
-from .scheduler import POLICIES
 from .request import Request
-from .sampling import RequestError, SamplingParams
+from .sampling import SamplingParams
+from .scheduler import POLICIES
 
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "weights"
 
@@ -61,22 +65,27 @@ exit status:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minirt.generate",
-        description="Generate completions for a file of prompts with a GPT-2 model, served in static groups.",
+        description="Generate completions for a file of prompts with a GPT-2 model, served in static groups "
+                    "(or with continuous batching, --policy continuous).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prompts", required=True, metavar="FILE", help="a .txt or .jsonl prompts file, or - for standard input")
+    p.add_argument("--prompts", required=True, metavar="FILE",
+                   help="a .txt or .jsonl prompts file, or - for standard input")
     p.add_argument("--format", choices=FORMATS, default="auto", help="prompts file format (default: from the file name)")
     p.add_argument("--model", help="a model folder or a hub id in the local Hugging Face cache "
                                    "(default: the model shipped in weights/)")
-    p.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto: cupy if a GPU is usable)")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
+                   help="array backend (default auto: cupy if a GPU is usable)")
     p.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16, float64")
     p.add_argument("--policy", choices=POLICIES, default="static",
                    help="static groups (default), or continuous batching that refills free rows every round")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)")
     p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
-                   help=f"continuous: tokens one round may process, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})")
+                   help="continuous: tokens one round may process, a prefill counting its prompt "
+                        f"(default {DEFAULT_ROUND_TOKENS})")
     p.add_argument("--kv-budget-mib", type=float, default=DEFAULT_KV_BUDGET_MIB, metavar="MIB",
-                   help=f"memory a group's KV cache may take (default {DEFAULT_KV_BUDGET_MIB})")
+                   help="memory the KV cache may take: a static group's, or the continuous pool's "
+                        f"(default {DEFAULT_KV_BUDGET_MIB})")
     g = p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
     g.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate at most (default 64)")
     g.add_argument("--temperature", type=float, metavar="T", help="0 is greedy (default); higher is more random")
@@ -85,14 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0, metavar="S",
                    help="the run's seed; a request without its own seed gets one derived from S and its line (default 0)")
     g.add_argument("--stop", action="append", metavar="TEXT", help="stop when this text appears (repeatable; \\n for newline)")
-    g.add_argument("--stop-token-id", action="append", type=int, metavar="ID", help="stop when this token is produced (repeatable)")
+    g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
+                   help="stop when this token is produced (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
     o = p.add_argument_group("output")
-    o.add_argument("--output", metavar="FILE.jsonl", help="write one JSON record per request, in input order, as each is final")
+    o.add_argument("--output", metavar="FILE.jsonl",
+                   help="write one JSON record per request, in input order, as each is final")
     o.add_argument("--logprobs", action="store_true", help="add each chosen token's log-probability to the records")
-    o.add_argument("--trace", action="store_true", help="print the round grid (each static group's) on standard error")
+    o.add_argument("--trace", action="store_true",
+                   help="print the round grid on standard error (each static group's, or the continuous run's)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    o.add_argument("--quiet", action="store_true", help="print no completions on standard output (records still go to --output)")
+    o.add_argument("--quiet", action="store_true",
+                   help="print no completions on standard output (records still go to --output)")
     return p
 
 
@@ -101,7 +114,8 @@ def default_model() -> str:
     shipped = sorted(p.parent for p in SHIPPED_MODELS.glob("*/config.json")) if SHIPPED_MODELS.is_dir() else []
     if len(shipped) == 1:
         return str(shipped[0])
-    raise MinirtError("no --model given, and no single model is shipped in weights/; pass --model FOLDER or a hub id such as gpt2")
+    raise MinirtError("no --model given, and no single model is shipped in weights/; "
+                      "pass --model FOLDER or a hub id such as gpt2")
 
 
 def flag_overrides(args) -> dict:
@@ -120,22 +134,65 @@ def open_output(path: str):
     try:
         return open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
     except OSError as exc:
-        raise MinirtError(f"cannot write --output {path} ({exc.strerror}); check the folder exists and is writable") from None
+        raise MinirtError(f"cannot write --output {path} ({exc.strerror}); "
+                          "check the folder exists and is writable") from None
+
+
+def parse_args(argv: list[str] | None):
+    """The flags, with every check that needs no model: a bad flag stops here, before anything is loaded."""
+    args = build_parser().parse_args(argv)
+    require_at_least_one(args.batch_size, "--batch-size")
+    require_at_least_one(args.max_round_tokens, "--max-round-tokens")
+    args.overrides = flag_overrides(args)
+    sampling_defaults(SamplingParams(), args.overrides)
+    return args
+
+
+def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> SamplingParams:
+    """The model's defaults with the flags applied, or a one-line error naming the bad flag."""
+    try:
+        return model_defaults.updated(**overrides)
+    except RequestError as exc:
+        raise MinirtError(f"bad sampling flag: {exc}") from None
+
+
+def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingParams, logprobs: bool) -> list[Request]:
+    """One request per prompts-file line; a bad line becomes a request with its own error, and its peers still run."""
+    requests = []
+    for index, entry in enumerate(entries):
+        error, params = entry.error, run_defaults
+        if error is None:
+            try:
+                params = run_defaults.updated(**entry.overrides)
+            except RequestError as exc:
+                error = f"line {entry.line}: {exc}"
+        requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
+                                         error=error))
+    return requests
+
+
+def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> RunStats | None:
+    """Serve the requests, writing each record as soon as the input order allows.  None when interrupted."""
+    progress = Progress(len(requests), enabled=not args.no_progress and sys.stderr.isatty())
+
+    def on_group_end(group, waiting):
+        if args.trace:
+            progress.close()
+            print(group_grid(group, waiting), file=sys.stderr)
+
+    try:
+        return llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
+                         on_group_end=on_group_end)
+    except KeyboardInterrupt:
+        output.flush_out_of_order()  # whatever is final is kept, even out of order
+        return None
+    finally:
+        progress.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.batch_size < 1:
-        raise MinirtError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.max_round_tokens < 1:
-        raise MinirtError(f"--max-round-tokens must be at least 1, got {args.max_round_tokens}")
-    overrides = flag_overrides(args)
-    try:
-        SamplingParams().updated(**overrides)  # a bad flag stops here, before loading anything
-    except RequestError as exc:
-        raise MinirtError(f"bad sampling flag: {exc}") from None
-    entries = read_prompts(args.prompts, args.format)  # so does a bad prompts file
-
+    args = parse_args(argv)
+    entries = read_prompts(args.prompts, args.format)  # a bad prompts file stops here, before loading
     jsonl = open_output(args.output) if args.output else None
 
     start = time.perf_counter()
@@ -145,48 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     load_seconds = time.perf_counter() - start
     if llm.backend_note:
         print(llm.backend_note, file=sys.stderr)
-    try:
-        run_defaults = llm.defaults.updated(**overrides)
-    except RequestError as exc:
-        raise MinirtError(f"bad sampling flag: {exc}") from None
-
-    requests = []
-    for index, entry in enumerate(entries):
-        request_id = entry.id if entry.id is not None else str(index)
-        try:
-            params = run_defaults.updated(**entry.overrides)
-        except RequestError as exc:
-            entry.error = entry.error or f"line {entry.line}: {exc}"
-        if entry.error is not None:  # a bad line: this request alone fails, its peers still run
-            request = Request(index=index, id=request_id, prompt=entry.prompt if isinstance(entry.prompt, str) else None,
-                              prompt_ids=[], params=run_defaults, want_logprobs=args.logprobs)
-            request.refuse(entry.error)
-        else:
-            request = llm.engine.make_request(index, entry.prompt, params, request_id=request_id,
-                                              run_seed=args.seed, want_logprobs=args.logprobs)
-        requests.append(request)
+    requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides), args.logprobs)
 
     output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, jsonl, color=sys.stdout.isatty())
-    progress = Progress(len(requests), enabled=not args.no_progress and sys.stderr.isatty())
-
-    def on_group_end(group, waiting):
-        if args.trace:
-            progress.close()
-            print(group_grid(group, waiting), file=sys.stderr)
-
-    interrupted = False
     try:
-        stats = llm.engine.serve(requests, on_final=output.final,
-                                 on_round=lambda s: progress.update(s, output.done),
-                                 on_group_end=on_group_end)
-    except KeyboardInterrupt:
-        interrupted = True
-        output.flush_out_of_order()
+        stats = serve(llm, requests, args, output)
     finally:
-        progress.close()
         if jsonl is not None:
             jsonl.close()
-    if interrupted:
+    if stats is None:
         print(f"minirt.generate: interrupted; {output.done} of {len(requests)} records were final and written",
               file=sys.stderr)
         return EXIT_INTERRUPTED

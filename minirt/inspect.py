@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from .backend import BACKEND_NAMES, get_backend, resolve_dtype
+from .backend import BACKEND_NAMES, resolve_dtype
 from .checkpoint import load_checkpoint
 from .cli import EXIT_OK, run_command
-from .errors import MinirtError, TokenizerError
-from .model import GPT2
-from .tokenizer import load_tokenizer
+from .errors import MinirtError, require_at_least_one
+from .llm import LLM
+from .sampling import log_softmax
 
 EXAMPLES = """examples:
   python -m minirt.inspect weights/shakespeare-gpt2-tiny --prompt "ROMEO:" --top-k 5
@@ -66,62 +66,64 @@ def describe_token(tokenizer, token_id: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.top_k < 1:
-        raise MinirtError("--top-k must be at least 1")
+    require_at_least_one(args.top_k, "--top-k")
     dtype = resolve_dtype(args.dtype)
-    backend, note = get_backend(args.backend)
-    if note:
-        print(note, file=sys.stderr)
-
     start = time.perf_counter()
     checkpoint = load_checkpoint(args.model)
-    model = GPT2(checkpoint, backend, dtype)
+    llm = LLM(checkpoint, backend=args.backend, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
-    c = model.config
-
-    try:
-        tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
-    except TokenizerError as exc:
-        tokenizer, tokenizer_problem = None, str(exc)
-
-    files = sorted({str(p) for p in checkpoint.folder.glob("*.safetensors")})
-    file_dtypes = ", ".join(sorted(set(checkpoint.file_dtypes.values())))
-    mapped = backend.name == "numpy" and all(not a.flags.owndata for a in model.params.values())
-    print(f"model      {checkpoint.folder}")
-    print(f"config     {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads (head_dim {c.head_dim}), MLP {c.n_inner}, "
-          f"vocab {c.vocab_size}, context {c.n_positions}, {c.activation_function} ({c.gelu_form}), eps {c.layer_norm_epsilon:g}")
-    print(f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
-          f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}")
-    print(f"compute    {backend.name}, {dtype.name}; weights {'memory-mapped, not copied' if mapped else 'converted on load'}")
-    print(f"loaded in  {load_seconds:.3f} s")
-    if tokenizer is not None:
-        print(f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, bos {tokenizer.bos_token_id}")
-    else:
-        print(f"tokenizer  none ({tokenizer_problem})")
+    if llm.backend_note:
+        print(llm.backend_note, file=sys.stderr)
+    describe(checkpoint, llm, dtype, load_seconds)
 
     prompts: list[tuple[str, list[int]]] = [(f"ids {ids}", ids) for ids in args.ids]
     if args.prompt:
-        if tokenizer is None:
-            raise MinirtError(f"--prompt needs a tokenizer, and {checkpoint.folder} has none; pass token ids with --ids instead")
-        prompts += [(repr(text), tokenizer.encode(text)) for text in args.prompt]
-    if not prompts:
-        return EXIT_OK
+        if llm.tokenizer is None:
+            raise MinirtError(f"--prompt needs a tokenizer, and {checkpoint.folder} has none; "
+                              "pass token ids with --ids instead")
+        prompts += [(repr(text), llm.tokenizer.encode(text)) for text in args.prompt]
+    if prompts:
+        show_next_tokens(llm, prompts, args.top_k)
+    return EXIT_OK
 
-    sequences = [ids if ids else [tokenizer.bos_token_id if tokenizer and tokenizer.bos_token_id is not None else 0]
-                 for _, ids in prompts]  # an empty prompt starts from BOS
+
+def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
+    """Where the model was found, its config, its weights and its tokenizer."""
+    model, c, tokenizer = llm.model, llm.model.config, llm.tokenizer
+    files = sorted({str(p) for p in checkpoint.folder.glob("*.safetensors")})
+    file_dtypes = ", ".join(sorted(set(checkpoint.file_dtypes.values())))
+    mapped = model.backend.name == "numpy" and all(not a.flags.owndata for a in model.params.values())
+    print(f"model      {checkpoint.folder}")
+    print(f"config     {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads (head_dim {c.head_dim}), MLP {c.n_inner}, "
+          f"vocab {c.vocab_size}, context {c.n_positions}, {c.activation_function} ({c.gelu_form}), "
+          f"eps {c.layer_norm_epsilon:g}")
+    print(f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
+          f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}")
+    print(f"compute    {model.backend.name}, {dtype.name}; weights {'memory-mapped, not copied' if mapped else 'converted on load'}")
+    print(f"loaded in  {load_seconds:.3f} s")
+    if tokenizer is not None:
+        print(f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, "
+              f"bos {tokenizer.bos_token_id}")
+    else:
+        print(f"tokenizer  none ({llm.tokenizer_problem})")
+
+
+def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int) -> None:
+    """Score every prompt in one padded batch and print each one's most likely next tokens."""
+    sequences = [ids if ids else [llm.bos_token_id] for _, ids in prompts]  # an empty prompt starts from BOS
+    if any(seq == [None] for seq in sequences):
+        raise MinirtError("an empty prompt starts from the BOS token, and this model has no BOS/EOS token")
     start = time.perf_counter()
-    logits = model.logits(sequences)  # [B, max_len, V], one padded batch
-    forward_seconds = time.perf_counter() - start
-    print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {forward_seconds:.3f} s")
-    k = min(args.top_k, c.vocab_size)
+    logits = llm.model.logits(sequences)  # [B, max_len, V], one padded batch
+    print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s")
+    k = min(top_k, llm.model.config.vocab_size)
     for (label, _), seq, row in zip(prompts, sequences, logits):
-        last = row[len(seq) - 1].astype(np.float64)  # [V] logits after the prompt's last token
-        logprobs = last - last.max() - np.log(np.exp(last - last.max()).sum())  # [V] log-softmax
+        logprobs = log_softmax(row[len(seq) - 1])  # [V] after the prompt's last token
         top = np.argsort(-logprobs)[:k]
         print(f"\nprompt {label} ({len(seq)} token{'s' if len(seq) != 1 else ''}): most likely next tokens")
         for token_id in top:
-            print(f"  {describe_token(tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   p {np.exp(logprobs[token_id]):6.1%}")
-    return EXIT_OK
+            print(f"  {describe_token(llm.tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   "
+                  f"p {np.exp(logprobs[token_id]):6.1%}")
 
 
 if __name__ == "__main__":

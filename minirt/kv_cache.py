@@ -1,8 +1,9 @@
 """Per-request key/value buffers, preallocated once and filled in place.
 
-Owns: `KVCache`, a pool of slots.  Each slot is one request's own buffer:
-its keys and values for every layer, and its own length (`lengths[slot]`).
-A request is given a slot when it is admitted and keeps it until it finishes.
+Owns: `KVCache`, a pool of slots.  Each slot is one request's own buffer: its
+keys and values for every layer, and its own length (`lengths[slot]`).  The
+engine gives a request a slot when it is admitted; the request keeps it until
+it finishes.
 
 Layout, per layer:  keys[layer, slot, head, position, head_dim]  (same for values)
 
@@ -16,21 +17,23 @@ Layout, per layer:  keys[layer, slot, head, position, head_dim]  (same for value
     (the pool starts zeroed, and a slot is zeroed when a new request takes it),
     and the attention mask (key-is-real) never lets a query see them.
 
-Must not know: layers' arithmetic, requests, sampling or scheduling.
+Must not know: the layers' arithmetic, requests, sampling or scheduling.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from .batch import RoundInputs
+from .batch import Batch
 
 
 class KVCache:
     """Keys and values for `n_slots` requests, `capacity` positions each."""
 
     def __init__(self, xp, n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype):
-        self.xp = xp
         self.capacity = capacity
         shape = (n_layer, n_slots, n_head, capacity, head_dim)
         self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
@@ -41,10 +44,6 @@ class KVCache:
     def bytes_needed(n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype) -> int:
         """Memory for keys + values, for budgeting before anything is allocated."""
         return 2 * n_layer * n_slots * n_head * capacity * head_dim * np.dtype(dtype).itemsize
-
-    @property
-    def n_slots(self) -> int:
-        return int(self.lengths.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -66,37 +65,47 @@ class KVCache:
         self.values[:, slot] = 0
         self.lengths[slot] = 0
 
-    def check_room(self, inputs: RoundInputs) -> None:
+    def check_room(self, batch: Batch) -> None:
         """Refuse a round that would write past a slot's capacity."""
-        over = inputs.kv_lens > self.capacity
+        over = batch.kv_lens > self.capacity
         if over.any():
             row = int(np.argmax(over))
             raise ValueError(
-                f"KV slot {int(inputs.slots[row])} would hold {int(inputs.kv_lens[row])} positions, "
+                f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
                 f"but the cache was allocated with capacity {self.capacity}"
             )
 
-    def write(self, layer: int, new_keys, new_values, slots, positions) -> None:
-        """Store this round's keys/values for one layer, each token at its own position in its row's slot.
+    def layer(self, i: int) -> LayerKV:
+        """Layer i's part of the pool, which is what one attention layer reads and writes."""
+        return LayerKV(self.keys[i], self.values[i])
+
+    def advance(self, batch: Batch) -> None:
+        """After the forward pass: each row's slot now holds its new tokens too."""
+        self.lengths[batch.slots] = batch.kv_lens
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's keys and values for every slot: views [S, H, capacity, D] into the pool."""
+
+    keys: Any
+    values: Any
+
+    def write(self, new_keys, new_values, batch: Batch) -> None:
+        """Store this round's keys/values, each token at its own position in its row's slot.
 
         new_keys, new_values: [N, H, D], one row per real token (padding never arrives here).
-        slots, positions: [N] each, already on the backend.
         """
         # Advanced indices on axes 0 and 2, split by a slice: the target is [N, H, D] too.
-        self.keys[layer][slots, :, positions] = new_keys  # [N, H, D]
-        self.values[layer][slots, :, positions] = new_values  # [N, H, D]
+        self.keys[batch.token_slots, :, batch.token_positions] = new_keys  # [N, H, D]
+        self.values[batch.token_slots, :, batch.token_positions] = new_values  # [N, H, D]
 
-    def read(self, layer: int, slot_index, slot_span: tuple[int, int] | None, kv_len: int):
-        """Keys and values of the round's rows (slots `slot_index`, [B]), positions 0..kv_len-1.
+    def read(self, batch: Batch):
+        """Keys and values of the round's rows, positions 0..L-1: two arrays [B, H, L, D].
 
-        A view when the slots are contiguous (`slot_span` = (first, stop)); otherwise a
-        gather, a copy of kv_len positions.  Returns two arrays of shape [B, H, L, D].
+        A view when the rows' slots are contiguous; otherwise a gather, a copy of L positions.
         """
-        if slot_span is not None:
-            first, stop = slot_span
-            return self.keys[layer, first:stop, :, :kv_len], self.values[layer, first:stop, :, :kv_len]
-        return self.keys[layer][slot_index, :, :kv_len], self.values[layer][slot_index, :, :kv_len]
-
-    def advance(self, inputs: RoundInputs) -> None:
-        """After the forward pass: each row's slot now holds its new tokens too."""
-        self.lengths[inputs.slots] = inputs.kv_lens
+        span, L = batch.slot_span, batch.kv_len
+        if span is not None:
+            return self.keys[span[0]:span[1], :, :L], self.values[span[0]:span[1], :, :L]
+        return self.keys[batch.row_slots, :, :L], self.values[batch.row_slots, :, :L]

@@ -1,8 +1,8 @@
 """The Python API, shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`.
 
-Owns: loading a model with its tokenizer and generation defaults, and one
-call that serves a list of prompts (in static groups, or with continuous
-batching) and returns their outputs in input order.
+Owns: loading a model with its tokenizer and generation defaults (the one
+place that does), and the calls that serve prompts (in static groups, or
+with continuous batching) and return their outputs in input order.
 
     from minirt import LLM, SamplingParams
     llm = LLM("gpt2", batch_size=8)                 # policy="continuous" to refill rows every round
@@ -11,7 +11,8 @@ batching) and returns their outputs in input order.
 
 Each output is the request's own record (`Request`): `.text`, `.token_ids`,
 `.finish_reason`, `.error`, `.group`, `.rounds_waited`, `.first_round`,
-`.finish_round`, and `.logprobs` when asked for.
+`.finish_round`, and `.logprobs` when asked for.  Callers that report as they
+go (the command line) use `make_request` and `serve` with callbacks.
 
 Must not know: command-line flags or file formats.
 """
@@ -23,12 +24,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .backend import get_backend, resolve_dtype
-from .checkpoint import load_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint
 from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
 from .errors import TokenizerError
 from .model import GPT2
 from .request import Request
 from .sampling import SamplingParams
+from .scheduler import GroupRecord
 from .tokenizer import load_tokenizer
 
 
@@ -58,25 +60,50 @@ def generation_defaults(folder: Path) -> dict:
 class LLM:
     """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by default)."""
 
-    def __init__(self, model: str | Path, backend: str = "numpy", dtype: str = "float32", batch_size: int = 8,
-                 kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0, policy: str = "static",
-                 round_token_budget: int = DEFAULT_ROUND_TOKENS):
-        chosen, self.backend_note = get_backend(backend)
-        checkpoint = load_checkpoint(model)
+    def __init__(self, model: str | Path | Checkpoint, backend: str = "numpy", dtype: str = "float32",
+                 batch_size: int = 8, kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0,
+                 policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS):
+        chosen, self.backend_note = get_backend(backend)  # the note says what "auto" chose, for the user
+        checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
         c = self.model.config
+        self.tokenizer, self.tokenizer_problem = None, None
         try:
             self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
-        except TokenizerError:
-            self.tokenizer = None  # token-id prompts still work
+        except TokenizerError as exc:
+            self.tokenizer_problem = str(exc)  # token-id prompts still work
         self.defaults = SamplingParams(**generation_defaults(checkpoint.folder))
         self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
                              policy=policy, round_token_budget=round_token_budget)
         self.seed = seed
         self.last_stats: RunStats | None = None
 
-    def make_requests(self, prompts: Sequence[str | Sequence[int]], params=None, ids: Sequence | None = None,
-                      logprobs: bool = False) -> list[Request]:
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.engine.eos_token_id
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """What an empty prompt starts from."""
+        return self.engine.bos_token_id
+
+    def make_request(self, index: int, prompt: str | Sequence[int] | None, params: SamplingParams | None = None,
+                     request_id=None, logprobs: bool = False, error: str | None = None) -> Request:
+        """One request: refused at once (with its own error) when it is bad or when `error` is given."""
+        return self.engine.make_request(index, prompt, params or self.defaults, request_id=request_id,
+                                        run_seed=self.seed, want_logprobs=logprobs, error=error)
+
+    def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
+              on_round: Callable[[RunStats], None] | None = None,
+              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
+        """Serve requests made by `make_request`; the callbacks report as records become final."""
+        self.last_stats = self.engine.serve(requests, on_final=on_final, on_round=on_round, on_group_end=on_group_end)
+        return self.last_stats
+
+    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ids: Sequence | None = None, logprobs: bool = False,
+                 on_final: Callable[[Request], None] | None = None) -> list[Request]:
+        """Serve the prompts (text, or token-id lists) and return their outputs in input order."""
         if isinstance(prompts, str):
             prompts = [prompts]
         if params is None or isinstance(params, SamplingParams):
@@ -84,13 +111,7 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         ids = ids if ids is not None else [None] * len(prompts)
-        return [self.engine.make_request(i, p, sp, request_id=rid, run_seed=self.seed, want_logprobs=logprobs)
-                for i, (p, sp, rid) in enumerate(zip(prompts, params, ids))]
-
-    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ids: Sequence | None = None, logprobs: bool = False,
-                 on_final: Callable[[Request], None] | None = None) -> list[Request]:
-        """Serve the prompts (text, or token-id lists) and return their outputs in input order."""
-        requests = self.make_requests(prompts, params, ids=ids, logprobs=logprobs)
-        self.last_stats = self.engine.serve(requests, on_final=on_final)
+        requests = [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs)
+                    for i, (p, sp, rid) in enumerate(zip(prompts, params, ids))]
+        self.serve(requests, on_final=on_final)
         return requests

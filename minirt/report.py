@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import IO
+from typing import IO, Callable
 
 from .engine import RunStats
 from .scheduler import GroupRecord
@@ -89,7 +89,8 @@ class Progress:
         self.last_draw = now
         filled = int(self.width * done / self.total) if self.total else self.width
         bar = "#" * filled + "-" * (self.width - filled)
-        line = (f"\rgenerating [{bar}] {done}/{self.total} requests | group {len(stats.groups)} | "
+        where = f"group {len(stats.groups)}" if stats.policy == "static" else "continuous"
+        line = (f"\rgenerating [{bar}] {done}/{self.total} requests | {where} | "
                 f"round {stats.rounds} | {stats.generated_tokens} tokens | {stats.tokens_per_second:.1f} tok/s")
         self.stream.write(line)
         self.stream.flush()
@@ -103,37 +104,44 @@ class Progress:
         self.drawn = False
 
 
-def round_grid(title: str, members: list[Request], first_round: int, last_round: int, active_rows: list[int],
-               rows_stay: bool) -> list[str]:
-    """A row per request, a column per round: '#' it produced a token, '-' it was waiting,
-    '.' it had finished but its row stayed in the group (static), blank once its row was freed."""
-    rounds = list(range(first_round, last_round + 1))
-    wide = len(rounds) <= 40  # space the columns when they fit
-    sep = " " if wide else ""
-    label_width = max([len(request_label(r)) for r in members] + [len("active rows")]) + 2
-    lines = [title]
-    if wide:
-        lines.append(" " * label_width + sep.join(str(n % 10) for n in rounds) + "   (round, last digit)")
-    for r in members:
-        cells = []
-        for n in rounds:
-            if r.first_round is not None and r.finish_round is not None and r.first_round <= n <= r.finish_round:
-                cells.append("#")
-            elif r.first_round is not None and n < r.first_round:
-                cells.append("-")
-            else:
-                cells.append("." if rows_stay else " ")
-        reason = r.finish_reason if r.error is None else "error"
-        lines.append(f"{request_label(r):<{label_width}}{sep.join(cells)}   {len(r.token_ids)} tokens, {reason}")
-    lines.append(f"{'active rows':<{label_width}}" + sep.join(str(n) if n < 10 else "+" for n in active_rows))
+def cell_mark(request: Request, round_number: int, row_held_until: int) -> str:
+    """One cell of a round grid: '#' it produced a token, '-' it was waiting for a row,
+    '.' it had finished but its row was still held (by its static group), blank once its row was freed."""
+    first, finish = request.first_round, request.finish_round
+    if first is not None and finish is not None and first <= round_number <= finish:
+        return "#"
+    if first is not None and round_number < first:
+        return "-"
+    return "." if round_number <= row_held_until else " "
+
+
+def grid_lines(rows: list[tuple[str, str, str]], rounds: range, active_rows: list[int], active_label: str,
+               gap: int, header_note: str = "") -> list[str]:
+    """A round grid, a line per request: rows are (label, cells, suffix); a column per round, spaced when
+    40 rounds or fewer fit; round numbers (last digit) on top and the active rows per round underneath."""
+    spaced = len(rounds) <= 40
+    sep = " " if spaced else ""
+    width = max(len(label) for label, _, _ in rows + [(active_label, "", "")]) + gap
+    lines = [" " * width + sep.join(str(n % 10) for n in rounds) + header_note] if spaced else []
+    lines += [f"{label:<{width}}{sep.join(cells)}{suffix}" for label, cells, suffix in rows]
+    lines.append(f"{active_label:<{width}}" + sep.join(str(n) if n < 10 else "+" for n in active_rows))
     return lines
+
+
+def request_grid(title: str, members: list[Request], rounds: range, active_rows: list[int],
+                 held_until: Callable[[Request], int]) -> list[str]:
+    """The --trace grid of some requests, each row ending with its token count and finish reason."""
+    rows = [(request_label(r), "".join(cell_mark(r, n, held_until(r)) for n in rounds),
+             f"   {len(r.token_ids)} tokens, {r.finish_reason if r.error is None else 'error'}") for r in members]
+    return [title] + grid_lines(rows, rounds, active_rows, "active rows", gap=2, header_note="   (round, last digit)")
 
 
 def group_grid(group: GroupRecord, waiting: list[Request]) -> str:
     """A static group's rounds, and which requests waited for the whole group."""
     members = f"{len(group.members)} member{'s' if len(group.members) != 1 else ''}"
-    lines = round_grid(f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}",
-                       group.members, group.first_round, group.last_round, group.active_rows, rows_stay=True)
+    lines = request_grid(f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}",
+                         group.members, range(group.first_round, group.last_round + 1), group.active_rows,
+                         held_until=lambda r: group.last_round)
     if waiting:
         rounds = group.last_round - group.first_round + 1
         shown = ", ".join(f"[{r.index}]" for r in waiting[:8]) + (" ..." if len(waiting) > 8 else "")
@@ -147,9 +155,21 @@ def continuous_grid(requests: list[Request], stats: RunStats) -> str:
     served = [r for r in requests if r.first_round is not None]
     if not served:
         return ""
-    lines = round_grid(f"continuous batching: {len(served)} requests in up to {stats.batch_size} rows, rounds 1-{stats.rounds}",
-                       served, 1, stats.rounds, stats.active_rows_per_round, rows_stay=False)
+    title = f"continuous batching: {len(served)} requests in up to {stats.batch_size} rows, rounds 1-{stats.rounds}"
+    lines = request_grid(title, served, range(1, stats.rounds + 1), stats.active_rows_per_round,
+                         held_until=lambda r: r.finish_round)
     return "\n".join(lines) + "\n"
+
+
+def kv_limit_lines(stats: RunStats) -> list[str]:
+    """A summary line when the KV budget held a group (or the continuous pool) below the batch size."""
+    if not stats.kv_limited_rows:
+        return []
+    if stats.policy == "static":
+        n = len(stats.kv_limited_rows)
+        return [f"kv budget    held {n} group{'s' if n != 1 else ''} below {stats.batch_size} rows "
+                f"(rows: {', '.join(map(str, stats.kv_limited_rows))})"]
+    return [f"kv budget    held the pool to {stats.kv_limited_rows[0]} of {stats.batch_size} rows"]
 
 
 def summary(stats: RunStats, load_seconds: float) -> str:
@@ -161,6 +181,7 @@ def summary(stats: RunStats, load_seconds: float) -> str:
         f"requests     {stats.requests} ({ok} ok, {stats.failed} failed)",
         (f"groups       {len(stats.groups)} (static, batch size {stats.batch_size})" if stats.policy == "static"
          else f"policy       continuous batching, up to {stats.batch_size} rows"),
+        *kv_limit_lines(stats),
         f"rounds       {stats.rounds}",
         f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",
         f"tokens       {stats.prompt_tokens} prompt, {stats.generated_tokens} generated",

@@ -27,13 +27,13 @@ import numpy as np
 
 from .cli import EXIT_OK, run_command
 from .engine import DEFAULT_ROUND_TOKENS
-from .errors import MinirtError
-from .request import Request
+from .errors import MinirtError, require_at_least_one
+from .report import cell_mark, grid_lines
+from .request import Request, add_token
 from .sampling import SamplingParams
-from .scheduler import POLICIES, RoundPlan, Scheduler
+from .scheduler import POLICIES, SCHEDULERS, RoundPlan, Scheduler
 
 UNLIMITED = 10**12  # a context / KV budget that never binds
-ONE_TOKEN_LOGITS = np.zeros(1, dtype=np.float32)  # a one-word vocabulary: the simulation's "model"
 
 
 @dataclass
@@ -82,18 +82,20 @@ def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[i
     requests = [Request(index=i, id=str(i), prompt=None, prompt_ids=[0] * p,
                         params=SamplingParams(max_new_tokens=n, ignore_eos=True))
                 for i, (n, p) in enumerate(zip(output_lens, prompt_lens))]
-    scheduler = Scheduler(policy, rows, kv_budget, UNLIMITED, round_tokens)
-    refused = scheduler.submit(requests)
-    if refused:
-        raise MinirtError(f"request {refused[0].index} can never run: {refused[0].error}")
+    scheduler = SCHEDULERS[policy](rows, kv_budget, UNLIMITED, round_tokens)
+    for request in requests:
+        reason = scheduler.refusal(request)
+        if reason is not None:
+            raise MinirtError(f"request {request.index} can never run: {reason}")
+        scheduler.submit(request)
     round_number = 0
     while scheduler.has_work():
         round_number += 1
         plan = scheduler.plan(round_number)
         if on_plan:
             on_plan(scheduler, plan)
-        for request in plan.active:  # the "forward pass": every active row produces one token
-            request.take_step(ONE_TOKEN_LOGITS, round_number, None, UNLIMITED)
+        for request in plan.active:  # the "forward pass": every active row produces one token (id 0)
+            add_token(request, 0, None, round_number, None, UNLIMITED)
         scheduler.complete(plan)
     return Simulation(policy, rows, requests, list(output_lens), scheduler)
 
@@ -109,33 +111,16 @@ def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:
 # ----------------------------------------------------------------------------- text
 
 
-def grid_cell(sim: Simulation, request: Request, round_number: int) -> str:
-    if request.first_round <= round_number <= request.finish_round:
-        return "#"  # active: produced a token
-    if round_number < request.first_round:
-        return "-"  # waiting for a row
-    if round_number <= sim.row_held_until(request):
-        return "."  # finished, but its row is still held by the group
-    return " "  # gone
-
-
 def grid_text(sim: Simulation, max_columns: int = 120) -> str:
-    rounds = sim.total_rounds
-    lines = [f"{sim.policy}: {len(sim.requests)} requests, {sim.rows} rows, {rounds} rounds, "
+    rounds = range(1, sim.total_rounds + 1)
+    lines = [f"{sim.policy}: {len(sim.requests)} requests, {sim.rows} rows, {sim.total_rounds} rounds, "
              f"utilization {sim.utilization:.1%}   (# active, - waiting, . finished but row held)"]
-    if rounds > max_columns:
-        lines.append(f"(grid not drawn: {rounds} rounds is wider than {max_columns} columns; use --svg)")
+    if len(rounds) > max_columns:
+        lines.append(f"(grid not drawn: {len(rounds)} rounds is wider than {max_columns} columns; use --svg)")
         return "\n".join(lines)
-    spaced = rounds <= 40
-    sep = " " if spaced else ""
-    if spaced:
-        lines.append(" " * 8 + sep.join(str(n % 10) for n in range(1, rounds + 1)))
-    for r in sim.requests:
-        cells = sep.join(grid_cell(sim, r, n) for n in range(1, rounds + 1))
-        lines.append(f"req {r.index:<3d} {cells}")
-    active = sim.scheduler.active_rows
-    lines.append("active  " + sep.join(str(a) if a < 10 else "+" for a in active))
-    return "\n".join(lines)
+    rows = [(f"req {r.index:<3d}", "".join(cell_mark(r, n, sim.row_held_until(r)) for n in rounds), "")
+            for r in sim.requests]
+    return "\n".join(lines + grid_lines(rows, rounds, sim.scheduler.active_rows, "active", gap=1))
 
 
 def request_table(sim: Simulation) -> str:
@@ -187,8 +172,8 @@ def svg_panels(sims: list[Simulation], title: str) -> str:
             n = 1
             gap_px = 1 if cell >= 10 else 0  # big cells are drawn one by one, with a gap; small ones as runs
             while n <= sim.total_rounds:  # one rect per run of equal cells keeps big grids small
-                mark, run = grid_cell(sim, r, n), 1
-                while not gap_px and n + run <= sim.total_rounds and grid_cell(sim, r, n + run) == mark:
+                mark, run = cell_mark(r, n, sim.row_held_until(r)), 1
+                while not gap_px and n + run <= sim.total_rounds and cell_mark(r, n + run, sim.row_held_until(r)) == mark:
                     run += 1
                 if mark != " ":
                     parts.append(f'<rect x="{left + (n - 1) * cell}" y="{y0 + i * cell}" width="{run * cell - gap_px}" '
@@ -249,47 +234,57 @@ python -m minirt.generate --policy static|continuous runs real requests through 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.batch_size < 1:
-        raise MinirtError(f"--batch-size must be at least 1, got {args.batch_size}")
+    require_at_least_one(args.batch_size, "--batch-size")
     budgets = {"kv_budget": args.kv_budget, "round_tokens": args.max_round_tokens}
     if args.lengths is not None:
-        outputs, prompts = args.lengths, args.prompt_lengths
-        sims = [simulate(outputs, policy, args.batch_size, prompts, **budgets) for policy in POLICIES]
-        if args.svg:
-            write_svg(args.svg, sims, f"{len(outputs)} requests, {args.batch_size} rows")
-        if args.json:
-            print(json.dumps({"policies": {s.policy: s.summary() for s in sims}}))
-            return EXIT_OK
-        for sim in sims:
-            print(grid_text(sim))
-            print()
-            print(request_table(sim))
-            print(f"total rounds {sim.total_rounds}, utilization {sim.utilization:.1%}\n")
-        print(comparison_table(sims))
-        return EXIT_OK
+        report_lengths(args, budgets)
+    else:
+        report_workload(args, budgets)
+    return EXIT_OK
 
+
+def report_lengths(args, budgets: dict) -> None:
+    """--lengths: both policies on the given requests, as grids and tables (or JSON)."""
+    outputs, prompts = args.lengths, args.prompt_lengths
+    sims = [simulate(outputs, policy, args.batch_size, prompts, **budgets) for policy in POLICIES]
+    if args.svg:
+        write_svg(args.svg, sims, f"{len(outputs)} requests, {args.batch_size} rows")
+    if args.json:
+        print(json.dumps({"policies": {s.policy: s.summary() for s in sims}}))
+        return
+    for sim in sims:
+        print(grid_text(sim))
+        print()
+        print(request_table(sim))
+        print(f"total rounds {sim.total_rounds}, utilization {sim.utilization:.1%}\n")
+    print(comparison_table(sims))
+
+
+def report_workload(args, budgets: dict) -> None:
+    """--workload: a long-tailed draw, both policies at several batch sizes, as a table (or JSON)."""
     if args.workload < 1:
         raise MinirtError(f"--workload needs at least 1 request, got {args.workload}")
     batch_sizes = parse_lengths(args.batch_sizes)
     outputs, prompts = long_tailed_workload(args.workload, args.seed)
-    results = {}
-    for rows in batch_sizes:
-        results[rows] = [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
+    results = {rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
+               for rows in batch_sizes}
     if args.svg:
-        write_svg(args.svg, results[batch_sizes[0]], f"workload of {args.workload} requests (seed {args.seed}), {batch_sizes[0]} rows")
+        title = f"workload of {args.workload} requests (seed {args.seed}), {batch_sizes[0]} rows"
+        write_svg(args.svg, results[batch_sizes[0]], title)
     if args.json:
-        print(json.dumps({"workload": {"n": args.workload, "seed": args.seed, "output_lens": outputs, "prompt_lens": prompts},
-                          "batch_sizes": {str(rows): {"policies": {s.policy: s.summary() for s in sims}}
-                                          for rows, sims in results.items()}}))
-        return EXIT_OK
+        workload = {"n": args.workload, "seed": args.seed, "output_lens": outputs, "prompt_lens": prompts}
+        print(json.dumps({"workload": workload, "batch_sizes": {
+            str(rows): {"policies": {s.policy: s.summary() for s in sims}} for rows, sims in results.items()}}))
+        return
     print(f"workload: {args.workload} requests (seed {args.seed}); output lengths {min(outputs)}-{max(outputs)}, "
-          f"median {int(np.median(outputs))}; prompt lengths {min(prompts)}-{max(prompts)}, median {int(np.median(prompts))}")
-    print(f"{'batch':>5s} {'static rounds':>14s} {'static util':>12s} {'continuous rounds':>18s} {'continuous util':>16s} {'rounds saved':>13s}")
+          f"median {int(np.median(outputs))}; prompt lengths {min(prompts)}-{max(prompts)}, "
+          f"median {int(np.median(prompts))}")
+    print(f"{'batch':>5s} {'static rounds':>14s} {'static util':>12s} {'continuous rounds':>18s} "
+          f"{'continuous util':>16s} {'rounds saved':>13s}")
     for rows, (static, continuous) in results.items():
         saved = 1 - continuous.total_rounds / static.total_rounds
         print(f"{rows:5d} {static.total_rounds:14d} {static.utilization:12.1%} {continuous.total_rounds:18d} "
               f"{continuous.utilization:16.1%} {saved:13.1%}")
-    return EXIT_OK
 
 
 def write_svg(path: str, sims: list[Simulation], title: str) -> None:

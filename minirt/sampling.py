@@ -7,8 +7,11 @@ Owns:
   * `filtered_distribution`: temperature, then top-k, then top-p, turning a
     row of raw logits into the probabilities the token is drawn from;
   * `choose_token`: greedy or a draw from the request's own random stream,
-    plus the chosen token's log-probability under the unmodified model
-    (log-softmax of the raw logits).
+    plus the chosen token's log-probability under the unmodified model;
+  * `choose_tokens`: the same for every row of a round, greedy and sampled
+    rows alike (when every row is greedy and wants no log-probabilities, the
+    argmax runs on the backend and only B token ids cross to the host);
+  * `log_softmax`, the one log-softmax in minirt (float64).
 
 Sampling runs on the host in float64 NumPy, one request at a time, with each
 request's own `numpy.random.Generator`.  So a request's tokens depend only on
@@ -24,14 +27,9 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .errors import MinirtError
-
+from .errors import RequestError
 
 GREEDY_BELOW = 1e-5  # temperatures under this are treated as 0 (greedy)
-
-
-class RequestError(MinirtError):
-    """A request that cannot be served as asked (bad parameters, a prompt too long)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 (or below 1e-5) means greedy (argmax); otherwise logits are divided by it
     top_k: int = 0  # keep only the k most likely tokens (0: no limit)
     top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches top_p (1: no limit)
-    seed: int | None = None  # the request's own random stream; None: derived from the run's seed and the request's index
+    seed: int | None = None  # the request's own stream; None: derived from the run's seed and the request's index
     stop: tuple[str, ...] = ()  # stop strings; the text is cut just before the first one
     stop_token_ids: tuple[int, ...] = ()  # token ids that end the request (finish_reason "stop")
     ignore_eos: bool = False  # keep going past the end-of-text token
@@ -87,15 +85,21 @@ class SamplingParams:
         """A copy with some fields replaced (validated again)."""
         unknown = set(overrides) - set(self.field_names())
         if unknown:
-            raise RequestError(f"unknown sampling field(s) {', '.join(sorted(unknown))}; known: {', '.join(self.field_names())}")
+            raise RequestError(f"unknown sampling field(s) {', '.join(sorted(unknown))}; "
+                               f"known: {', '.join(self.field_names())}")
         return replace(self, **overrides)
 
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0, or so small that logits / T would overflow: take the argmax."""
+        return self.temperature < GREEDY_BELOW
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Log-probabilities of a row of logits, computed stably in float64."""
-    x = np.asarray(logits, dtype=np.float64)  # [V]
-    shifted = x - x.max()  # [V]
-    return shifted - np.log(np.exp(shifted).sum())  # [V]
+
+def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Log-probabilities along `axis` (the vocabulary), computed stably in float64."""
+    x = np.asarray(logits, dtype=np.float64)  # [..., V]
+    shifted = x - x.max(axis=axis, keepdims=True)  # [..., V]
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))  # [..., V]
 
 
 def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -138,7 +142,7 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     cumulative sum, in token-id order.
     """
     logits = np.asarray(logits)  # [V] fp32 from the model
-    if params.temperature < GREEDY_BELOW:  # 0, or so small that logits / T would overflow: greedy
+    if params.greedy:
         token = int(np.argmax(logits))
     else:
         probs = filtered_distribution(logits, params)  # [V]
@@ -147,6 +151,22 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         token = int(np.searchsorted(cumulative, u, side="right"))
         token = min(token, int(np.flatnonzero(probs)[-1]))  # guard the u == total edge
     return token, (float(log_softmax(logits)[token]) if want_logprob else None)
+
+
+def choose_tokens(backend, logits, rows) -> list[tuple[int, float | None]]:
+    """Every row's (token, log-probability or None), each from its own logits row [V] and its own settings.
+
+    `rows` are the round's requests, in row order; each has `params`, `rng` and
+    `want_logprobs`.  `logits` [B, V] is a backend array.  When every row is
+    greedy and none wants a log-probability, the argmax runs on the backend and
+    only B token ids cross to the host; it picks what `choose_token` would
+    (the same fp32 numbers, ties to the lowest id).
+    """
+    if all(r.params.greedy and not r.want_logprobs for r in rows):
+        ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
+        return [(int(token), None) for token in ids]
+    host = backend.to_numpy(logits)  # [B, V] fp32
+    return [choose_token(row, r.params, r.rng, want_logprob=r.want_logprobs) for row, r in zip(host, rows)]
 
 
 def request_rng(seed: int) -> np.random.Generator:
@@ -163,5 +183,5 @@ def derived_seed(run_seed: int, index: int) -> int:
     return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-__all__ = ["SamplingParams", "RequestError", "choose_token", "filtered_distribution", "log_softmax",
-           "request_rng", "derived_seed"]
+__all__ = ["SamplingParams", "RequestError", "choose_token", "choose_tokens", "filtered_distribution",
+           "log_softmax", "request_rng", "derived_seed"]

@@ -187,12 +187,18 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
             f"{source}: the tokenizer has {n_tokens} tokens but the model's vocabulary has {vocab_size}; "
             "they do not belong together"
         )
-    limit = vocab_size if vocab_size is not None else n_tokens
-    endoftext = hf.token_to_id(ENDOFTEXT)
+    eos, bos = special_ids(eos_token_id, bos_token_id, vocab_size if vocab_size is not None else n_tokens,
+                           endoftext=hf.token_to_id(ENDOFTEXT))
+    return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
 
+
+def special_ids(eos_token_id: int | None, bos_token_id: int | None, vocab_size: int,
+                endoftext: int | None = None) -> tuple[int | None, int | None]:
+    """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else `<|endoftext|>`
+    (when the vocabulary has it); BOS falls back to EOS.  Used with and without a tokenizer alike."""
     def usable(token_id: int | None) -> int | None:
-        return token_id if token_id is not None and 0 <= token_id < limit else None
+        return token_id if token_id is not None and 0 <= token_id < vocab_size else None
 
     eos = usable(eos_token_id) if usable(eos_token_id) is not None else endoftext
     bos = usable(bos_token_id) if usable(bos_token_id) is not None else (endoftext if endoftext is not None else eos)
-    return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
+    return eos, bos

@@ -17,7 +17,7 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 from minirt.backend import numpy_backend
-from minirt.batch import prepare_round
+from minirt.batch import Batch
 from minirt.checkpoint import Checkpoint
 from minirt.config import GPT2Config
 from minirt.model import GPT2
@@ -47,12 +47,18 @@ def relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(np.asarray(got, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def random_model(seed: int = 0, dtype=np.float32, backend=None, **fields) -> GPT2:
-    """A GPT-2 with random weights made in NumPy alone (for invariants, no reference needed)."""
+def random_model(seed: int = 0, dtype=np.float32, backend=None, rounded_to=None, **fields) -> GPT2:
+    """A GPT-2 with random weights made in NumPy alone (for invariants, no reference needed).
+
+    `rounded_to=np.float16` rounds the weights to fp16 first (still stored fp32), so an fp32 model sees
+    exactly the numbers an fp16 model computes with.
+    """
     raw = {"vocab_size": 50, "n_positions": 32, "n_embd": 16, "n_layer": 2, "n_head": 2}
     raw.update(fields)
     config = GPT2Config.from_dict(raw, source="test")
     tensors = random_tensors(config, seed)
+    if rounded_to is not None:
+        tensors = {name: array.astype(rounded_to).astype(np.float32) for name, array in tensors.items()}
     tensors["lm_head.weight"] = tensors["wte.weight"]
     checkpoint = Checkpoint(folder=Path("."), config=config, tensors=tensors,
                             file_dtypes={k: "F32" for k in tensors}, head_is_tied=True)
@@ -67,12 +73,11 @@ def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None)
     """
     slots = np.arange(len(prompts)) if slots is None else np.asarray(slots)
     cache = model.new_kv_cache(n_slots=int(slots.max()) + 1, capacity=max(len(p) for p in prompts) + steps)
-    inputs = prepare_round(prompts, slots=slots, past_lens=np.zeros(len(prompts)))
-    logits = model.next_token_logits(inputs, cache)  # [B, V]
-    outputs = [[int(t)] for t in logits.argmax(axis=-1)]
+    logits = model.forward(Batch(prompts, model.backend, slots=slots), cache)  # [B, V]
+    outputs = [[int(t)] for t in model.backend.to_numpy(logits).argmax(axis=-1)]
     for _ in range(steps - 1):
-        inputs = prepare_round([[out[-1]] for out in outputs], slots=slots, past_lens=cache.lengths[slots])
-        logits = model.next_token_logits(inputs, cache)  # [B, V]
+        batch = Batch([[out[-1]] for out in outputs], model.backend, slots=slots, past_lens=cache.lengths[slots])
+        logits = model.backend.to_numpy(model.forward(batch, cache))  # [B, V]
         for out, token in zip(outputs, logits.argmax(axis=-1)):
             out.append(int(token))
     return outputs

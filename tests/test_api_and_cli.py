@@ -8,7 +8,7 @@ import pytest
 
 import minirt
 from conftest import FIXTURES, ROOT, load_expected, random_model
-from minirt.batch import prepare_round
+from minirt.batch import Batch
 from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
 from minirt.inspect import main as inspect_main
 
@@ -19,8 +19,8 @@ def base_model():
 
 
 @pytest.mark.parametrize("bad, fragment", [
-    ([[1, 2, 128]], "token id 128, outside the vocabulary [0, 128)"),
-    ([[-1]], "token id -1"),
+    ([[1, 2, 128]], "sequence 0 token id 128 is outside the vocabulary [0, 128)"),
+    ([[5], [-1]], "sequence 1 token id -1"),
     ([list(range(65))], "65 tokens, more than the model's context of 64"),
     ([["a", "b"]], "not a list of integer token ids"),
     (np.zeros((2, 3), dtype=int), "list of token-id lists"),
@@ -43,10 +43,10 @@ def test_a_request_owns_its_kv_buffer():
     """slot_buffers(slot) is that request's keys for every layer, equal to a run of it alone."""
     model = random_model(seed=3)
     cache = model.new_kv_cache(n_slots=2, capacity=6)
-    model.forward(prepare_round([[1, 2, 3], [4, 5]], slots=[1, 0], past_lens=[0, 0]), cache)
+    model.forward(Batch([[1, 2, 3], [4, 5]], model.backend, slots=[1, 0]), cache)
     keys_together, values_together = cache.slot_buffers(1)  # [n_layer, H, 3, D]
     alone = model.new_kv_cache(n_slots=1, capacity=6)
-    model.forward(prepare_round([[1, 2, 3]], slots=[0], past_lens=[0]), alone)
+    model.forward(Batch([[1, 2, 3]], model.backend), alone)
     keys_alone, values_alone = alone.slot_buffers(0)
     assert keys_together.shape == (2, 2, 3, 8)
     assert np.allclose(keys_together, keys_alone, atol=1e-6) and np.allclose(values_together, values_alone, atol=1e-6)

@@ -150,7 +150,9 @@ def test_context_full_finishes_with_length(model):
     assert len(requests[2].token_ids) == 10
     # Every token but the last is fed back, and each fed token needs a position.
     assert all(r.prompt_len + len(r.token_ids) - 1 <= n_positions for r in requests)
-    assert all(r.kv_len == 0 for r in requests)  # released after the group
+    engine = engine_for(model, 3)
+    serve(engine, [list(range(30))], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    assert engine.kv_cache is None and engine.free_slots == []  # released after the group
 
 
 def test_a_bad_request_gets_its_own_error_and_peers_are_unchanged(model):
@@ -265,9 +267,9 @@ def test_an_overflowed_slot_cannot_poison_its_next_occupant(model):
     cache.values[:, 0] = np.inf  # whatever an earlier request left behind, even an fp16 overflow
     cache.keys[:, 0] = np.nan
     cache.reset_slot(0)
-    from minirt.batch import prepare_round
+    from minirt.batch import Batch
 
-    logits = model.backend.to_numpy(model.head(model.forward(prepare_round([[4, 5, 6]], [0], [0]), cache)))
+    logits = model.backend.to_numpy(model.forward(Batch([[4, 5, 6]], model.backend), cache, logits_at=[0, 1, 2]))
     assert np.isfinite(logits).all()
     assert np.allclose(logits, model.logits([[4, 5, 6]])[0], atol=1e-5)
 

@@ -52,15 +52,9 @@ batches = st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=20), min_siz
 def model_pair(cfg, dtype_gpu):
     fields = dict(n_head=cfg["n_head"], n_embd=cfg["n_head"] * cfg["head_dim"], n_layer=cfg["n_layer"],
                   vocab_size=cfg["vocab_size"], n_positions=32)
-    cpu = random_model(seed=cfg["seed"], **fields)
-    if dtype_gpu == np.float16:  # the reference sees the weights the GPU sees
-        for name, array in cpu.params.items():
-            cpu.params[name] = array.astype(np.float16).astype(np.float32)
-        for block in cpu.blocks:
-            for name in block:
-                block[name] = block[name].astype(np.float16).astype(np.float32)
-        cpu.head_weight = cpu.params["lm_head.weight"]
-    gpu = random_model(seed=cfg["seed"], dtype=dtype_gpu, backend=CUPY, **fields)
+    rounded = np.float16 if dtype_gpu == np.float16 else None  # the reference sees the weights the GPU sees
+    cpu = random_model(seed=cfg["seed"], rounded_to=rounded, **fields)
+    gpu = random_model(seed=cfg["seed"], dtype=dtype_gpu, backend=CUPY, rounded_to=rounded, **fields)
     return cpu, gpu
 
 

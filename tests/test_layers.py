@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import requires_reference
-from minirt.model import attention_mask, erf, gelu, layer_norm, softmax_attention
+from minirt.batch import attention_mask
+from minirt.model import LayerNorm, erf, gelu, layer_norm, softmax_attention
 
 
 def test_gelu_tanh_matches_the_formula_elementwise():
@@ -36,7 +37,7 @@ def test_layer_norm_against_hand_statistics():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 7)).astype(np.float32) * 3 + 1
     w, b = rng.standard_normal(7).astype(np.float32), rng.standard_normal(7).astype(np.float32)
-    got = layer_norm(np, x, w, b, 1e-5)
+    got = layer_norm(np, x, LayerNorm(w, b), 1e-5)
     for row in range(3):
         values = [float(v) for v in x[row]]
         mean = sum(values) / 7
@@ -47,7 +48,7 @@ def test_layer_norm_against_hand_statistics():
 
 def test_layer_norm_keeps_fp16_but_computes_in_fp32():
     x = (np.arange(8, dtype=np.float32) * 1000).astype(np.float16).reshape(1, 8)  # variance overflows fp16
-    out = layer_norm(np, x, np.ones(8, np.float16), np.zeros(8, np.float16), 1e-5)
+    out = layer_norm(np, x, LayerNorm(np.ones(8, np.float16), np.zeros(8, np.float16)), 1e-5)
     assert out.dtype == np.float16 and np.isfinite(out).all()
     assert abs(float(out[0, -1]) - 1.5275) < 1e-2
 

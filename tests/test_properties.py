@@ -6,6 +6,9 @@ The expected values are invariants, not minirt's own pasted output:
     of a full recompute;
   * permuting the rows permutes the output and nothing else;
   * a row with no valid keys produces finite numbers.
+
+`model.logits` scores without a KV cache, so the cache-decode test compares
+two independent ways of computing attention.
 """
 
 import numpy as np
@@ -14,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import random_model, relative_error
-from minirt.batch import prepare_round
+from minirt.batch import Batch
 
 TOL = 1e-5  # fp32: different batch shapes reorder BLAS sums, nothing more
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -35,8 +38,8 @@ token_lists = st.lists(st.lists(st.integers(0, 36), min_size=1, max_size=24), mi
 
 
 @SETTINGS
-@given(model=model_choice, sequences=token_lists, data=st.data())
-def test_padding_and_neighbours_never_change_a_row(model, sequences, data):
+@given(model=model_choice, sequences=token_lists)
+def test_padding_and_neighbours_never_change_a_row(model, sequences):
     """Each sequence alone == the same sequence at any row of a padded batch."""
     alone = [model.logits([seq])[0, : len(seq)] for seq in sequences]
     batched = model.logits(sequences)  # [B, max_len, V]
@@ -78,9 +81,9 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
         for b in rows:
             n = data.draw(st.integers(1, len(sequences[b]) - fed[b]))
             chunks.append(sequences[b][fed[b]: fed[b] + n])
-        inputs = prepare_round(chunks, slots=slots[rows], past_lens=cache.lengths[slots[rows]])
-        hidden = model.forward(inputs, cache)  # [N, C], the real tokens packed
-        logits = inputs.unpack(model.backend.to_numpy(model.head(hidden)))  # [len(rows), T, V]
+        batch = Batch(chunks, model.backend, slots=slots[rows], past_lens=cache.lengths[slots[rows]])
+        packed = model.forward(batch, cache, logits_at=np.arange(batch.n_tokens))  # [N, V], the real tokens
+        logits = batch.unpack_on_host(model.backend.to_numpy(packed))  # [len(rows), T, V]
         for i, (b, chunk) in enumerate(zip(rows, chunks)):
             got[b][fed[b]: fed[b] + len(chunk)] = logits[i, : len(chunk)]
             fed[b] += len(chunk)
@@ -90,20 +93,24 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
 
 
 @SETTINGS
-@given(model=model_choice, sequences=token_lists)
-def test_positions_start_at_zero_per_row_whatever_the_padding(model, sequences):
-    inputs = prepare_round(sequences, slots=np.arange(len(sequences)), past_lens=np.zeros(len(sequences)))
-    for b, seq in enumerate(sequences):
-        assert inputs.positions[b, : len(seq)].tolist() == list(range(len(seq)))
+@given(sequences=token_lists, data=st.data())
+def test_each_rows_positions_continue_its_own_history(sequences, data):
+    """Packed token k of row b sits at past_lens[b] + (its place in the row), whatever the padding."""
+    past_lens = data.draw(st.lists(st.integers(0, 9), min_size=len(sequences), max_size=len(sequences)))
+    batch = Batch(sequences, random_model().backend, past_lens=past_lens)
+    want = [past + i for seq, past in zip(sequences, past_lens) for i in range(len(seq))]
+    assert batch.positions.tolist() == want
+    assert batch.kv_lens.tolist() == [past + len(seq) for seq, past in zip(sequences, past_lens)]
+    assert batch.last_tokens.tolist() == (np.cumsum([len(s) for s in sequences]) - 1).tolist()
 
 
 def test_row_with_no_valid_keys_is_finite():
     """A row that brings no tokens and has no history sees no key at all: zeros, not NaN."""
     model = model_for(2, 0)
     cache = model.new_kv_cache(n_slots=3, capacity=8)
-    inputs = prepare_round([[1, 2, 3], [], [4]], slots=[0, 1, 2], past_lens=[0, 0, 0])
-    hidden = model.backend.to_numpy(model.forward(inputs, cache))  # [4, C]: 3 + 0 + 1 real tokens
-    assert hidden.shape[0] == 4 and np.isfinite(hidden).all()
+    batch = Batch([[1, 2, 3], [], [4]], model.backend)
+    logits = model.backend.to_numpy(model.forward(batch, cache, logits_at=np.arange(batch.n_tokens)))  # [4, V]
+    assert logits.shape[0] == 4 and np.isfinite(logits).all()  # 3 + 0 + 1 real tokens
     assert cache.lengths.tolist() == [3, 0, 1]
     assert np.isfinite(model.logits([[5, 6], []])).all()
 
@@ -112,11 +119,9 @@ def test_stale_slot_contents_are_masked():
     """Garbage left in a slot beyond its length must not reach the next request."""
     model = model_for(3, 1)
     cache = model.new_kv_cache(n_slots=1, capacity=10)
-    first = prepare_round([[9, 8, 7, 6, 5, 4, 3]], slots=[0], past_lens=[0])
-    model.forward(first, cache)
-    cache.reset_slot(0)  # a new request takes the slot; old keys remain beyond length 0
-    second = prepare_round([[1, 2]], slots=[0], past_lens=[0])
-    logits = model.backend.to_numpy(model.head(model.forward(second, cache)))  # [2, V]
+    model.forward(Batch([[9, 8, 7, 6, 5, 4, 3]], model.backend), cache)
+    cache.reset_slot(0)  # a new request takes the slot
+    logits = model.backend.to_numpy(model.forward(Batch([[1, 2]], model.backend), cache, logits_at=[0, 1]))  # [2, V]
     assert relative_error(logits, model.logits([[1, 2]])[0]) <= TOL
 
 
@@ -124,4 +129,4 @@ def test_kv_write_refuses_overflow():
     model = model_for(1, 0)
     cache = model.new_kv_cache(n_slots=1, capacity=2)
     with pytest.raises(ValueError, match="capacity"):
-        model.forward(prepare_round([[1, 2, 3]], slots=[0], past_lens=[0]), cache)
+        model.forward(Batch([[1, 2, 3]], model.backend), cache)

@@ -85,18 +85,23 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         reserved = sum(scheduler.need(r) for r in plan.active)
         admitted = {id(r) for r in plan.admitted}
         tokens = sum(r.prompt_len if id(r) in admitted else 1 for r in plan.active)
-        # The pool gives each row the longest need, so the budget may cap the rows below `rows`.
-        assert scheduler.max_rows == max(1, min(rows, kv_budget // max(p + n - 1 for p, n in zip(prompts, output_lens))))
-        assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= scheduler.max_rows
-        if len(plan.active) < scheduler.max_rows:  # a free row: nobody waiting may fit it
+        # The pool gives each row the longest need, so the budget may cap the rows below `rows`, and says so.
+        pool_rows = max(1, min(rows, kv_budget // max(p + n - 1 for p, n in zip(prompts, output_lens))))
+        assert scheduler.pool[0] == pool_rows
+        if plan.round_number == 1:
+            assert plan.new_kv == (pool_rows, max(p + n - 1 for p, n in zip(prompts, output_lens)))
+            assert plan.kv_limited == (pool_rows < rows)
+        assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= pool_rows
+        if len(plan.active) < pool_rows:  # a free row: nobody waiting may fit it
             for waiting in scheduler.waiting:
                 fits_kv = reserved + scheduler.need(waiting) <= kv_budget
                 fits_tokens = tokens + waiting.prompt_len <= round_tokens
                 assert not (fits_kv and fits_tokens), f"row idle while request {waiting.index} fits"
         checked.append(len(plan.active))
 
-    simulate(output_lens, "continuous", rows, prompts, kv_budget=kv_budget, round_tokens=round_tokens, on_plan=check)
-    assert checked
+    sim = simulate(output_lens, "continuous", rows, prompts, kv_budget=kv_budget, round_tokens=round_tokens,
+                   on_plan=check)
+    assert checked == sim.scheduler.active_rows  # the check ran on every round's plan
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

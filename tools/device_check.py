@@ -234,16 +234,15 @@ def host_overhead(model, batch: int, args) -> dict:
     """
     from cupyx.profiler import benchmark
 
-    from minirt.batch import prepare_round
+    from minirt.batch import Batch
 
     cache = model.new_kv_cache(n_slots=batch, capacity=args.prompt_len + 1)
-    slots = np.arange(batch)
-    model.forward(prepare_round([[1] * args.prompt_len] * batch, slots, np.zeros(batch)), cache)
+    model.forward(Batch([[1] * args.prompt_len] * batch, model.backend), cache)
 
     def one_round():
         cache.lengths[:] = args.prompt_len  # rewind, so every repeat is the same round
-        hidden = model.forward(prepare_round([[2]] * batch, slots, cache.lengths[slots]), cache)  # [B, C]
-        return model.xp.argmax(model.head(hidden), axis=-1)  # stays on the device
+        logits = model.forward(Batch([[2]] * batch, model.backend, past_lens=cache.lengths), cache)  # [B, V]
+        return model.xp.argmax(logits, axis=-1)  # stays on the device
 
     perf = benchmark(one_round, n_repeat=20, n_warmup=3)
     cpu_ms, gpu_ms = float(np.mean(perf.cpu_times)) * 1e3, float(np.mean(perf.gpu_times)) * 1e3
