@@ -9,8 +9,8 @@ Start here:
     of different lengths in one padded batch;
   * `load_tokenizer(folder)` turns text into ids and back.
 
-docs/walkthrough.md follows one request through the modules in the order to
-read them; each module's docstring says what it owns and what it must not know.
+docs/walkthrough.md follows one request through the modules in the order to read them; each module's
+docstring says what it owns and what it must not know.
 """
 
 from .backend import get_backend

@@ -1,13 +1,10 @@
 """Array backends: which module computes, and how arrays cross to and from it.
 
-Owns: the choice between NumPy (the reference, on the CPU) and CuPy (on an
-NVIDIA GPU), the compute dtypes minirt accepts, and the three crossings every
-caller needs: host array to backend array (`asarray`), backend array to NumPy
-(`to_numpy`), and waiting for queued work (`synchronize`).
+Owns: the choice between NumPy (the reference, on the CPU) and CuPy (on an NVIDIA GPU), the compute
+dtypes minirt accepts, and the three crossings every caller needs: host array to backend array
+(`asarray`), backend array to NumPy (`to_numpy`), and waiting for queued work (`synchronize`).
 
-Everything numeric in minirt is written against `backend.xp`, the array module
-(`numpy` or `cupy`); the two share the NumPy API, so the same layer code runs
-on both.
+Everything numeric is written once, against `backend.xp`, the array module: `numpy` and `cupy` share one API.
 
 Must not know: models, checkpoints or requests.
 """
@@ -24,8 +21,7 @@ from .errors import BackendError
 
 BACKEND_NAMES = ("auto", "numpy", "cupy")
 
-# Compute dtypes a user may ask for.  bfloat16 is not among them: NumPy has no
-# such type, so bf16 checkpoints are converted on load to one of these.
+# Compute dtypes a user may ask for; not bfloat16, which NumPy lacks: bf16 checkpoints are converted on load.
 DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "fp64": "float64"}
 
@@ -34,16 +30,13 @@ def resolve_dtype(name: str) -> np.dtype:
     """'float32' / 'fp16' / ... -> a NumPy dtype, or a one-line error."""
     key = DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
     if key not in DTYPES:
-        raise BackendError(
-            f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)} (fp32 is the CPU default)"
-        )
+        raise BackendError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)} (fp32 is the CPU default)")
     return np.dtype(DTYPES[key])
 
 
 @dataclass(frozen=True)
 class Backend:
     """One array module plus the host<->backend crossings."""
-
     name: str  # "numpy" or "cupy"
     xp: ModuleType  # the array module the layers compute with
 
@@ -74,33 +67,25 @@ def cupy_backend() -> Backend:
     try:
         import cupy  # noqa: PLC0415  (optional dependency, imported on demand)
     except Exception as exc:  # ImportError, or a broken CUDA install raising at import
-        raise BackendError(
-            f"--backend cupy needs CuPy, which did not import ({type(exc).__name__}: {exc}); "
-            "install it with `pip install cupy-cuda12x` (or the build for your CUDA), or use --backend numpy"
-        ) from None
+        raise BackendError(f"--backend cupy needs CuPy, which did not import ({type(exc).__name__}: {exc}); "
+                           "install it with `pip install cupy-cuda12x` (or the build for your CUDA), "
+                           "or use --backend numpy") from None
     try:
-        device_count = cupy.cuda.runtime.getDeviceCount()
-        if device_count < 1:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device is visible")
         # A real round trip: this fails on a driver/toolkit mismatch that getDeviceCount misses.
         probe = cupy.arange(4, dtype=cupy.float32) * 2
         if float(probe.sum()) != 12.0:
             raise RuntimeError("a test kernel returned a wrong result")
-    except BackendError:
-        raise
     except Exception as exc:
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendError(
-            f"--backend cupy needs a usable NVIDIA GPU, and none was found ({message}); use --backend numpy"
-        ) from None
+        raise BackendError(f"--backend cupy needs a usable NVIDIA GPU, and none was found ({message}); "
+                           "use --backend numpy") from None
     return Backend(name="cupy", xp=cupy)
 
 
 def get_backend(name: str = "numpy") -> tuple[Backend, str | None]:
-    """Return (backend, note).  `note` is a line worth telling the user, or None.
-
-    "auto" picks CuPy when a usable GPU exists and NumPy otherwise, and says so.
-    """
+    """(backend, note or None): "auto" picks CuPy when a usable GPU exists, else NumPy, and its note says which."""
     key = str(name).lower()
     if key == "numpy":
         return numpy_backend(), None

@@ -1,25 +1,17 @@
 """One round's batch metadata: what a forward pass needs to know about each row, on the host and on the backend.
 
-Owns: `Batch`, built once per round from each row's new tokens, its KV slot
-and the keys that slot already holds, and everything derived from those
-numbers; `attention_mask`; and `check_token_ids`, the one check of what a
-model may be fed.
+Owns: `Batch`, built once per round from each row's new tokens, its KV slot and the keys that slot already
+holds, with everything derived from those numbers; `attention_mask`; and `check_token_ids`, the one check of
+what a model may be fed.
 
-A round feeds B rows.  Row b brings `new_lens[b]` new tokens (its whole prompt
-at prefill, one token per decode step) and already has `past_lens[b]` keys in
-its KV slot.  Everything that keeps padding from mattering is an explicit
-per-row number here:
+Row b brings `new_lens[b]` new tokens (its whole prompt at prefill, one per decode step) and already has
+`past_lens[b]` keys in its slot.  What keeps padding from mattering is an explicit per-row number here:
 
-  * positions: row b's tokens sit at past_lens[b] + 0, 1, ..., so every row's
-    positions start where its own history ends, whatever its neighbours;
-  * the packed layout: only real tokens travel through the weight GEMMs, as
-    N = sum(new_lens) rows, row by row; attention alone lays them out padded,
-    [B, T, ...] with T = max(new_lens), and `padded` / `packed` convert;
-  * kv_lens = past_lens + new_lens, from which the mask "causal AND
-    key-is-real" is built.
-
-The host numbers are small NumPy arrays; what the layers read is moved to the
-backend once, when the batch is built, and shared by every layer.
+  * positions: row b's tokens sit at past_lens[b] + 0, 1, ..., where its own history ends, whatever its
+    neighbours;
+  * the packed layout: only real tokens go through the weight GEMMs, as N = sum(new_lens) rows; attention
+    alone lays them out padded, [B, T, ...] with T = max(new_lens), and `padded` / `packed` convert;
+  * kv_lens = past_lens + new_lens, from which the mask "causal AND key-is-real" is built.
 
 Must not know: weights, layers, requests, sampling or scheduling.
 """
@@ -49,12 +41,8 @@ def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
 
 
 def attention_mask(xp, past_lens, kv_lens, seq_len: int, kv_len: int):
-    """Which keys each query may see: causal AND key-is-real.
-
-    Query t of row b is the token at position past_lens[b] + t.  It may see
-    key j when j <= that position (causal) and j < kv_lens[b] (the key holds a
-    real token of this row, not padding or a stale slot entry).
-    """
+    """Which keys each query may see: query t of row b (position past_lens[b] + t) sees key j when
+    j <= its position (causal) and j < kv_lens[b] (key-is-real: this row's token, not padding or stale)."""
     query_pos = past_lens[:, None] + xp.arange(seq_len)[None, :]  # [B, T]
     key_pos = xp.arange(kv_len)  # [L]
     causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, L]
@@ -71,13 +59,9 @@ def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
 
 
 class Batch:
-    """The metadata of one forward pass: host numbers per row and per token, and their copies on the backend.
-
-    Host (NumPy):  new_lens, past_lens, kv_lens, slots [B]; positions [N];
-                   first_tokens [B]; last_tokens [B'] (rows that brought tokens).
-    Backend:       token_ids, token_positions, token_slots [N]; row_slots [B];
-                   mask [B, 1, T, L].
-    """
+    """The metadata of one forward pass.  Host (NumPy): new_lens, past_lens, kv_lens, slots, first_tokens [B];
+    positions [N]; last_tokens [B'] (rows that brought tokens).  Backend: token_ids, token_positions,
+    token_slots [N]; row_slots [B]; mask [B, 1, T, L]."""
 
     def __init__(self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None):
         B = len(token_lists)

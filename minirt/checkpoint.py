@@ -10,16 +10,14 @@ Owns:
   * checking every tensor against the config: missing, unexpected, wrong shape,
     wrong dtype, each reported in one line.
 
-Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays
-in the file's own precision (bf16 widened to fp32, since NumPy has no bf16);
-converting to the compute dtype is the model's job.
+Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays in the file's own precision
+(bf16 widened to fp32, since NumPy has no bf16); converting to the compute dtype is the model's job.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,25 +32,20 @@ OTHER_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_m
 
 # Bare hub ids that Hugging Face has since moved under an organisation.
 HUB_ALIASES = {
-    "gpt2": "openai-community/gpt2",
-    "gpt2-medium": "openai-community/gpt2-medium",
-    "gpt2-large": "openai-community/gpt2-large",
-    "gpt2-xl": "openai-community/gpt2-xl",
+    "gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large", "gpt2-xl": "openai-community/gpt2-xl",
     "distilgpt2": "distilbert/distilgpt2",
 }
 
-# safetensors dtype codes -> the little-endian NumPy dtype that holds the bytes.
-# BF16 is read as raw 16-bit words and widened to fp32 by `bf16_to_float32`.
+# safetensors dtype code -> the little-endian NumPy dtype holding its bytes (BF16: raw words, see `bf16_to_float32`).
 WEIGHT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
-# Every code the format defines, so that a foreign dtype is named, not misread.
+# Every code the format defines, with its size in bytes, so that a foreign dtype is named, not misread.
 KNOWN_DTYPES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
 }
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit on the JSON header
-
-
-# --------------------------------------------------------------------------- where
+MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # old checkpoints' causal-mask buffers: not learned
 
 
 def hub_cache_roots() -> list[Path]:
@@ -63,22 +56,14 @@ def hub_cache_roots() -> list[Path]:
     if os.environ.get("HF_HOME"):
         roots.append(Path(os.environ["HF_HOME"]).expanduser() / "hub")
     roots.append(Path("~/.cache/huggingface/hub").expanduser())
-    unique = []
-    for root in roots:
-        if root not in unique:
-            unique.append(root)
-    return unique
+    return list(dict.fromkeys(roots))  # a folder named twice is searched once, at its first place
 
 
 def hub_id_candidates(hub_id: str) -> list[str]:
     """'gpt2' -> ['gpt2', 'openai-community/gpt2'], and the reverse for the long form."""
-    candidates = [hub_id]
-    if hub_id in HUB_ALIASES:
-        candidates.append(HUB_ALIASES[hub_id])
-    for short, long in HUB_ALIASES.items():
-        if hub_id == long:
-            candidates.append(short)
-    return candidates
+    short_names = {long: short for short, long in HUB_ALIASES.items()}
+    other_name = HUB_ALIASES.get(hub_id, short_names.get(hub_id))
+    return [hub_id] if other_name is None else [hub_id, other_name]
 
 
 def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
@@ -89,8 +74,7 @@ def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
             repo_dir = root / ("models--" + candidate.replace("/", "--"))
             ref_file = repo_dir / "refs" / "main"
             if ref_file.is_file():
-                commit = ref_file.read_text().strip()
-                snapshot = repo_dir / "snapshots" / commit
+                snapshot = repo_dir / "snapshots" / ref_file.read_text().strip()  # refs/main holds a commit
                 if snapshot.is_dir():
                     return snapshot, looked
                 looked.append(f"{snapshot} (named by refs/main, but missing)")
@@ -109,26 +93,22 @@ def resolve_model_folder(model: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"{path} is a file; --model takes a folder with config.json and model.safetensors, or a hub id")
+        raise CheckpointError(f"{path} is a file; --model takes a folder with config.json and model.safetensors, "
+                              "or a hub id")
     looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1  # hub ids are "name" or "org/name"
     if looks_like_path:
         raise CheckpointError(f"model folder {path} does not exist; check the path, or pass a hub id such as gpt2")
     snapshot, looked = find_in_hub_cache(text)
-    if snapshot is not None:
-        return snapshot
-    raise CheckpointError(
-        f"model {text!r} is neither a folder nor in the local Hugging Face cache (looked in: {'; '.join(looked)}); "
-        "minirt never downloads, so pass a folder, or set HF_HUB_CACHE/HF_HOME to the cache that has it"
-    )
-
-
-# --------------------------------------------------------------------------- safetensors
+    if snapshot is None:
+        raise CheckpointError(f"model {text!r} is neither a folder nor in the local Hugging Face cache "
+                              f"(looked in: {'; '.join(looked)}); minirt never downloads, so pass a folder, "
+                              "or set HF_HUB_CACHE/HF_HOME to the cache that has it")
+    return snapshot
 
 
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor as a safetensors header describes it."""
-
     dtype: str  # safetensors code: "F32", "F16", "BF16", ...
     shape: tuple[int, ...]
     start: int  # byte offsets into the data section
@@ -140,31 +120,27 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], int]:
     try:
         file_size = path.stat().st_size
         with open(path, "rb") as f:
-            prefix = f.read(8)
+            prefix = f.read(8)  # the header's length, a little-endian uint64
             if len(prefix) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file ({file_size} bytes, no header); re-download or re-save it")
-            (header_len,) = struct.unpack("<Q", prefix)
+                raise CheckpointError(f"{path}: truncated safetensors file ({file_size} bytes, no header); "
+                                      "re-download or re-save it")
+            header_len = int.from_bytes(prefix, "little")
             if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
-                raise CheckpointError(
-                    f"{path}: truncated or not a safetensors file (header claims {header_len} bytes, file has {file_size}); "
-                    "re-download or re-save it"
-                )
-            header_bytes = f.read(header_len)
+                raise CheckpointError(f"{path}: truncated or not a safetensors file (header claims {header_len} "
+                                      f"bytes, file has {file_size}); re-download or re-save it")
+            header = json.loads(f.read(header_len).decode("utf-8"))
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        header = json.loads(header_bytes.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path}: not a safetensors file (its header is not JSON); re-download or re-save it") from None
+        raise CheckpointError(f"{path}: not a safetensors file (its header is not JSON); "
+                              "re-download or re-save it") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: not a safetensors file (its header is not a JSON object)")
 
+    header.pop("__metadata__", None)  # free-form strings about the file, not a tensor
     data_offset = 8 + header_len
-    data_size = file_size - data_offset
     entries = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         try:
             dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
@@ -173,12 +149,11 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], int]:
             raise CheckpointError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
         n_bytes = int(np.prod(shape, dtype=np.int64)) * KNOWN_DTYPES[dtype]
         if not (0 <= start <= end) or end - start != n_bytes:
-            raise CheckpointError(f"{path}: tensor {name} has offsets {start}..{end} that do not fit its shape {list(shape)} and dtype {dtype}")
-        if end > data_size:
-            raise CheckpointError(
-                f"{path}: truncated safetensors file (tensor {name} ends at byte {data_offset + end}, file has {file_size}); "
-                "re-download or re-save it"
-            )
+            raise CheckpointError(f"{path}: tensor {name} has offsets {start}..{end} that do not fit "
+                                  f"its shape {list(shape)} and dtype {dtype}")
+        if data_offset + end > file_size:
+            raise CheckpointError(f"{path}: truncated safetensors file (tensor {name} ends at byte "
+                                  f"{data_offset + end}, file has {file_size}); re-download or re-save it")
         entries[name] = TensorEntry(dtype=dtype, shape=shape, start=start, end=end)
     return entries, data_offset
 
@@ -195,43 +170,23 @@ def map_tensor(file_map: np.ndarray, data_offset: int, entry: TensorEntry) -> np
     if (raw.ctypes.data % storage.itemsize) != 0:  # a misaligned tensor: copy once to align it
         raw = raw.copy()
     array = np.asarray(raw).view(storage).reshape(entry.shape)  # entry.shape, file precision
-    if entry.dtype == "BF16":
-        return bf16_to_float32(array)  # the one unavoidable copy: NumPy has no bf16
-    return array
-
-
-# --------------------------------------------------------------------------- names and shapes
-
-
-def canonical_name(name: str) -> str:
-    """'transformer.h.0.attn.c_attn.weight' -> 'h.0.attn.c_attn.weight'."""
-    return name[len("transformer."):] if name.startswith("transformer.") else name
-
-
-def is_mask_buffer(name: str) -> bool:
-    """The causal-mask buffers old checkpoints saved; they carry no learned numbers."""
-    return name.endswith(".attn.bias") or name.endswith(".attn.masked_bias")
+    return bf16_to_float32(array) if entry.dtype == "BF16" else array  # NumPy has no bf16: the one copy
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every learned tensor of GPT2LMHeadModel, with the shape the config implies.
-
-    The projections are Hugging Face `Conv1D`s, stored [in, out], so the layers
-    compute `x @ weight` with no transpose.
-    """
+    """Every learned tensor of GPT2LMHeadModel, with the shape the config implies."""
     V, P, C, I = config.vocab_size, config.n_positions, config.n_embd, config.n_inner
-    shapes = {"wte.weight": (V, C), "wpe.weight": (P, C)}
-    for i in range(config.n_layer):
-        shapes.update({
-            f"h.{i}.ln_1.weight": (C,), f"h.{i}.ln_1.bias": (C,),
-            f"h.{i}.attn.c_attn.weight": (C, 3 * C), f"h.{i}.attn.c_attn.bias": (3 * C,),
-            f"h.{i}.attn.c_proj.weight": (C, C), f"h.{i}.attn.c_proj.bias": (C,),
-            f"h.{i}.ln_2.weight": (C,), f"h.{i}.ln_2.bias": (C,),
-            f"h.{i}.mlp.c_fc.weight": (C, I), f"h.{i}.mlp.c_fc.bias": (I,),
-            f"h.{i}.mlp.c_proj.weight": (I, C), f"h.{i}.mlp.c_proj.bias": (C,),
-        })
-    shapes.update({"ln_f.weight": (C,), "ln_f.bias": (C,)})
-    return shapes
+    # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]: `x @ weight`, no transpose.
+    block = {
+        "ln_1.weight": (C,), "ln_1.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
+        "ln_2.weight": (C,), "ln_2.bias": (C,),
+        "mlp.c_fc.weight": (C, I), "mlp.c_fc.bias": (I,),
+        "mlp.c_proj.weight": (I, C), "mlp.c_proj.bias": (C,),
+    }
+    blocks = {f"h.{i}.{name}": shape for i in range(config.n_layer) for name, shape in block.items()}
+    return {"wte.weight": (V, C), "wpe.weight": (P, C), **blocks, "ln_f.weight": (C,), "ln_f.bias": (C,)}
 
 
 def describe_names(names: list[str], limit: int = 4) -> str:
@@ -239,13 +194,9 @@ def describe_names(names: list[str], limit: int = 4) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-# --------------------------------------------------------------------------- loading
-
-
 @dataclass
 class Checkpoint:
     """A checked checkpoint: its folder, config and weights (NumPy, file precision)."""
-
     folder: Path
     config: GPT2Config
     tensors: dict[str, np.ndarray]  # canonical name -> array; "lm_head.weight" always present
@@ -263,19 +214,21 @@ def weight_files(folder: Path) -> list[Path]:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             shard_names = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-            raise CheckpointError(f"{index}: not a valid shard index (expected a JSON object with a 'weight_map')") from None
+            raise CheckpointError(f"{index}: not a valid shard index "
+                                  "(expected a JSON object with a 'weight_map')") from None
         shards = [folder / name for name in shard_names]
-        missing = [str(p.name) for p in shards if not p.is_file()]
+        missing = [p.name for p in shards if not p.is_file()]
         if missing:
-            raise CheckpointError(f"{index} names shards that are missing: {describe_names(missing)}; re-download the model")
+            raise CheckpointError(f"{index} names shards that are missing: {describe_names(missing)}; "
+                                  "re-download the model")
         return shards
     others = [name for name in OTHER_WEIGHT_FILES if (folder / name).exists()]
     if others:
-        raise CheckpointError(
-            f"{folder} has {others[0]} but no {SINGLE_FILE}; minirt reads safetensors only: convert once with "
-            f"GPT2LMHeadModel.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)"
-        )
-    raise CheckpointError(f"{folder} has no {SINGLE_FILE} (nor {SHARD_INDEX}); a model folder needs its weights in safetensors")
+        raise CheckpointError(f"{folder} has {others[0]} but no {SINGLE_FILE}; minirt reads safetensors only: "
+                              "convert once with GPT2LMHeadModel.from_pretrained(folder)"
+                              ".save_pretrained(folder, safe_serialization=True)")
+    raise CheckpointError(f"{folder} has no {SINGLE_FILE} (nor {SHARD_INDEX}); "
+                          "a model folder needs its weights in safetensors")
 
 
 def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
@@ -283,7 +236,7 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     folder = resolve_model_folder(model)
     config = GPT2Config.from_file(folder / "config.json")
     expected = expected_shapes(config)
-
+    allowed = {**expected, "lm_head.weight": (config.vocab_size, config.n_embd)}  # an untied head is optional
     tensors: dict[str, np.ndarray] = {}
     file_dtypes: dict[str, str] = {}
     unexpected: list[str] = []
@@ -291,37 +244,32 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
         entries, data_offset = read_safetensors_header(path)
         file_map = np.memmap(path, dtype=np.uint8, mode="r") if entries else None  # [file bytes]
         for raw_name, entry in entries.items():
-            name = canonical_name(raw_name)
-            if is_mask_buffer(name):
+            name = raw_name.removeprefix("transformer.")  # the canonical name
+            if name.endswith(MASK_BUFFER_SUFFIXES):
                 continue
-            if name not in expected and name != "lm_head.weight":
+            if name not in allowed:
                 unexpected.append(raw_name)
                 continue
             if name in tensors:
-                raise CheckpointError(f"{path}: tensor {name} appears twice (with and without the 'transformer.' prefix?)")
-            want = expected.get(name, (config.vocab_size, config.n_embd))
+                raise CheckpointError(f"{path}: tensor {name} appears twice "
+                                      "(with and without the 'transformer.' prefix?)")
+            want = allowed[name]
             if entry.shape != want:
-                raise CheckpointError(
-                    f"{path}: tensor {raw_name} has shape {list(entry.shape)}, but config.json implies {list(want)}; "
-                    "the weights and config.json do not belong together"
-                )
+                raise CheckpointError(f"{path}: tensor {raw_name} has shape {list(entry.shape)}, but config.json "
+                                      f"implies {list(want)}; the weights and config.json do not belong together")
             if entry.dtype not in WEIGHT_DTYPES:
-                raise CheckpointError(
-                    f"{path}: tensor {raw_name} has dtype {entry.dtype}; minirt reads F32, F16 and BF16 weights"
-                )
+                raise CheckpointError(f"{path}: tensor {raw_name} has dtype {entry.dtype}; "
+                                      "minirt reads F32, F16 and BF16 weights")
             tensors[name] = map_tensor(file_map, data_offset, entry)
             file_dtypes[name] = entry.dtype
 
     if unexpected:
-        raise CheckpointError(
-            f"{folder}: unexpected tensors {describe_names(unexpected)}; this is not a GPT2LMHeadModel checkpoint"
-        )
+        raise CheckpointError(f"{folder}: unexpected tensors {describe_names(unexpected)}; "
+                              "this is not a GPT2LMHeadModel checkpoint")
     missing = [name for name in expected if name not in tensors]
     if missing:
-        raise CheckpointError(
-            f"{folder}: missing tensors {describe_names(missing)} ({len(missing)} of {len(expected)}); "
-            "the checkpoint is incomplete or for another architecture"
-        )
+        raise CheckpointError(f"{folder}: missing tensors {describe_names(missing)} ({len(missing)} of "
+                              f"{len(expected)}); the checkpoint is incomplete or for another architecture")
     head_is_tied = "lm_head.weight" not in tensors
     if head_is_tied:
         tensors["lm_head.weight"] = tensors["wte.weight"]  # the same array, not a copy

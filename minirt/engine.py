@@ -1,11 +1,9 @@
 """The serving loop: many requests, run in rounds that share each forward pass.
 
-Owns: a request's way through the runtime, in one place.  `make_request`
-turns a prompt into a `Request` (a bad one is refused with an error of its
-own); `serve` refuses what no round could ever take, then runs the rest under
-a scheduling policy (minirt/scheduler.py), gives each admitted request its
-own KV slot, and holds the KV cache.  Under static groups, the default, the
-loop reads:
+Owns: a request's way through the runtime, in one place.  `make_request` turns a prompt into a `Request` (a
+bad one is refused with an error of its own); `serve` refuses what no round could ever take, runs the rest
+under a scheduling policy (minirt/scheduler.py), and holds the KV cache, giving each admitted request a slot
+of its own.  Under static groups, the default:
 
     while requests wait:
         choose members                 (the scheduler: arrival order, up to batch_size, within the KV budget)
@@ -17,14 +15,10 @@ loop reads:
             keep each finished member's status (it leaves the compute, its record is final)
         release the group                (only now may the next group start)
 
-Under `continuous`, the scheduler instead frees a finished member's row at
-once and admits waiting requests into free rows at every round, all within
-one KV pool; the rest of the loop is the same.
-
-Rounds are numbered across the whole run.  A request's first round is its
-prefill and gives it its first token; a request that produces L tokens is
-active in L consecutive rounds.  A finished request costs no compute in later
-rounds and never stops or alters the others.
+Under `continuous`, finished rows are refilled from the queue every round, within one KV pool; the loop is
+the same.  Rounds are numbered across the whole run; a request that produces L tokens is active in L
+consecutive rounds, the first being its prefill.  A finished request costs no compute later and never stops
+or alters the others.
 
 Must not know: the layers' arithmetic, files, command-line flags or output formats.
 """
@@ -53,7 +47,6 @@ DEFAULT_ROUND_TOKENS = 2048  # continuous batching: tokens one round may process
 @dataclass
 class RunStats:
     """Counts for the run summary.  Utilization = active row-rounds / (batch_size x rounds)."""
-
     batch_size: int
     policy: str = "static"
     requests: int = 0
@@ -69,14 +62,6 @@ class RunStats:
     @property
     def utilization(self) -> float:
         return sum(self.active_rows_per_round) / (self.batch_size * self.rounds) if self.rounds else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-
-def ignore(*args) -> None:
-    """The callback for events nobody asked to hear about."""
 
 
 class Engine:
@@ -117,7 +102,9 @@ class Engine:
             if error is not None:  # already known to be bad (a bad line of a prompts file)
                 raise RequestError(error)
             request.prompt_ids = self.prompt_ids(prompt)
-            self.check_params(params)
+            if params.stop and self.tokenizer is None:
+                raise RequestError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
+            check_token_ids(params.stop_token_ids, self.model.config.vocab_size, "stop")
         except (RequestError, InputError) as exc:
             refuse(request, str(exc))
             return request
@@ -138,25 +125,20 @@ class Engine:
                 raise RequestError("the prompt is empty and the model has no BOS/EOS token to start from")
             ids = [self.bos_token_id]
         if len(ids) > c.n_positions:
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens, more than the model's context of {c.n_positions}; shorten it"
-            )
+            raise RequestError(f"the prompt has {len(ids)} tokens, more than the model's context of "
+                               f"{c.n_positions}; shorten it")
         return ids
-
-    def check_params(self, params: SamplingParams) -> None:
-        if params.stop and self.tokenizer is None:
-            raise RequestError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
-        check_token_ids(params.stop_token_ids, self.model.config.vocab_size, "stop")
 
     # ------------------------------------------------------------------ the loop
 
     def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
               on_round: Callable[[RunStats], None] | None = None,
               on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
-        """Serve every waiting request; call on_final(request) as each record becomes final.
+        """Serve every waiting request.  on_final(request) runs as each record becomes final, on_round(stats)
+        after every round, on_group_end(group, waiting) after each static group."""
+        def ignore(*args) -> None:  # the callback for events nobody asked to hear about
+            pass
 
-        on_round(stats) runs after every round, on_group_end(group, waiting) after each static group.
-        """
         on_final, on_round, on_group_end = on_final or ignore, on_round or ignore, on_group_end or ignore
         scheduler = SCHEDULERS[self.policy](self.batch_size, self.kv_budget_positions, self.model.config.n_positions,
                                             self.round_token_budget)
@@ -190,9 +172,7 @@ class Engine:
     def submit_or_refuse(requests: list[Request], scheduler: Scheduler) -> list[Request]:
         """Queue every runnable request; return those that will never run (already refused, or too big)."""
         refused = [r for r in requests if r.finished]
-        for request in requests:
-            if request.finished:
-                continue
+        for request in [r for r in requests if not r.finished]:
             reason = scheduler.refusal(request)
             if reason is None:
                 scheduler.submit(request)

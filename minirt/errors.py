@@ -1,13 +1,9 @@
 """The exceptions minirt raises for problems a user can fix, and the one check every layer shares.
 
-Owns: `MinirtError`, whose message is a single line that says what went
-wrong, where, and what to do about it (command-line entry points print that
-line, never a traceback, and exit non-zero), its subclasses, and
-`require_at_least_one`, the check on a count (batch size, token budget) that
-the API and the command lines share.
-
-The errors that mean "a bad value" (`RequestError`, `InputError`) are also
-`ValueError`s, so code that catches ValueError catches them too.
+Owns: `MinirtError`, whose message is one line saying what went wrong, where, and what to do (command lines
+print it, never a traceback), its subclasses, and `require_at_least_one`, the check on a count (batch size,
+token budget) that the API and the command lines share.  The errors that mean "a bad value" (`RequestError`,
+`InputError`) are also `ValueError`s.
 
 Must not know: anything about models, files or arrays.
 """

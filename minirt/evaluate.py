@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         print(f"model        {result['model']}")
-        print(f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions (window {window}, stride {stride})")
+        print(f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions "
+              f"(window {window}, stride {stride})")
         print(f"loss         {loss:.4f} nats/token")
         print(f"perplexity   {math.exp(loss):.2f}")
         print(f"time         {seconds:.2f} s")

@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompts", required=True, metavar="FILE",
                    help="a .txt or .jsonl prompts file, or - for standard input")
-    p.add_argument("--format", choices=FORMATS, default="auto", help="prompts file format (default: from the file name)")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="prompts file format (default: from the file name)")
     p.add_argument("--model", help="a model folder or a hub id in the local Hugging Face cache "
                                    "(default: the model shipped in weights/)")
     p.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
@@ -86,18 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-budget-mib", type=float, default=DEFAULT_KV_BUDGET_MIB, metavar="MIB",
                    help="memory the KV cache may take: a static group's, or the continuous pool's "
                         f"(default {DEFAULT_KV_BUDGET_MIB})")
-    g = p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
+    add_sampling_flags(p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)"))
+    add_output_flags(p.add_argument_group("output"))
+    return p
+
+
+def add_sampling_flags(g) -> None:
     g.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate at most (default 64)")
     g.add_argument("--temperature", type=float, metavar="T", help="0 is greedy (default); higher is more random")
     g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens (0: off)")
-    g.add_argument("--top-p", type=float, metavar="P", help="sample from the smallest set with probability >= P (1: off)")
+    g.add_argument("--top-p", type=float, metavar="P",
+                   help="sample from the smallest set with probability >= P (1: off)")
     g.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="the run's seed; a request without its own seed gets one derived from S and its line (default 0)")
-    g.add_argument("--stop", action="append", metavar="TEXT", help="stop when this text appears (repeatable; \\n for newline)")
+                   help="the run's seed; a request without its own seed gets one derived from S and its line "
+                        "(default 0)")
+    g.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop when this text appears (repeatable; \\n for newline)")
     g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
                    help="stop when this token is produced (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
-    o = p.add_argument_group("output")
+
+
+def add_output_flags(o) -> None:
     o.add_argument("--output", metavar="FILE.jsonl",
                    help="write one JSON record per request, in input order, as each is final")
     o.add_argument("--logprobs", action="store_true", help="add each chosen token's log-probability to the records")
@@ -106,7 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--quiet", action="store_true",
                    help="print no completions on standard output (records still go to --output)")
-    return p
 
 
 def default_model() -> str:

@@ -45,14 +45,18 @@ def parse_ids(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m minirt.inspect",
-        description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token predictions for prompts.",
+        description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token predictions "
+                    "for prompts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", help="a model folder, or a hub id in the local Hugging Face cache")
-    parser.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a prompt to score (repeatable; needs a tokenizer)")
-    parser.add_argument("--ids", action="append", default=[], type=parse_ids, metavar="IDS", help="a prompt as token ids, e.g. 5,6,7 (repeatable)")
-    parser.add_argument("--top-k", type=int, default=5, metavar="K", help="how many next tokens to show per prompt (default 5)")
+    parser.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                        help="a prompt to score (repeatable; needs a tokenizer)")
+    parser.add_argument("--ids", action="append", default=[], type=parse_ids, metavar="IDS",
+                        help="a prompt as token ids, e.g. 5,6,7 (repeatable)")
+    parser.add_argument("--top-k", type=int, default=5, metavar="K",
+                        help="how many next tokens to show per prompt (default 5)")
     parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy", help="array backend (default numpy)")
     parser.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64")
     return parser
@@ -99,7 +103,8 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
           f"eps {c.layer_norm_epsilon:g}")
     print(f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
           f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}")
-    print(f"compute    {model.backend.name}, {dtype.name}; weights {'memory-mapped, not copied' if mapped else 'converted on load'}")
+    weights = "memory-mapped, not copied" if mapped else "converted on load"
+    print(f"compute    {model.backend.name}, {dtype.name}; weights {weights}")
     print(f"loaded in  {load_seconds:.3f} s")
     if tokenizer is not None:
         print(f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, "

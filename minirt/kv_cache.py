@@ -1,21 +1,18 @@
 """Per-request key/value buffers, preallocated once and filled in place.
 
-Owns: `KVCache`, a pool of slots.  Each slot is one request's own buffer: its
-keys and values for every layer, and its own length (`lengths[slot]`).  The
-engine gives a request a slot when it is admitted; the request keeps it until
-it finishes.
+Owns: `KVCache`, a pool of slots, and `LayerKV`, one layer's view of it. Each slot is one request's own
+buffer: its keys and values for every layer, and its own length (`lengths[slot]`).  The engine gives a
+request a slot when it is admitted; the request keeps it until it finishes.
 
-Layout, per layer:  keys[layer, slot, head, position, head_dim]  (same for values)
+Layout:  keys[layer, slot, head, position, head_dim]  (the same for values)
 
-  * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot.
-  * Each decode step writes one key at position `lengths[slot]`, then the
-    length grows by one.
-  * Nothing is concatenated or reallocated per step: the pool's capacity is
-    chosen up front, so a step's cost is the attention itself, not a copy of
-    the whole history.
-  * Only real tokens are written.  Positions past a slot's length hold zeros
-    (the pool starts zeroed, and a slot is zeroed when a new request takes it),
-    and the attention mask (key-is-real) never lets a query see them.
+  * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot; each decode step writes
+    one more, at `lengths[slot]`.
+  * Nothing is concatenated or reallocated per step: the capacity is chosen up front, so a step costs the
+    attention, not a copy of the history.
+  * Only real tokens are written.  Positions past a slot's length hold zeros (the pool starts zeroed, and a
+    slot is zeroed when a new request takes it), and the attention mask (key-is-real) never lets a query see
+    them.
 
 Must not know: the layers' arithmetic, requests, sampling or scheduling.
 """
@@ -45,22 +42,9 @@ class KVCache:
         """Memory for keys + values, for budgeting before anything is allocated."""
         return 2 * n_layer * n_slots * n_head * capacity * head_dim * np.dtype(dtype).itemsize
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.values.nbytes)
-
-    def slot_buffers(self, slot: int):
-        """One request's own keys and values for every layer: views, not copies."""
-        length = int(self.lengths[slot])
-        return self.keys[:, slot, :, :length], self.values[:, slot, :, :length]  # each [n_layer, H, length, D]
-
     def reset_slot(self, slot: int) -> None:
-        """Give a slot to a new request: length 0 and zeroed storage.
-
-        The mask already hides old entries, but attention multiplies them by a zero
-        weight, and 0 x inf is NaN: zeroing keeps an earlier occupant's overflow
-        from ever reaching the next request.
-        """
+        """Give a slot to a new request: length 0 and zeroed storage (the mask hides old entries, but attention
+        still multiplies them by a zero weight, and 0 x inf is NaN: an earlier occupant's overflow must not leak)."""
         self.keys[:, slot] = 0
         self.values[:, slot] = 0
         self.lengths[slot] = 0
@@ -70,10 +54,8 @@ class KVCache:
         over = batch.kv_lens > self.capacity
         if over.any():
             row = int(np.argmax(over))
-            raise ValueError(
-                f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
-                f"but the cache was allocated with capacity {self.capacity}"
-            )
+            raise ValueError(f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
+                             f"but the cache was allocated with capacity {self.capacity}")
 
     def layer(self, i: int) -> LayerKV:
         """Layer i's part of the pool, which is what one attention layer reads and writes."""
@@ -87,24 +69,18 @@ class KVCache:
 @dataclass(frozen=True)
 class LayerKV:
     """One layer's keys and values for every slot: views [S, H, capacity, D] into the pool."""
-
     keys: Any
     values: Any
 
     def write(self, new_keys, new_values, batch: Batch) -> None:
-        """Store this round's keys/values, each token at its own position in its row's slot.
-
-        new_keys, new_values: [N, H, D], one row per real token (padding never arrives here).
-        """
+        """Store this round's keys and values [N, H, D], each token at its own position in its row's slot."""
         # Advanced indices on axes 0 and 2, split by a slice: the target is [N, H, D] too.
         self.keys[batch.token_slots, :, batch.token_positions] = new_keys  # [N, H, D]
         self.values[batch.token_slots, :, batch.token_positions] = new_values  # [N, H, D]
 
     def read(self, batch: Batch):
         """Keys and values of the round's rows, positions 0..L-1: two arrays [B, H, L, D].
-
-        A view when the rows' slots are contiguous; otherwise a gather, a copy of L positions.
-        """
+        A view when the rows' slots are contiguous; otherwise a gather, a copy of L positions."""
         span, L = batch.slot_span, batch.kv_len
         if span is not None:
             return self.keys[span[0]:span[1], :, :L], self.values[span[0]:span[1], :, :L]

@@ -1,18 +1,15 @@
 """The Python API, shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`.
 
-Owns: loading a model with its tokenizer and generation defaults (the one
-place that does), and the calls that serve prompts (in static groups, or
-with continuous batching) and return their outputs in input order.
+Owns: loading a model with its tokenizer and generation defaults (the one place that does), and the calls
+that serve prompts (in static groups, or with continuous batching) and return their outputs in input order.
 
     from minirt import LLM, SamplingParams
     llm = LLM("gpt2", batch_size=8)                 # policy="continuous" to refill rows every round
     for out in llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_new_tokens=20)):
         print(out.text, out.finish_reason, out.first_round, out.finish_round)
 
-Each output is the request's own record (`Request`): `.text`, `.token_ids`,
-`.finish_reason`, `.error`, `.group`, `.rounds_waited`, `.first_round`,
-`.finish_round`, and `.logprobs` when asked for.  Callers that report as they
-go (the command line) use `make_request` and `serve` with callbacks.
+Each output is the request's own record (`Request`: `.text`, `.token_ids`, `.finish_reason`, `.error`,
+`.first_round`, ...); callers that report as they go (the command line) use `make_request` and `serve`.
 
 Must not know: command-line flags or file formats.
 """
@@ -35,15 +32,11 @@ from .tokenizer import load_tokenizer
 
 
 def generation_defaults(folder: Path) -> dict:
-    """Sampling defaults a model folder ships in generation_config.json (Hugging Face's names).
-
-    Only fields that are present are taken; `do_sample: false` means greedy.
-    """
+    """Sampling defaults a model folder ships in generation_config.json (Hugging Face's names): only the
+    fields present are taken, and `do_sample: false` means greedy."""
     path = Path(folder) / "generation_config.json"
-    if not path.is_file():
-        return {}
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError, OSError):
         return {}
     defaults = {}
@@ -75,17 +68,9 @@ class LLM:
         self.defaults = SamplingParams(**generation_defaults(checkpoint.folder))
         self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
                              policy=policy, round_token_budget=round_token_budget)
+        self.bos_token_id = self.engine.bos_token_id  # what an empty prompt starts from
         self.seed = seed
         self.last_stats: RunStats | None = None
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self.engine.eos_token_id
-
-    @property
-    def bos_token_id(self) -> int | None:
-        """What an empty prompt starts from."""
-        return self.engine.bos_token_id
 
     def make_request(self, index: int, prompt: str | Sequence[int] | None, params: SamplingParams | None = None,
                      request_id=None, logprobs: bool = False, error: str | None = None) -> Request:

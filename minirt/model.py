@@ -1,30 +1,23 @@
 """GPT-2, written out by hand: the layers as pure functions, and the model that runs them.
 
-Owns: the arithmetic of GPT-2 (embeddings, layer norm, attention, GELU, MLP,
-head) over one round's batch, and `GPT2`, which holds the weights on a
-backend and has one way through: `forward(batch, kv_cache, logits_at)`.
+Owns: the arithmetic of GPT-2 (embeddings, layer norm, attention, GELU, MLP, head) over one round's batch,
+and `GPT2`, which holds the weights on a backend and has one way through:
+`forward(batch, kv_cache, logits_at)`.
 
-Read it top to bottom.  Each layer is one function of its input and its own
-weights; the weights travel in small dataclasses whose field names are the
-checkpoint's (`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`);
-every tensor line carries its shape.  Shape letters:
+Read it top to bottom.  Each layer is one function of its input and its own weights, which travel in small
+dataclasses named as in the checkpoint (`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`).  Shape
+letters:
 
     B  rows in the batch          T  new tokens per row this round (padded)
     N  real tokens in the round   L  key positions attended (longest row's kv_len)
     C  n_embd                     H  n_head      D  head_dim = C // H
     I  n_inner (MLP width)        V  vocab_size  M  positions whose logits are asked for
 
-Real tokens travel packed, as [N, C] rows with no padding, so every weight
-GEMM is 2-D and no compute is spent on padding.  Only attention needs the
-rows apart: there the queries are laid out padded, [B, H, T, D], beside each
-row's keys, and the mask says who may see whom (minirt/batch.py builds both).
-With a KV cache the keys are the row's history plus this round's; scoring
-whole sequences needs no cache, since the round's own keys are all there is.
-
-Functions that need the array module take `xp` (numpy or cupy) and use
-nothing NumPy-only, so the GPU runs this same code.  Numerically delicate
-steps (layer-norm statistics, softmax, logits) are done in float32 whatever
-the compute dtype, so float16 weights stay accurate.
+Real tokens travel packed, [N, C], so every weight GEMM is 2-D and none runs on padding; only attention lays
+the rows out padded (minirt/batch.py says how, and builds the mask).  With a KV cache the keys are each
+row's history plus this round's; scoring whole sequences needs no cache.  Functions that need the array
+module take `xp` (numpy or cupy), so the GPU runs this same code; layer-norm statistics, softmax and logits
+are fp32 whatever the dtype.
 
 Must not know: files, tokenizers, requests, sampling or scheduling.
 """
@@ -51,7 +44,6 @@ from .kv_cache import KVCache, LayerKV
 @dataclass(frozen=True)
 class Linear:
     """A Hugging Face Conv1D, stored [in, out] so that `x @ weight` needs no transpose."""
-
     weight: Any  # [in, out]
     bias: Any  # [out]
 
@@ -77,7 +69,6 @@ class MLP:
 @dataclass(frozen=True)
 class Block:
     """One transformer block: blocks[i].<field> is the checkpoint's h.{i}.<field>."""
-
     ln_1: LayerNorm
     attn: Attention
     ln_2: LayerNorm
@@ -89,8 +80,9 @@ def block_weights(params: dict[str, Any], i: int) -> Block:
     def pair(name: str) -> tuple[Any, Any]:
         return params[f"h.{i}.{name}.weight"], params[f"h.{i}.{name}.bias"]
 
-    return Block(ln_1=LayerNorm(*pair("ln_1")), attn=Attention(Linear(*pair("attn.c_attn")), Linear(*pair("attn.c_proj"))),
-                 ln_2=LayerNorm(*pair("ln_2")), mlp=MLP(Linear(*pair("mlp.c_fc")), Linear(*pair("mlp.c_proj"))))
+    attn = Attention(c_attn=Linear(*pair("attn.c_attn")), c_proj=Linear(*pair("attn.c_proj")))
+    mlp = MLP(c_fc=Linear(*pair("mlp.c_fc")), c_proj=Linear(*pair("mlp.c_proj")))
+    return Block(ln_1=LayerNorm(*pair("ln_1")), attn=attn, ln_2=LayerNorm(*pair("ln_2")), mlp=mlp)
 
 
 # ---------------------------------------------------------------------------- layers
@@ -117,10 +109,7 @@ def linear(x, fc: Linear):
 
 
 def erf(xp, x):
-    """The error function, from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7).
-
-    NumPy has no erf; this formula is accurate to fp32 precision and runs on any array module.
-    """
+    """The error function, from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): NumPy has none."""
     sign, a = xp.sign(x), xp.abs(x)  # [...]
     t = 1.0 / (1.0 + 0.3275911 * a)  # [...]
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))  # [...]
@@ -136,14 +125,9 @@ def gelu(xp, x, form: str = "tanh"):
 
 
 def softmax_attention(xp, q, keys, values, mask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v, with no NaN for a row that sees no key.
-
-    Everything here runs in fp32, whatever the compute dtype: scores, softmax and
-    the weighted sum (the result is cast back).  Masked scores are set with
-    `where` to the most negative finite float (never -inf arithmetic), and the
-    probabilities are zeroed with `where` again, so a query with no visible key
-    gets all-zero weights and a zero output.
-    """
+    """softmax(q k^T * scale, over visible keys) @ v, in fp32 whatever the dtype, with no NaN: masked scores
+    are set with `where` to the most negative finite float (never -inf arithmetic) and their weights zeroed
+    with `where` again, so a query that sees no key gets all-zero weights and a zero output."""
     q32 = q.astype(xp.float32, copy=False)  # [B, H, T, D]; fp16 dot products can overflow 65504
     keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D] (no copy when already fp32)
     scores = (q32 @ keys32.transpose(0, 1, 3, 2)) * scale  # [B, H, T, L] fp32
@@ -188,11 +172,8 @@ def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv:
 
 
 def lm_head(hidden, head_weight):
-    """Hidden states -> next-token logits, computed and returned in fp32.
-
-    `head_weight` is kept in fp32 even when the model computes in fp16: logits
-    of tens are only resolved to ~0.03 in fp16, enough to flip a greedy choice.
-    """
+    """Hidden states -> next-token logits in fp32.  `head_weight` stays fp32 even for fp16 compute:
+    logits of tens are only resolved to ~0.03 in fp16, enough to flip a greedy choice."""
     return hidden.astype(np.float32, copy=False) @ head_weight.T  # [M, V] fp32
 
 
@@ -209,8 +190,7 @@ class GPT2:
         self.params = {}  # checkpoint name -> backend array
         for name, host in checkpoint.tensors.items():
             if id(host) not in converted:
-                # No copy on NumPy when the file's dtype is the compute dtype: the
-                # array stays a read-only view of the memory-mapped file.
+                # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped file.
                 converted[id(host)] = backend.asarray(host).astype(self.dtype, copy=False)
             self.params[name] = converted[id(host)]
         p = self.params
@@ -224,8 +204,7 @@ class GPT2:
     @property
     def n_params(self) -> int:
         """Learned numbers, counting a tied head once."""
-        unique = {id(array): array for array in self.params.values()}
-        return sum(int(array.size) for array in unique.values())
+        return sum(int(array.size) for array in {id(a): a for a in self.params.values()}.values())
 
     def new_kv_cache(self, n_slots: int, capacity: int) -> KVCache:
         """Preallocate KV buffers for n_slots requests of up to `capacity` positions each."""
@@ -235,13 +214,10 @@ class GPT2:
         return KVCache(self.xp, c.n_layer, c.n_head, c.head_dim, n_slots, capacity, self.dtype)
 
     def forward(self, batch: Batch, kv_cache: KVCache | None = None, logits_at=None):
-        """One forward pass of a round; returns fp32 logits [M, V] on the backend.
-
-        `logits_at` picks the packed tokens whose logits come back (default: each
-        row's last token, where its next token comes from; the head, the biggest
-        GEMM of a small model, runs on those alone).  With a `kv_cache`, each
-        row's new keys are written to its slot and its slot's length advances.
-        """
+        """One forward pass of a round; returns fp32 logits [M, V] on the backend.  `logits_at` picks the
+        packed tokens whose logits come back: by default each row's last token, where its next token comes
+        from (the head, the biggest GEMM of a small model, runs on those alone).  With a `kv_cache`, each
+        row's new keys are written to its slot and the slot's length advances."""
         xp, c = self.xp, self.config
         if int(batch.positions.max(initial=0)) >= c.n_positions:
             raise ValueError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
@@ -259,12 +235,8 @@ class GPT2:
         return lm_head(x, self.head_weight)  # [M, V] fp32
 
     def logits(self, token_ids) -> np.ndarray:
-        """Score whole sequences of different lengths in one padded batch, without a KV cache.
-
-        Returns NumPy fp32 logits [B, max_len, V].  Row b's first
-        len(token_ids[b]) positions are that sequence's logits; the rest
-        (padding) are zero.
-        """
+        """Score whole sequences of different lengths in one padded batch, without a KV cache: NumPy fp32
+        logits [B, max_len, V], where row b's first len(token_ids[b]) positions are its logits (padding: 0)."""
         if isinstance(token_ids, np.ndarray) or not isinstance(token_ids, (list, tuple)):
             raise InputError("token_ids must be a list of token-id lists, one per sequence")
         V, P = self.config.vocab_size, self.config.n_positions
@@ -272,20 +244,15 @@ class GPT2:
         for b, ids in enumerate(rows):
             if len(ids) > P:
                 raise InputError(f"sequence {b} has {len(ids)} tokens, more than the model's context of {P}")
-        if max((len(r) for r in rows), default=0) == 0:
-            return np.zeros((len(rows), max((len(r) for r in rows), default=0), V), dtype=np.float32)
+        if not any(rows):  # nothing to score
+            return np.zeros((len(rows), 0, V), dtype=np.float32)
         batch = Batch(rows, self.backend)
         logits = self.forward(batch, logits_at=np.arange(batch.n_tokens))  # [N, V]
         return batch.unpack_on_host(self.backend.to_numpy(logits))  # [B, T, V]
 
 
 def load_model(model: str | Path | Checkpoint, backend: str = "numpy", dtype: str = "float32") -> GPT2:
-    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend.
-
-    >>> m = load_model("gpt2")                     # doctest: +SKIP
-    >>> m.logits([[464, 3290], [15496]]).shape     # doctest: +SKIP
-    (2, 2, 50257)
-    """
+    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend."""
     chosen, _note = get_backend(backend)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
     return GPT2(checkpoint, chosen, resolve_dtype(dtype))

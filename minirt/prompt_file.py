@@ -60,19 +60,23 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
     except json.JSONDecodeError as exc:
         return PromptEntry(number, None, error=f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
     if not isinstance(obj, dict):
-        return PromptEntry(number, None, error=f"line {number}: expected a JSON object with a \"prompt\", got {type(obj).__name__}")
+        return PromptEntry(number, None,
+                           error=f"line {number}: expected a JSON object with a \"prompt\", got {type(obj).__name__}")
     request_id = obj.get("id")
     request_id = None if request_id is None else str(request_id)
     if "prompt" not in obj:
         return PromptEntry(number, None, request_id, error=f"line {number}: no \"prompt\" field")
     prompt = obj["prompt"]
-    if not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        return PromptEntry(number, None, request_id, error=f"line {number}: \"prompt\" must be a string (or a list of token ids)")
+    is_id_list = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    if not isinstance(prompt, str) and not is_id_list:
+        return PromptEntry(number, None, request_id,
+                           error=f"line {number}: \"prompt\" must be a string (or a list of token ids)")
     known = set(SamplingParams.field_names())
     unknown = sorted(set(obj) - known - {"prompt", "id"})
     if unknown:
         return PromptEntry(number, prompt, request_id,
-                           error=f"line {number}: unknown field(s) {', '.join(unknown)}; known: prompt, id, {', '.join(sorted(known))}")
+                           error=f"line {number}: unknown field(s) {', '.join(unknown)}; "
+                                 f"known: prompt, id, {', '.join(sorted(known))}")
     overrides = {k: v for k, v in obj.items() if k in known}
     return PromptEntry(number, prompt, request_id, overrides)
 
@@ -85,7 +89,8 @@ def read_prompts(path: str, fmt: str = "auto") -> list[PromptEntry]:
     else:
         file = Path(path)
         if not file.exists():
-            raise MinirtError(f"prompts file {path} does not exist; pass a .txt or .jsonl file, or - for standard input")
+            raise MinirtError(f"prompts file {path} does not exist; "
+                              "pass a .txt or .jsonl file, or - for standard input")
         if file.is_dir():
             raise MinirtError(f"{path} is a folder; --prompts takes a .txt or .jsonl file")
         try:

@@ -1,6 +1,7 @@
 """What a generate run shows: completions in input order, JSONL records, progress, the round grid, the summary.
 
 Owns:
+  * `record`: a finished request as the JSON object --output writes;
   * `OrderedOutput`: records leave in input order, each as soon as it and
     every earlier one are final, to standard output and to the JSONL file,
     flushed at once so an interrupted run keeps what is done;
@@ -26,6 +27,21 @@ from .request import Request
 def request_label(request: Request) -> str:
     """'[3]' for a request without an id of its own, '[3] my-id' otherwise."""
     return f"[{request.index}]" if request.id == str(request.index) else f"[{request.index}] {request.id}"
+
+
+def record(request: Request) -> dict:
+    """The JSON-ready record of a finished request (one line of --output)."""
+    out = {
+        "index": request.index, "id": request.id, "prompt": request.prompt, "text": request.text,
+        "token_ids": list(request.token_ids), "finish_reason": request.finish_reason,
+        "group": request.group, "rounds_waited": request.rounds_waited,
+        "first_round": request.first_round, "finish_round": request.finish_round,
+        "prompt_tokens": request.prompt_len if request.error is None else None,
+        "error": request.error,
+    }
+    if request.want_logprobs:
+        out["logprobs"] = [round(lp, 6) for lp in request.logprobs]
+    return out
 
 
 def completion_block(request: Request, color: bool = False) -> str:
@@ -67,7 +83,7 @@ class OrderedOutput:
             self.stdout.write(completion_block(request, self.color) + "\n")
             self.stdout.flush()
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(request.record(), ensure_ascii=False) + "\n")
+            self.jsonl.write(json.dumps(record(request), ensure_ascii=False) + "\n")
             self.jsonl.flush()
 
 
@@ -91,7 +107,7 @@ class Progress:
         bar = "#" * filled + "-" * (self.width - filled)
         where = f"group {len(stats.groups)}" if stats.policy == "static" else "continuous"
         line = (f"\rgenerating [{bar}] {done}/{self.total} requests | {where} | "
-                f"round {stats.rounds} | {stats.generated_tokens} tokens | {stats.tokens_per_second:.1f} tok/s")
+                f"round {stats.rounds} | {stats.generated_tokens} tokens | {tokens_per_second(stats):.1f} tok/s")
         self.stream.write(line)
         self.stream.flush()
         self.drawn = True
@@ -161,6 +177,10 @@ def continuous_grid(requests: list[Request], stats: RunStats) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tokens_per_second(stats: RunStats) -> float:
+    return stats.generated_tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0
+
+
 def kv_limit_lines(stats: RunStats) -> list[str]:
     """A summary line when the KV budget held a group (or the continuous pool) below the batch size."""
     if not stats.kv_limited_rows:
@@ -185,7 +205,7 @@ def summary(stats: RunStats, load_seconds: float) -> str:
         f"rounds       {stats.rounds}",
         f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",
         f"tokens       {stats.prompt_tokens} prompt, {stats.generated_tokens} generated",
-        f"speed        {stats.tokens_per_second:.1f} generated tokens/s",
+        f"speed        {tokens_per_second(stats):.1f} generated tokens/s",
         f"wall time    {stats.wall_seconds:.2f} s generating, {load_seconds:.2f} s loading",
     ]
     return "\n".join(lines) + "\n"

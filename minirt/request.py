@@ -1,18 +1,14 @@
 """One request's own state, from arrival to its finished record, and the rules of its progress.
 
-Owns: `Request`, a plain record: its identity (input index, id), its prompt
-ids and sampling parameters, its own random stream, its output ids and text,
-its status and finish reason, its KV slot number and its round bookkeeping
-(group, rounds waited, first round, finish round).  Also the two things that
-happen to a record: `refuse` (it gets an error of its own and never runs) and
-`add_token`, which appends a chosen token and applies every per-request stop
-rule: EOS, stop token ids, stop strings (found in the decoded text even when
-they span tokens), max_new_tokens and a full context.
+Owns: `Request`, a plain record of everything that is one request's own (identity, prompt, parameters,
+random stream, output, status, KV slot, rounds), and the two things that happen to a record: `refuse` (an
+error of its own; it never runs) and `add_token`, which appends a chosen token and applies every stop rule:
+EOS, stop token ids, stop strings (found in the decoded text even when they span tokens), max_new_tokens and
+a full context.
 
-Who writes what: the engine makes the record, gives it a slot and text
-decoder, and calls `add_token` each round; the scheduler stamps when it was
-admitted.  Nothing here is shared between requests: a batch shares a forward
-pass, never a request's progress or its reason to stop.
+The engine makes the record, gives it a slot and a text decoder, and calls `add_token` each round; the
+scheduler stamps when it was admitted.  A batch shares a forward pass, never a request's progress or its
+reason to stop.
 
 Must not know: the layers, the batch layout, sampling, or how requests are grouped.
 """
@@ -37,7 +33,6 @@ class Status(enum.Enum):
 @dataclass
 class Request:
     """A request and everything that is its own."""
-
     index: int  # position in the input, 0-based; output order follows it
     id: str  # the user's id, or the index as a string
     prompt: str | None  # the prompt text (None when given as token ids)
@@ -73,20 +68,6 @@ class Request:
     def next_input(self) -> list[int]:
         """What this request feeds the next round: the whole prompt at prefill, then its last token."""
         return list(self.prompt_ids) if not self.token_ids else [self.token_ids[-1]]
-
-    def record(self) -> dict:
-        """The JSON-ready record of a finished request."""
-        out = {
-            "index": self.index, "id": self.id, "prompt": self.prompt, "text": self.text,
-            "token_ids": list(self.token_ids), "finish_reason": self.finish_reason,
-            "group": self.group, "rounds_waited": self.rounds_waited,
-            "first_round": self.first_round, "finish_round": self.finish_round,
-            "prompt_tokens": self.prompt_len if self.error is None else None,
-            "error": self.error,
-        }
-        if self.want_logprobs:
-            out["logprobs"] = [round(lp, 6) for lp in self.logprobs]
-        return out
 
 
 def refuse(request: Request, message: str) -> None:

@@ -1,16 +1,15 @@
 """`python -m minirt.rounds`: static groups beside continuous batching, counted in rounds, without a model.
 
 Owns: the simulation (requests that finish after known output lengths, run
-through the engine's own `Scheduler` and `Request` objects, not a copy of
-them), its text and JSON reports, long-tailed workloads, and the SVG picture
-of a round grid.
+through the engine's own schedulers, `Request` records and stop rule), its
+text and JSON reports, long-tailed workloads, and the SVG of a round grid.
 
     python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
     python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
 
-A round is one forward pass.  A request's first round is its prefill and
-gives its first token; with output length L it is active for L consecutive
-rounds.  Utilization = active row-rounds / (rows x rounds).
+A round is one forward pass; a request with output length L is active for L
+consecutive rounds, the first being its prefill.  Utilization = active
+row-rounds / (rows x rounds).
 
 Must not know: models, arrays or text.
 """
@@ -39,7 +38,6 @@ UNLIMITED = 10**12  # a context / KV budget that never binds
 @dataclass
 class Simulation:
     """One policy's run over a workload."""
-
     policy: str
     rows: int
     requests: list[Request]
@@ -124,10 +122,9 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
 
 
 def request_table(sim: Simulation) -> str:
-    lines = [f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"]
-    for r, n in zip(sim.requests, sim.output_lens):
-        lines.append(f"{r.index:7d} {n:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}")
-    return "\n".join(lines)
+    rows = [f"{r.index:7d} {n:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
+            for r, n in zip(sim.requests, sim.output_lens)]
+    return "\n".join([f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"] + rows)
 
 
 def comparison_table(sims: list[Simulation]) -> str:
@@ -169,11 +166,11 @@ def svg_panels(sims: list[Simulation], title: str) -> str:
             if cell >= 10:
                 parts.append(f'<text x="{left - 6}" y="{y0 + i * cell + cell - 3}" text-anchor="end" '
                              f'font-size="{min(11, cell - 2)}">req {r.index}</text>')
-            n = 1
+            n, held_until = 1, sim.row_held_until(r)
             gap_px = 1 if cell >= 10 else 0  # big cells are drawn one by one, with a gap; small ones as runs
             while n <= sim.total_rounds:  # one rect per run of equal cells keeps big grids small
-                mark, run = cell_mark(r, n, sim.row_held_until(r)), 1
-                while not gap_px and n + run <= sim.total_rounds and cell_mark(r, n + run, sim.row_held_until(r)) == mark:
+                mark, run = cell_mark(r, n, held_until), 1
+                while not gap_px and n + run <= sim.total_rounds and cell_mark(r, n + run, held_until) == mark:
                     run += 1
                 if mark != " ":
                     parts.append(f'<rect x="{left + (n - 1) * cell}" y="{y0 + i * cell}" width="{run * cell - gap_px}" '
@@ -205,7 +202,8 @@ def parse_lengths(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minirt.rounds",
-        description="Simulate static groups and continuous batching on the same requests, counting rounds (no model needed).",
+        description="Simulate static groups and continuous batching on the same requests, counting rounds "
+                    "(no model needed).",
         epilog="""examples:
   python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
   python -m minirt.rounds --lengths 2,5,8,4 --prompt-lengths 3,9,1,4 --batch-size 3 --json
@@ -219,10 +217,12 @@ python -m minirt.generate --policy static|continuous runs real requests through 
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--lengths", type=parse_lengths, metavar="L1,L2,...", help="output length of each request")
     source.add_argument("--workload", type=int, metavar="N", help="draw N requests with long-tailed lengths")
-    p.add_argument("--prompt-lengths", type=parse_lengths, metavar="P1,P2,...", help="prompt length of each request (default 1)")
+    p.add_argument("--prompt-lengths", type=parse_lengths, metavar="P1,P2,...",
+                   help="prompt length of each request (default 1)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows (default 8)")
-    p.add_argument("--batch-sizes", default="4,8,16", metavar="B1,B2,...", help="workload: batch sizes to compare (default 4,8,16)")
+    p.add_argument("--batch-sizes", default="4,8,16", metavar="B1,B2,...",
+                   help="workload: batch sizes to compare (default 4,8,16)")
     p.add_argument("--kv-budget", type=int, default=UNLIMITED, metavar="POSITIONS",
                    help="KV positions the running requests may reserve (default: unlimited)")
     p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",

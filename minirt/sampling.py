@@ -1,22 +1,17 @@
 """Sampling parameters, and choosing each request's next token from its own logits.
 
 Owns:
-  * `SamplingParams`: everything a request says about how it wants to be
-    generated and stopped (max_new_tokens, temperature, top_k, top_p, seed,
-    stop strings, stop token ids, ignore_eos), validated;
-  * `filtered_distribution`: temperature, then top-k, then top-p, turning a
-    row of raw logits into the probabilities the token is drawn from;
-  * `choose_token`: greedy or a draw from the request's own random stream,
-    plus the chosen token's log-probability under the unmodified model;
-  * `choose_tokens`: the same for every row of a round, greedy and sampled
-    rows alike (when every row is greedy and wants no log-probabilities, the
-    argmax runs on the backend and only B token ids cross to the host);
+  * `SamplingParams`: everything a request says about how it wants to be generated and stopped
+    (max_new_tokens, temperature, top_k, top_p, seed, stop strings, stop token ids, ignore_eos), validated;
+  * `filtered_distribution`: temperature, then top-k, then top-p, turning raw logits into the probabilities to sample;
+  * `choose_token`: greedy or a draw from the request's own random stream, plus its log-probability under the raw model;
+  * `choose_tokens`: the same for every row of a round, greedy and sampled rows alike (when every row is
+    greedy and wants no log-probabilities, the argmax runs on the backend and only B token ids cross to the host);
   * `log_softmax`, the one log-softmax in minirt (float64).
 
-Sampling runs on the host in float64 NumPy, one request at a time, with each
-request's own `numpy.random.Generator`.  So a request's tokens depend only on
-its logits and its seed, never on which rows it was batched with, and the
-CuPy backend samples exactly what the NumPy backend does.
+Sampling runs on the host in float64 NumPy, one request at a time, with each request's own
+`numpy.random.Generator`.  So a request's tokens depend only on its logits and its seed, never on which
+rows it was batched with, and the CuPy backend samples exactly what the NumPy backend does.
 
 Must not know: models, batches, scheduling or text.
 """
@@ -103,44 +98,29 @@ def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The probabilities a token is drawn from: softmax(logits / T), then top-k, then top-p, renormalised.
-
-    Top-k keeps every token whose logit is at least the k-th largest (ties at
-    the boundary are kept).  Top-p keeps the most likely tokens, in order,
-    until their total probability reaches top_p; the most likely token is
-    always kept.  Returns float64 [V] summing to 1.
-    """
+    """The probabilities [V] (float64, summing to 1) a token is drawn from: softmax(logits / T), then top-k
+    (every token whose logit is at least the k-th largest: boundary ties are kept), then top-p (the most likely
+    tokens, in order, until their total probability reaches top_p; the top token always), renormalised."""
     scaled = np.asarray(logits, dtype=np.float64) / params.temperature  # [V]
-    keep = np.ones(scaled.shape, dtype=bool)  # [V]
     if 0 < params.top_k < scaled.size:
         kth_largest = np.partition(scaled, -params.top_k)[-params.top_k]
-        keep &= scaled >= kth_largest
-    probs = np.exp(log_softmax(np.where(keep, scaled, -np.inf)))  # [V], zero outside the kept set
+        scaled = np.where(scaled >= kth_largest, scaled, -np.inf)  # [V], -inf outside the top k
+    probs = np.exp(log_softmax(scaled))  # [V], zero outside the top k
     if params.top_p < 1.0:
-        # Most likely first, ranked by the logits themselves (rounding can tie probabilities
-        # that the logits still tell apart); equal logits go by token id.
-        order = np.argsort(-np.where(keep, scaled, -np.inf), kind="stable")  # [V]
+        # Most likely first, by the logits themselves (rounding can tie probabilities they tell apart), then by id.
+        order = np.argsort(-scaled, kind="stable")  # [V]
         mass_before = np.cumsum(probs[order]) - probs[order]  # [V] probability of the tokens ranked above
         kept_in_order = mass_before < params.top_p  # [V]; the first token has mass_before 0, always kept
-        nucleus = np.zeros_like(keep)
-        nucleus[order[kept_in_order]] = True
-        probs = np.where(nucleus, probs, 0.0)  # [V]
+        probs[order[~kept_in_order]] = 0.0  # [V], zero outside the nucleus
         probs = probs / probs.sum()
     return probs
 
 
 def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None,
                  want_logprob: bool = True) -> tuple[int, float | None]:
-    """Pick the next token for one request.  Returns (token id, its log-probability under the raw model).
-
-    The log-probability costs a softmax over the vocabulary; with
-    want_logprob=False it is skipped and None is returned in its place.
-
-    Greedy (temperature 0) takes the argmax, ties to the lowest id, and draws
-    no random number.  Otherwise one uniform number is drawn from the
-    request's own stream and mapped through the filtered distribution's
-    cumulative sum, in token-id order.
-    """
+    """(token id, its log-probability under the raw model, or None when not wanted) for one request.
+    Greedy takes the argmax (ties to the lowest id) and draws no random number; otherwise one uniform number
+    from the request's own stream is mapped through the filtered distribution's cumulative sum, in id order."""
     logits = np.asarray(logits)  # [V] fp32 from the model
     if params.greedy:
         token = int(np.argmax(logits))
@@ -154,14 +134,9 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
 
 
 def choose_tokens(backend, logits, rows) -> list[tuple[int, float | None]]:
-    """Every row's (token, log-probability or None), each from its own logits row [V] and its own settings.
-
-    `rows` are the round's requests, in row order; each has `params`, `rng` and
-    `want_logprobs`.  `logits` [B, V] is a backend array.  When every row is
-    greedy and none wants a log-probability, the argmax runs on the backend and
-    only B token ids cross to the host; it picks what `choose_token` would
-    (the same fp32 numbers, ties to the lowest id).
-    """
+    """Every row's (token, log-probability or None), from its own logits row and settings.  `rows` are the
+    round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy
+    shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest id)."""
     if all(r.params.greedy and not r.want_logprobs for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
         return [(int(token), None) for token in ids]
@@ -175,11 +150,8 @@ def request_rng(seed: int) -> np.random.Generator:
 
 
 def derived_seed(run_seed: int, index: int) -> int:
-    """The seed of a request that set none: fixed by the run's seed and the request's input position.
-
-    It does not depend on batch size, order of service or neighbours, so a run is
-    reproducible and a request's output is the same in any batch.
-    """
+    """The seed of a request that set none, fixed by the run's seed and its input position alone (not batch
+    size, order of service or neighbours), so runs are reproducible and outputs the same in any batch."""
     return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 

@@ -1,32 +1,22 @@
 """Who runs in each round: static groups, or continuous batching.
 
-Owns: one scheduler class per policy, behind one small interface that the
-engine and `python -m minirt.rounds` both drive:
+Owns: one scheduler class per policy, behind the small interface that the engine and
+`python -m minirt.rounds` both drive:
 
     refusal(request)  why no round could ever take it (None if one can)
     submit(request)   queue it in arrival order; nothing else
-    plan(round)       who runs this round, who is admitted, and the KV shape
-                      (rows x positions) to allocate when a new group or pool starts
+    plan(round)       who runs, who is admitted, and the KV shape (rows x positions) when a group or pool starts
     complete(plan)    after the round: free the rows of finished requests
 
-  StaticScheduler      Fixed groups.  When no group is running, take waiting
-                       requests in arrival order, up to max_rows and within
-                       the KV budget, as the next group; admit nobody else
-                       until every member has finished.  A group's rounds are
-                       set by its longest member.
-  ContinuousScheduler  Every round, free the rows of requests that finished,
-                       then admit waiting requests (in arrival order, skipping
-                       any that do not fit) into free rows while three limits
-                       hold: the rows, the round's token budget (a prefill
-                       costs its prompt tokens, a decode row one token), and
-                       the KV budget (the positions each running request
-                       reserves).  Its pool gives every row a slot as long as
-                       the longest request needs, so the KV budget may also
-                       cap the rows: rows x longest need <= budget.
+  StaticScheduler      Fixed groups: when none is running, the next waiting requests in arrival order, up to
+                       max_rows and within the KV budget; nobody else until every member has finished.
+  ContinuousScheduler  Every round, finished rows are freed and waiting requests admitted (arrival order,
+                       skipping any that do not fit) while the rows, the round's token budget (a prefill costs
+                       its prompt, a decode row one token) and the KV budget allow.  Its pool gives every row
+                       a slot as long as the longest need, so the KV budget may also cap the rows.
 
-A request reserves its prompt plus every output token but the last (the last
-token is never fed back).  When the KV budget holds a group or the pool below
-max_rows, the plan says so (`kv_limited`).
+A request reserves its prompt plus every output token but the last (which is never fed back).  When the KV
+budget holds a group or the pool below max_rows, the plan says so (`kv_limited`).
 
 Must not know: models, arrays, sampling or text.
 """
@@ -42,7 +32,6 @@ from .request import Request, Status
 @dataclass
 class GroupRecord:
     """What one static group did."""
-
     number: int  # 1-based
     members: list[Request]
     first_round: int
@@ -53,7 +42,6 @@ class GroupRecord:
 @dataclass
 class RoundPlan:
     """Who runs in one round."""
-
     round_number: int
     active: list[Request]  # every row that runs, in row order; admitted ones included
     admitted: list[Request]  # those whose prefill is this round
@@ -100,9 +88,6 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
-
-    def plan(self, round_number: int) -> RoundPlan:
-        raise NotImplementedError
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
         """After the round: count its rows; finished requests give up their rows (policy by policy)."""

@@ -1,15 +1,12 @@
 """Text <-> token ids, including decoding that never breaks a UTF-8 character.
 
 Owns:
-  * loading a tokenizer from a model folder: `tokenizer.json` through the
-    `tokenizers` library, or GPT-2's byte-level BPE from `vocab.json` +
-    `merges.txt` (or OpenAI's original names, `encoder.json` + `vocab.bpe`);
-  * the special ids a runtime needs: EOS (where generation stops) and BOS
-    (what an empty prompt starts from);
-  * decoding token ids to bytes and then to text, both all at once and as a
-    stream.  GPT-2's tokens are byte sequences, and one character (an emoji,
-    a CJK character) is often split across tokens; the stream holds back the
-    incomplete bytes until the character is whole.
+  * loading a tokenizer from a model folder: `tokenizer.json` through the `tokenizers` library, or GPT-2's
+    byte-level BPE from `vocab.json` + `merges.txt` (or OpenAI's original names, `encoder.json` + `vocab.bpe`);
+  * the special ids a runtime needs: EOS (where generation stops) and BOS (what an empty prompt starts from);
+  * decoding token ids to bytes and then to text, both all at once and as a stream.  GPT-2's tokens are
+    byte sequences, and one character (an emoji, a CJK character) is often split across tokens; the
+    stream holds back the incomplete bytes until the character is whole.
 
 Must not know: models, weights, backends or batching.
 """
@@ -28,18 +25,11 @@ ENDOFTEXT = "<|endoftext|>"
 
 @lru_cache(maxsize=1)
 def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters.
-
-    Printable Latin-1 bytes map to themselves; the rest (controls, space, ...)
-    are shifted to code points 256 and above, so every token is a visible string.
-    """
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    mapping = {b: chr(b) for b in printable}
-    shifted = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
+    """GPT-2's reversible map from the 256 byte values to printable characters, so every token is visible."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}  # printable Latin-1 bytes map to themselves
+    others = [b for b in range(256) if b not in mapping]  # controls, space, ...: shifted to 256 and above
+    mapping.update({b: chr(256 + n) for n, b in enumerate(others)})
     return mapping
 
 
@@ -49,10 +39,10 @@ class Tokenizer:
     def __init__(self, hf_tokenizer, source: str, eos_token_id: int | None, bos_token_id: int | None):
         self.hf = hf_tokenizer  # a tokenizers.Tokenizer
         self.source = source  # the file(s) it came from, for messages
-        self.eos_token_id = eos_token_id
-        self.bos_token_id = bos_token_id
+        self.eos_token_id, self.bos_token_id = eos_token_id, bos_token_id  # as settled by `special_ids`
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
         self._token_bytes = self._build_byte_table()  # list[bytes] by id, or None if not byte-level
+        self.is_byte_level = self._token_bytes is not None
 
     def _build_byte_table(self) -> list[bytes] | None:
         """Each id's exact bytes, when the vocabulary is byte-level (GPT-2's kind)."""
@@ -73,10 +63,6 @@ class Tokenizer:
             else:
                 return None  # not byte-level: fall back to the library's decoder
         return table
-
-    @property
-    def is_byte_level(self) -> bool:
-        return self._token_bytes is not None
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text."""
@@ -99,12 +85,7 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Turns a growing list of ids into text without ever emitting half a character.
-
-    `push(id)` returns the text that became complete with that token (possibly
-    ""), and `flush()` returns what is left at the end (an incomplete trailing
-    character becomes U+FFFD, exactly as `decode` of the whole list would give).
-    """
+    """Turns a growing list of ids into text without ever emitting half a character."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -113,10 +94,10 @@ class StreamDecoder:
         self._emitted = ""
 
     def push(self, token_id: int) -> str:
+        """The text that became complete with this token (possibly "")."""
         if self.tokenizer.is_byte_level:
             return self._utf8.decode(self.tokenizer.token_bytes(token_id))
-        # Generic fallback: re-decode everything and emit the new suffix, holding
-        # it back while it ends in a replacement character (an incomplete byte run).
+        # Fallback: re-decode everything and emit the new suffix, held back while it ends in U+FFFD (incomplete bytes).
         self._ids.append(token_id)
         text = self.tokenizer.decode(self._ids)
         if text.endswith("\ufffd") or not text.startswith(self._emitted):
@@ -125,6 +106,7 @@ class StreamDecoder:
         return new
 
     def flush(self) -> str:
+        """What is left at the end: an incomplete trailing character becomes U+FFFD, as `decode` would give."""
         if self.tokenizer.is_byte_level:
             return self._utf8.decode(b"", final=True)
         text = self.tokenizer.decode(self._ids)
@@ -134,8 +116,7 @@ class StreamDecoder:
 
 def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     """GPT-2's tokenizer rebuilt from its vocabulary and merge list."""
-    from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
-    from tokenizers import decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
 
     try:
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
@@ -152,13 +133,8 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
 
 def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_token_id: int | None = None,
                    vocab_size: int | None = None) -> Tokenizer:
-    """Load the tokenizer that sits beside a model's weights.
-
-    `eos_token_id` / `bos_token_id` come from the model's config; they are used
-    when they lie inside the vocabulary, and `<|endoftext|>` (GPT-2's id 50256)
-    stands in when they don't.  `vocab_size` is the model's; a tokenizer whose
-    ids would overflow the embedding is refused.
-    """
+    """Load the tokenizer beside a model's weights; the config's EOS / BOS ids go through `special_ids`, and
+    a tokenizer whose ids would overflow the model's `vocab_size` is refused."""
     folder = Path(folder)
     tokenizer_json = folder / "tokenizer.json"
     pairs = [(folder / "vocab.json", folder / "merges.txt"), (folder / "encoder.json", folder / "vocab.bpe")]
@@ -177,16 +153,13 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
                 source = f"{vocab_path} + {merges_path.name}"
                 break
         else:
-            raise TokenizerError(
-                f"{folder}: no tokenizer found (looked for tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe)"
-            )
+            raise TokenizerError(f"{folder}: no tokenizer found "
+                                 "(looked for tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe)")
 
     n_tokens = hf.get_vocab_size(with_added_tokens=True)
     if vocab_size is not None and n_tokens > vocab_size:
-        raise TokenizerError(
-            f"{source}: the tokenizer has {n_tokens} tokens but the model's vocabulary has {vocab_size}; "
-            "they do not belong together"
-        )
+        raise TokenizerError(f"{source}: the tokenizer has {n_tokens} tokens but the model's vocabulary has "
+                             f"{vocab_size}; they do not belong together")
     eos, bos = special_ids(eos_token_id, bos_token_id, vocab_size if vocab_size is not None else n_tokens,
                            endoftext=hf.token_to_id(ENDOFTEXT))
     return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
@@ -195,10 +168,10 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
 def special_ids(eos_token_id: int | None, bos_token_id: int | None, vocab_size: int,
                 endoftext: int | None = None) -> tuple[int | None, int | None]:
     """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else `<|endoftext|>`
-    (when the vocabulary has it); BOS falls back to EOS.  Used with and without a tokenizer alike."""
-    def usable(token_id: int | None) -> int | None:
-        return token_id if token_id is not None and 0 <= token_id < vocab_size else None
+    (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used with and without a tokenizer."""
+    def usable(token_id: int | None, fallback: int | None) -> int | None:
+        return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback
 
-    eos = usable(eos_token_id) if usable(eos_token_id) is not None else endoftext
-    bos = usable(bos_token_id) if usable(bos_token_id) is not None else (endoftext if endoftext is not None else eos)
+    eos = usable(eos_token_id, endoftext)
+    bos = usable(bos_token_id, endoftext if endoftext is not None else eos)
     return eos, bos

@@ -40,14 +40,15 @@ def test_logits_shapes_and_empty_inputs(base_model):
 
 
 def test_a_request_owns_its_kv_buffer():
-    """slot_buffers(slot) is that request's keys for every layer, equal to a run of it alone."""
+    """Slot 1 of a shared pool holds its request's keys for every layer, equal to a run of it alone."""
     model = random_model(seed=3)
     cache = model.new_kv_cache(n_slots=2, capacity=6)
     model.forward(Batch([[1, 2, 3], [4, 5]], model.backend, slots=[1, 0]), cache)
-    keys_together, values_together = cache.slot_buffers(1)  # [n_layer, H, 3, D]
+    assert cache.lengths.tolist() == [2, 3]
+    keys_together, values_together = cache.keys[:, 1, :, :3], cache.values[:, 1, :, :3]  # [n_layer, H, 3, D]
     alone = model.new_kv_cache(n_slots=1, capacity=6)
     model.forward(Batch([[1, 2, 3]], model.backend), alone)
-    keys_alone, values_alone = alone.slot_buffers(0)
+    keys_alone, values_alone = alone.keys[:, 0, :, :3], alone.values[:, 0, :, :3]
     assert keys_together.shape == (2, 2, 3, 8)
     assert np.allclose(keys_together, keys_alone, atol=1e-6) and np.allclose(values_together, values_alone, atol=1e-6)
     assert np.shares_memory(keys_together, cache.keys)  # a view into the preallocated pool
@@ -56,7 +57,8 @@ def test_a_request_owns_its_kv_buffer():
 def test_kv_cache_budget_arithmetic():
     model = random_model()
     cache = model.new_kv_cache(n_slots=3, capacity=5)
-    assert cache.nbytes == minirt.kv_cache.KVCache.bytes_needed(2, 2, 8, 3, 5, np.float32) == 2 * 2 * 3 * 2 * 5 * 8 * 4
+    held = cache.keys.nbytes + cache.values.nbytes
+    assert held == minirt.kv_cache.KVCache.bytes_needed(2, 2, 8, 3, 5, np.float32) == 2 * 2 * 3 * 2 * 5 * 8 * 4
     with pytest.raises(ValueError, match="exceeds the model's context"):
         model.new_kv_cache(n_slots=1, capacity=33)
 

@@ -21,8 +21,10 @@ def test_numpy_backend_round_trip():
     backend, note = get_backend("numpy")
     assert backend.name == "numpy" and note is None
     host = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert backend.to_numpy(backend.asarray(host)) is not None
-    assert np.array_equal(backend.to_numpy(backend.asarray(host)), host)
+    on_backend = backend.asarray(host)
+    assert np.shares_memory(on_backend, host)  # NumPy: no copy when the dtype already fits
+    back = backend.to_numpy(backend.asarray(host, dtype=np.float64))
+    assert back.dtype == np.float64 and np.array_equal(back, host)
 
 
 def test_unknown_backend_and_dtype():

@@ -48,6 +48,7 @@ def test_generate_with_no_model_flag_prints_text(tmp_path):
     assert letters > 200  # words, not noise bytes
 
 
+@pytest.mark.slow  # the whole validation text, ~20 s here; its 1e-4 twin against transformers stays in the fast suite
 def test_card_validation_loss_is_reproduced_within_one_percent():
     llm = LLM(SHIPPED, backend="numpy")
     ids = llm.tokenizer.encode((SHIPPED / "validation.txt").read_text(encoding="utf-8"))

@@ -1,0 +1,66 @@
+"""The source is one of minirt's products: these limits keep it readable (and its imports within bounds).
+
+  * no module in minirt/ over 300 lines, no function over 50, no line over 120 characters;
+  * the core (minirt/ without the command-line, report, rounds, inspect, evaluate and
+    prompt-file modules) at most 2,000 lines;
+  * every module's docstring says what it owns and what it must not know;
+  * minirt/ imports only the standard library, numpy, safetensors, tokenizers, cupy
+    (optional) and, in minirt/distributed.py alone, ray.
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "minirt"
+MODULES = sorted(PACKAGE.glob("*.py"))
+NOT_CORE = {"cli.py", "generate.py", "report.py", "rounds.py", "inspect.py", "evaluate.py", "prompt_file.py"}
+THIRD_PARTY = {"numpy", "safetensors", "tokenizers", "cupy", "cupyx"}
+
+
+def functions(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_module_function_and_line_lengths(path):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"{path.name} has {len(lines)} lines"
+    long_lines = [i + 1 for i, line in enumerate(lines) if len(line) > 120]
+    assert not long_lines, f"{path.name}: lines over 120 characters: {long_lines}"
+    tree = ast.parse("\n".join(lines))
+    for fn in functions(tree):
+        length = fn.end_lineno - fn.lineno + 1
+        assert length <= 50, f"{path.name}: {fn.name} (line {fn.lineno}) is {length} lines"
+
+
+def test_the_core_is_at_most_2000_lines():
+    core = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in MODULES if p.name not in NOT_CORE}
+    assert "model.py" in core and "engine.py" in core
+    assert sum(core.values()) <= 2000, core
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "__init__.py"], ids=lambda p: p.name)
+def test_every_module_says_what_it_owns_and_must_not_know(path):
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    assert "Owns" in doc and "Must not know" in doc, path.name
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
+def test_imports_stay_within_bounds(path):
+    allowed = set(sys.stdlib_module_names) | THIRD_PARTY | ({"ray"} if path.name == "distributed.py" else set())
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
