@@ -278,3 +278,64 @@ def test_a_vanishing_temperature_is_greedy(model):
     greedy, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True))
     tiny, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300))
     assert tiny[0].token_ids == greedy[0].token_ids
+
+
+# ------------------------------------------------------------------ the redesign's promises
+
+
+@pytest.mark.parametrize("policy, want_rows, want_line", [
+    ("static", [2], "kv budget    held 1 group below 3 rows (rows: 2)"),
+    ("continuous", [2], "kv budget    held the pool to 2 of 3 rows"),
+])
+def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
+    """Three 2-token prompts wanting 4 tokens need 5 positions each; a 10-position budget holds 2 rows."""
+    from minirt.report import summary
+
+    engine = engine_for(model, batch_size=3, policy=policy)
+    engine.kv_budget_bytes = 10 * engine.kv_bytes_per_position
+    requests, stats = serve(engine, [[1, 2], [3, 4], [5, 6]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert stats.kv_limited_rows == want_rows and max(stats.active_rows_per_round) == 2
+    assert want_line in summary(stats, 0.0)
+    roomy, stats = serve(engine_for(model, batch_size=3, policy=policy), [[1, 2], [3, 4], [5, 6]],
+                         SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
+    assert [r.token_ids for r in roomy] == [r.token_ids for r in requests]
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_submit_only_queues(model, policy):
+    """refusal() and submit() change neither the request nor the scheduler's limits."""
+    from minirt.scheduler import SCHEDULERS
+
+    scheduler = SCHEDULERS[policy](4, 12, model.config.n_positions, 3)
+    fits, too_big = (Engine(model, None).make_request(i, p, SamplingParams(max_new_tokens=n))
+                     for i, (p, n) in enumerate([([1, 2], 3), ([1, 2, 3], 20)]))
+    assert scheduler.refusal(fits) is None and "KV cache positions" in scheduler.refusal(too_big)
+    for request in (fits, too_big):
+        scheduler.submit(request)
+    assert list(scheduler.waiting) == [fits, too_big] and scheduler.max_rows == 4
+    assert all(r.status.value == "waiting" and r.error is None for r in (fits, too_big))
+
+
+def test_scoring_never_allocates_a_kv_cache(model, monkeypatch):
+    from minirt.kv_cache import KVCache
+
+    def refuse_allocation(*args, **kwargs):
+        raise AssertionError("scoring allocated a KV cache")
+
+    monkeypatch.setattr(KVCache, "__init__", refuse_allocation)
+    assert model.logits([[1, 2, 3], [4]]).shape == (2, 3, 60)
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=5, max_size=5), min_size=1, max_size=4))
+def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
+    """The device argmax (only B ids cross) and the per-row host path agree, ties included."""
+    from types import SimpleNamespace
+
+    from minirt.sampling import choose_token, choose_tokens
+
+    logits = np.array(rows, dtype=np.float32)
+    greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
+    got = choose_tokens(random_model().backend, logits, greedy)
+    assert got == [choose_token(row, SamplingParams(), None, want_logprob=False) for row in logits]
