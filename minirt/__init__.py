@@ -1,16 +1,8 @@
 """minirt: a GPT-2 inference runtime written from scratch in NumPy (CPU) and CuPy (GPU).
 
-Start here:
-  * `LLM(model).generate(prompts, SamplingParams(...))` serves prompts in
-    static groups, or with `policy="continuous"` (`python -m minirt.generate`
-    is the same on the command line; `python -m minirt.rounds` counts rounds);
-  * `load_model(model)` loads a checkpoint (a folder, or a hub id found in the
-    local Hugging Face cache), and `model.logits(token_ids)` scores sequences
-    of different lengths in one padded batch;
-  * `load_tokenizer(folder)` turns text into ids and back.
-
-docs/walkthrough.md follows one request through the modules in the order to read them; each module's
-docstring says what it owns and what it must not know.
+`LLM(model).generate(prompts, SamplingParams(...))` serves prompts in static groups (or with
+`policy="continuous"`); `load_model(model).logits(token_ids)` scores sequences in one padded batch.
+docs/walkthrough.md follows one request through the modules in the order to read them.
 """
 
 from .backend import get_backend

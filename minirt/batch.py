@@ -40,11 +40,11 @@ def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
     return ids
 
 
-def attention_mask(xp, past_lens, kv_lens, seq_len: int, kv_len: int):
+def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int):
     """Which keys each query may see: query t of row b (position past_lens[b] + t) sees key j when
     j <= its position (causal) and j < kv_lens[b] (key-is-real: this row's token, not padding or stale)."""
     query_pos = past_lens[:, None] + xp.arange(seq_len)[None, :]  # [B, T]
-    key_pos = xp.arange(kv_len)  # [L]
+    key_pos = xp.arange(max_kv_len)  # [L]
     causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, L]
     key_is_real = key_pos[None, :] < kv_lens[:, None]  # [B, L]
     return (causal & key_is_real[:, None, :])[:, None, :, :]  # [B, 1, T, L]
@@ -59,8 +59,8 @@ def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
 
 
 class Batch:
-    """The metadata of one forward pass.  Host (NumPy): new_lens, past_lens, kv_lens, slots, first_tokens [B];
-    positions [N]; last_tokens [B'] (rows that brought tokens).  Backend: token_ids, token_positions,
+    """The metadata of one forward pass.  Host (NumPy): new_lens, past_lens, kv_lens, slots, first_index [B];
+    positions [N]; last_index [B'] (rows that brought tokens).  Backend: token_ids, token_positions,
     token_slots [N]; row_slots [B]; mask [B, 1, T, L]."""
 
     def __init__(self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None):
@@ -72,15 +72,15 @@ class Batch:
         self.kv_lens = self.past_lens + self.new_lens  # [B] keys per row once this round's tokens are written
         self.batch_size = B
         self.seq_len = max(int(self.new_lens.max()), 1) if B else 1  # T (at least 1, so shapes stay valid)
-        self.kv_len = int(self.kv_lens.max()) if B else 0  # L: key positions attention looks at
+        self.max_kv_len = int(self.kv_lens.max()) if B else 0  # L: key positions attention looks at
         self.slot_span = contiguous_span(self.slots)  # (first, stop) when the KV read can be a view
 
         rows, cols = np.nonzero(np.arange(self.seq_len)[None, :] < self.new_lens[:, None])  # [N] each, row by row
         self.n_tokens = int(rows.size)  # N
         self.all_real = self.n_tokens == B * self.seq_len  # no padding at all: packed and padded are one layout
         self.positions = self.past_lens[rows] + cols  # [N] each token's position in its own sequence
-        self.first_tokens = np.cumsum(self.new_lens) - self.new_lens  # [B] packed index of each row's first token
-        self.last_tokens = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [B'] where next-token logits come from
+        self.first_index = np.cumsum(self.new_lens) - self.new_lens  # [B] packed index of each row's first token
+        self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [B'] of its last: next-token logits
 
         flat_ids = np.array([t for tokens in token_lists for t in tokens], dtype=np.int64)  # [N]
         self._rows, self._cols = backend.asarray(rows), backend.asarray(cols)  # [N], [N] padded place of each token
@@ -89,7 +89,7 @@ class Batch:
         self.token_slots = backend.asarray(self.slots[rows])  # [N] the KV slot of each token's row
         self.row_slots = backend.asarray(self.slots)  # [B]
         self.mask = attention_mask(backend.xp, backend.asarray(self.past_lens), backend.asarray(self.kv_lens),
-                                   self.seq_len, self.kv_len)  # [B, 1, T, L]
+                                   self.seq_len, self.max_kv_len)  # [B, 1, T, L]
 
     def padded(self, packed):
         """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""

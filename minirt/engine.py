@@ -9,10 +9,10 @@ of its own.  Under static groups, the default:
         choose members                 (the scheduler: arrival order, up to batch_size, within the KV budget)
         each member takes its own KV slot in a cache allocated for this group
         until every member has finished:
-            prepare the batch metadata   (each active member's new tokens, slot, kv_len)
+            prepare the batch metadata   (each active member's new tokens, its slot, the keys it holds)
             run the round                (one forward pass of the active members)
             apply the updates            (each member picks its token, appends it, checks its own stops)
-            keep each finished member's status (it leaves the compute, its record is final)
+            keep each finished member's status (it frees its slot, leaves the compute; its record is final)
         release the group                (only now may the next group start)
 
 Under `continuous`, finished rows are refilled from the queue every round, within one KV pool; the loop is
@@ -35,7 +35,7 @@ from .batch import Batch, check_token_ids
 from .errors import InputError, RequestError, require_at_least_one
 from .kv_cache import KVCache
 from .model import GPT2
-from .request import Request, add_token, refuse
+from .request import Request, Status, add_token, refuse
 from .sampling import SamplingParams, choose_tokens, derived_seed, request_rng
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .tokenizer import Tokenizer, special_ids
@@ -147,23 +147,25 @@ class Engine:
         start = time.perf_counter()
         for request in self.submit_or_refuse(requests, scheduler):  # these never run: their records are final now
             on_final(request)
-        round_number = 0
-        while scheduler.has_work():
-            round_number += 1
-            plan = scheduler.plan(round_number)  # choose members (static: only once the last group is released)
-            self.admit(plan, stats)  # each admitted member takes its own KV slot
-            batch = self.prepare_batch_metadata(plan.active)  # new tokens, positions, slots, kv lengths
-            logits = self.model.forward(batch, self.kv_cache)  # run the round: one forward pass, [B, V]
-            self.apply_updates(plan.active, logits, round_number)  # each picks its token, appends it, checks stops
-            ended_group = scheduler.complete(plan)  # finished rows leave the compute
-            self.keep_finished(plan.active, on_final)  # ... and their records are final
-            stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(plan.active)
-            stats.wall_seconds = time.perf_counter() - start
-            on_round(stats)
-            if ended_group is not None:
-                self.release_group()  # only now may the next group start
-                on_group_end(ended_group, list(scheduler.waiting))
-        self.release_group()
+        try:
+            round_number = 0
+            while scheduler.has_work():
+                round_number += 1
+                plan = scheduler.plan(round_number)  # choose members (static: once the last group is released)
+                self.admit(plan, stats)  # each admitted member takes its own KV slot
+                batch = self.prepare_batch_metadata(plan.active)  # new tokens, positions, slots, keys held
+                logits = self.model.forward(batch, self.kv_cache)  # run the round: one forward pass, [B, V]
+                self.apply_updates(plan.active, logits, round_number)  # each picks, appends, checks its stops
+                ended_group = scheduler.complete(plan)  # finished rows leave the compute
+                self.keep_finished(plan.active, on_final)  # ... free their slots, and their records are final
+                stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(plan.active)
+                stats.wall_seconds = time.perf_counter() - start
+                on_round(stats)
+                if ended_group is not None:
+                    self.release_group()  # only now may the next group start
+                    on_group_end(ended_group, list(scheduler.waiting))
+        finally:
+            self.release_group()  # after an interrupt too: no KV cache outlives its run
         stats.failed = sum(1 for r in requests if r.error is not None)
         stats.wall_seconds = time.perf_counter() - start
         return stats
@@ -173,6 +175,8 @@ class Engine:
         """Queue every runnable request; return those that will never run (already refused, or too big)."""
         refused = [r for r in requests if r.finished]
         for request in [r for r in requests if not r.finished]:
+            if request.status is not Status.WAITING:  # half-served by an interrupted run: its slot is gone
+                raise RequestError(f"request {request.index} has already started running; make it anew to rerun it")
             reason = scheduler.refusal(request)
             if reason is None:
                 scheduler.submit(request)
@@ -199,8 +203,8 @@ class Engine:
     def prepare_batch_metadata(self, active: list[Request]) -> Batch:
         """The batch for this round: each active member's new tokens, its slot and what the slot holds."""
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
-        return Batch([r.next_input() for r in active], self.model.backend, slots=slots,
-                     past_lens=self.kv_cache.lengths[slots])
+        new_tokens = [r.token_ids[-1:] or r.prompt_ids for r in active]  # the whole prompt at prefill, then one
+        return Batch(new_tokens, self.model.backend, slots=slots, past_lens=self.kv_cache.lengths[slots])
 
     def apply_updates(self, active: list[Request], logits, round_number: int) -> None:
         """Each active member picks its token from its own logits row, appends it, and checks its own stops."""
@@ -209,7 +213,7 @@ class Engine:
             add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
 
     def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
-        """A member that finished this round keeps its status and record; its slot is free again."""
+        """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""
         for request in active:
             if request.finished:
                 self.free_slots = sorted(self.free_slots + [request.slot])  # continuous: the next admission takes it

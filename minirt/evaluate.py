@@ -65,10 +65,10 @@ def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=No
         group = spans[first:first + per_batch]
         batch = Batch([ids[start:stop] for start, stop, _ in group], model.backend)  # one row per window, no KV cache
         # The hidden state at absolute position t predicts target t + 1.
-        rows = np.concatenate([batch.first_tokens[w] + np.arange(s0 - 1 - start, stop - 1 - start)
-                               for w, (start, stop, s0) in enumerate(group)])  # [S] packed tokens that are scored
+        scored = np.concatenate([batch.first_index[w] + np.arange(s0 - 1 - start, stop - 1 - start)
+                                 for w, (start, stop, s0) in enumerate(group)])  # [S] packed tokens that are scored
         targets = np.concatenate([token_ids[s0:stop] for start, stop, s0 in group])  # [S]
-        logits = model.backend.to_numpy(model.forward(batch, logits_at=rows))  # [S, V] fp32
+        logits = model.backend.to_numpy(model.forward(batch, logits_at=scored))  # [S, V] fp32
         total -= float(log_softmax(logits)[np.arange(len(targets)), targets].sum())
         count += len(targets)
         if progress:

@@ -7,9 +7,9 @@ Owns: the command line, in four steps that `main` calls in order:
                     (built-in defaults < the model's generation_config.json
                     < flags < the request's own JSONL fields)
     serve           the requests, through the `LLM` API, with callbacks that report as records become final
-    report          completions on standard output in input order, JSONL
-                    records with --output, a progress bar, the round grid
-                    with --trace, and a summary on standard error
+    report          the summary on standard error (serve's callbacks have already printed the
+                    completions in input order, the JSONL records, the progress bar and the
+                    static groups' grids) and the exit status
 
 Must not know: the engine, the layers, the KV cache or sampling arithmetic.
 """
@@ -23,9 +23,8 @@ from pathlib import Path
 
 from .backend import BACKEND_NAMES
 from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, run_command
-from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, RunStats
 from .errors import MinirtError, RequestError, require_at_least_one
-from .llm import LLM
+from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
 from .prompt_file import FORMATS, PromptEntry, read_prompts
 from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
 from .request import Request
@@ -220,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if jsonl is not None:
             jsonl.close()
+    return report(stats, requests, output, args, load_seconds)
+
+
+def report(stats: RunStats | None, requests: list[Request], output: OrderedOutput, args, load_seconds: float) -> int:
+    """What is left to say once the records are out: the continuous grid, the summary; the exit status."""
     if stats is None:
         print(f"minirt.generate: interrupted; {output.done} of {len(requests)} records were final and written",
               file=sys.stderr)

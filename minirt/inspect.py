@@ -115,9 +115,7 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
 
 def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int) -> None:
     """Score every prompt in one padded batch and print each one's most likely next tokens."""
-    sequences = [ids if ids else [llm.bos_token_id] for _, ids in prompts]  # an empty prompt starts from BOS
-    if any(seq == [None] for seq in sequences):
-        raise MinirtError("an empty prompt starts from the BOS token, and this model has no BOS/EOS token")
+    sequences = [llm.prompt_ids(ids) for _, ids in prompts]  # checked; an empty prompt starts from BOS
     start = time.perf_counter()
     logits = llm.model.logits(sequences)  # [B, max_len, V], one padded batch
     print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s")

@@ -81,7 +81,7 @@ class LayerKV:
     def read(self, batch: Batch):
         """Keys and values of the round's rows, positions 0..L-1: two arrays [B, H, L, D].
         A view when the rows' slots are contiguous; otherwise a gather, a copy of L positions."""
-        span, L = batch.slot_span, batch.kv_len
+        span, L = batch.slot_span, batch.max_kv_len
         if span is not None:
             return self.keys[span[0]:span[1], :, :L], self.values[span[0]:span[1], :, :L]
         return self.keys[batch.row_slots, :, :L], self.values[batch.row_slots, :, :L]

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from .backend import get_backend, resolve_dtype
 from .checkpoint import Checkpoint, load_checkpoint
 from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
-from .errors import TokenizerError
+from .errors import RequestError, TokenizerError
 from .model import GPT2
 from .request import Request
 from .sampling import SamplingParams
@@ -68,7 +68,6 @@ class LLM:
         self.defaults = SamplingParams(**generation_defaults(checkpoint.folder))
         self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
                              policy=policy, round_token_budget=round_token_budget)
-        self.bos_token_id = self.engine.bos_token_id  # what an empty prompt starts from
         self.seed = seed
         self.last_stats: RunStats | None = None
 
@@ -77,6 +76,10 @@ class LLM:
         """One request: refused at once (with its own error) when it is bad or when `error` is given."""
         return self.engine.make_request(index, prompt, params or self.defaults, request_id=request_id,
                                         run_seed=self.seed, want_logprobs=logprobs, error=error)
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """What the model is fed first for a prompt: its ids, BOS alone when empty; a RequestError if bad."""
+        return self.engine.prompt_ids(prompt)
 
     def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
               on_round: Callable[[RunStats], None] | None = None,
@@ -94,7 +97,7 @@ class LLM:
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+            raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         ids = ids if ids is not None else [None] * len(prompts)
         requests = [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs)
                     for i, (p, sp, rid) in enumerate(zip(prompts, params, ids))]

@@ -9,7 +9,7 @@ dataclasses named as in the checkpoint (`blocks[3].attn.c_attn.weight` is `h.3.a
 letters:
 
     B  rows in the batch          T  new tokens per row this round (padded)
-    N  real tokens in the round   L  key positions attended (longest row's kv_len)
+    N  real tokens in the round   L  key positions attended, max(kv_lens)
     C  n_embd                     H  n_head      D  head_dim = C // H
     I  n_inner (MLP width)        V  vocab_size  M  positions whose logits are asked for
 
@@ -220,7 +220,7 @@ class GPT2:
         row's new keys are written to its slot and the slot's length advances."""
         xp, c = self.xp, self.config
         if int(batch.positions.max(initial=0)) >= c.n_positions:
-            raise ValueError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
+            raise InputError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
         if kv_cache is not None:
             kv_cache.check_room(batch)
         x = embed(self.wte, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
@@ -229,7 +229,7 @@ class GPT2:
         x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
         if kv_cache is not None:
             kv_cache.advance(batch)
-        at = batch.last_tokens if logits_at is None else np.asarray(logits_at, dtype=np.int64)  # [M]
+        at = batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)  # [M]
         if not (logits_at is None and at.size == batch.n_tokens):  # at decode every token is some row's last
             x = x[self.backend.asarray(at)]  # [M, C]
         return lm_head(x, self.head_weight)  # [M, V] fp32

@@ -65,10 +65,6 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def next_input(self) -> list[int]:
-        """What this request feeds the next round: the whole prompt at prefill, then its last token."""
-        return list(self.prompt_ids) if not self.token_ids else [self.token_ids[-1]]
-
 
 def refuse(request: Request, message: str) -> None:
     """Finish without running: the request gets an error of its own; its peers are untouched."""

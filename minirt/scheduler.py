@@ -5,8 +5,10 @@ Owns: one scheduler class per policy, behind the small interface that the engine
 
     refusal(request)  why no round could ever take it (None if one can)
     submit(request)   queue it in arrival order; nothing else
+    has_work()        whether anyone waits or runs
     plan(round)       who runs, who is admitted, and the KV shape (rows x positions) when a group or pool starts
-    complete(plan)    after the round: free the rows of finished requests
+    complete(plan)    after the round: free the rows of finished requests (the static group, once it has ended)
+and keeps `waiting`, `active_rows` (rows per round) and `groups` (static groups) for reports.
 
   StaticScheduler      Fixed groups: when none is running, the next waiting requests in arrival order, up to
                        max_rows and within the KV budget; nobody else until every member has finished.
@@ -142,6 +144,8 @@ class ContinuousScheduler(Scheduler):
 
     def refusal(self, request: Request) -> str | None:
         too_big = super().refusal(request)
+        if too_big is None and self.pool is not None and self.need(request) > self.pool[1]:
+            return f"needs {self.need(request)} KV cache positions, more than each slot of the running pool holds"
         if too_big is None and self.token_budget is not None and request.prompt_len > self.token_budget:
             return (f"its prompt of {request.prompt_len} tokens exceeds the round token budget of "
                     f"{self.token_budget}; raise the budget")
@@ -153,7 +157,7 @@ class ContinuousScheduler(Scheduler):
             longest = max(self.need(r) for r in self.waiting)
             rows = max(1, min(self.max_rows, self.kv_budget // longest))
             self.pool = new_kv = (rows, longest)
-            kv_limited = rows < self.max_rows
+            kv_limited = rows < min(self.max_rows, len(self.waiting))  # the budget, not the queue, held it down
         reserved = sum(self.need(r) for r in self.running)  # KV positions held by running requests
         tokens = len(self.running)  # each running request decodes one token
         admitted = []

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from conftest import FIXTURE_NAMES, FIXTURES, load_expected, random_model
 from minirt import LLM, SamplingParams
 from minirt.engine import Engine
+from minirt.errors import RequestError
 from minirt.sampling import log_softmax
 
 
@@ -300,6 +301,10 @@ def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
                          SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
     assert [r.token_ids for r in roomy] == [r.token_ids for r in requests]
+    few = engine_for(model, batch_size=8, policy=policy)  # the budget holds 2 rows, but only 2 requests exist
+    few.kv_budget_bytes = 10 * few.kv_bytes_per_position
+    _, stats = serve(few, [[1, 2], [3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
@@ -315,6 +320,33 @@ def test_submit_only_queues(model, policy):
         scheduler.submit(request)
     assert list(scheduler.waiting) == [fits, too_big] and scheduler.max_rows == 4
     assert all(r.status.value == "waiting" and r.error is None for r in (fits, too_big))
+    assert getattr(scheduler, "pool", None) is None  # the continuous pool is fixed by the first plan, not by submit
+
+
+def test_the_continuous_pool_refuses_what_its_slots_cannot_hold(model):
+    from minirt.scheduler import ContinuousScheduler
+
+    scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
+    engine = Engine(model, None)
+    scheduler.submit(engine.make_request(0, [1, 2], SamplingParams(max_new_tokens=3)))  # needs 4 positions
+    assert scheduler.plan(1).new_kv == (4, 4)
+    later = engine.make_request(1, [1, 2, 3], SamplingParams(max_new_tokens=9))  # needs 11: within the budget
+    assert "more than each slot of the running pool holds" in scheduler.refusal(later)
+
+
+def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(model):
+    engine = engine_for(model, 2)
+    requests = [engine.make_request(i, [1 + i, 2], SamplingParams(max_new_tokens=6, ignore_eos=True)) for i in range(2)]
+
+    def interrupt(stats):
+        if stats.rounds == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.serve(requests, on_round=interrupt)
+    assert engine.kv_cache is None
+    with pytest.raises(RequestError, match="already started running"):
+        engine.serve(requests)
 
 
 def test_scoring_never_allocates_a_kv_cache(model, monkeypatch):

@@ -114,6 +114,20 @@ def test_seeded_sampling_gives_the_same_tokens(cfg, batch, seed):
     assert outputs[0] == outputs[1]
 
 
+@SETTINGS
+@given(rows=st.lists(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=5, max_size=5), min_size=1, max_size=4))
+def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
+    """All-greedy rounds take the argmax on the GPU (only B ids cross); it must match the host's pick, ties included."""
+    from types import SimpleNamespace
+
+    from minirt.sampling import choose_token, choose_tokens
+
+    host = np.array(rows, dtype=np.float32)
+    greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
+    got = choose_tokens(CUPY, CUPY.asarray(host), greedy)
+    assert got == [choose_token(row, SamplingParams(), None, want_logprob=False) for row in host]
+
+
 def test_fixture_logits_on_the_gpu_match_transformers():
     import minirt
     from conftest import load_expected

@@ -56,7 +56,7 @@ def test_layer_norm_keeps_fp16_but_computes_in_fp32():
 def test_attention_mask_is_causal_and_key_is_real_by_hand():
     # Row 0: 2 keys cached, 2 new real tokens, padded to T=3 -> kv_len 4.
     # Row 1: fresh, 1 real token, padded to T=3 -> kv_len 1.
-    mask = attention_mask(np, np.array([2, 0]), np.array([4, 1]), seq_len=3, kv_len=5)[:, 0]  # [B, T, L]
+    mask = attention_mask(np, np.array([2, 0]), np.array([4, 1]), seq_len=3, max_kv_len=5)[:, 0]  # [B, T, L]
     want_row0 = [[1, 1, 1, 0, 0],   # query at position 2 sees keys 0..2
                  [1, 1, 1, 1, 0],   # position 3 sees 0..3
                  [1, 1, 1, 1, 0]]   # a padded query: causal would allow key 4, key-is-real does not

@@ -71,7 +71,9 @@ def test_the_command_lines_use_the_public_api(name):
     """They go through LLM / load_model and callbacks: none reaches into the engine, a scheduler or a KV cache."""
     tree = ast.parse((PACKAGE / name).read_text(encoding="utf-8"))
     attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+    imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported = {alias.name for node in imports for alias in node.names}
     assert "engine" not in attributes, f"{name} reaches into llm.engine"
+    assert not {"engine", "kv_cache"} & {node.module for node in imports}, f"{name} imports from the engine"
     forbidden = {"Engine", "KVCache", "StaticScheduler", "ContinuousScheduler", "SCHEDULERS", "add_token", "refuse"}
     assert not imported & forbidden, f"{name} imports {imported & forbidden}"

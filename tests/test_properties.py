@@ -101,7 +101,7 @@ def test_each_rows_positions_continue_its_own_history(sequences, data):
     want = [past + i for seq, past in zip(sequences, past_lens) for i in range(len(seq))]
     assert batch.positions.tolist() == want
     assert batch.kv_lens.tolist() == [past + len(seq) for seq, past in zip(sequences, past_lens)]
-    assert batch.last_tokens.tolist() == (np.cumsum([len(s) for s in sequences]) - 1).tolist()
+    assert batch.last_index.tolist() == (np.cumsum([len(s) for s in sequences]) - 1).tolist()
 
 
 def test_row_with_no_valid_keys_is_finite():

@@ -37,10 +37,11 @@ def workload(vocab_size: int, n_prompts: int, seed: int) -> list[list[int]]:
     return [rng.integers(0, vocab_size, size=int(rng.integers(8, 33))).tolist() for _ in range(n_prompts)]
 
 
-def run_minirt(llm, prompts, new_tokens: int, batch_size: int) -> tuple[float, list[list[int]]]:
+def run_minirt(llms, prompts, new_tokens: int, batch_size: int) -> tuple[float, list[list[int]]]:
+    """`llms` maps each batch size to its LLM (one per batch size, all sharing one loaded checkpoint)."""
     from minirt import SamplingParams
 
-    llm.engine.batch_size = batch_size
+    llm = llms[batch_size]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
@@ -84,29 +85,31 @@ def main() -> int:
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging
 
-    from minirt import LLM
+    from minirt import LLM, load_checkpoint
 
     logging.set_verbosity_error()
     if args.model is None:
         from reference import make_gpt2_124m
 
         args.model = str(make_gpt2_124m(args.scratch))
-    llm = LLM(args.model, backend="numpy", dtype=args.dtype)
+    checkpoint = load_checkpoint(args.model)  # one set of (memory-mapped) weights for every batch size's LLM
+    llms = {b: LLM(checkpoint, backend="numpy", dtype=args.dtype, batch_size=b) for b in {1, *args.batch_sizes}}
+    llm = llms[1]
     folder = llm.model.folder
     reference = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32).eval()
     prompts = workload(llm.model.config.vocab_size, args.prompts, args.seed)
-    pad_id = llm.engine.eos_token_id if llm.engine.eos_token_id is not None else 0
+    pad_id = llm.tokenizer.eos_token_id if llm.tokenizer is not None and llm.tokenizer.eos_token_id is not None else 0
     print(f"model {args.model}: {llm.model.n_params / 1e6:.0f}M parameters, {args.dtype}; "
           f"{args.prompts} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.new_tokens} new each, greedy; "
           f"torch threads {torch.get_num_threads()}")
 
-    run_minirt(llm, prompts[:1], 2, 1)  # warm both sides up once
+    run_minirt(llms, prompts[:1], 2, 1)  # warm both sides up once
     run_transformers(reference, prompts[:1], 2, 1, pad_id)
     print(f"{'batch':>5s} {'minirt tok/s':>13s} {'transformers tok/s':>19s} {'ratio':>7s}  greedy tokens equal")
     for batch_size in args.batch_sizes:
         ours, theirs, same = [], [], None
         for _ in range(args.repeats):
-            rate, our_tokens = run_minirt(llm, prompts, args.new_tokens, batch_size)
+            rate, our_tokens = run_minirt(llms, prompts, args.new_tokens, batch_size)
             ours.append(rate)
             rate, their_tokens = run_transformers(reference, prompts, args.new_tokens, batch_size, pad_id)
             theirs.append(rate)
