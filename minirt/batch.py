@@ -50,14 +50,6 @@ def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int):
     return (causal & key_is_real[:, None, :])[:, None, :, :]  # [B, 1, T, L]
 
 
-def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
-    """(first, stop) when the slots are first, first+1, ...: the KV read is then a view, not a gather."""
-    if slots.size == 0:
-        return None
-    first = int(slots[0])
-    return (first, first + slots.size) if np.array_equal(slots, np.arange(first, first + slots.size)) else None
-
-
 class Batch:
     """The metadata of one forward pass.  Host (NumPy): new_lens, past_lens, kv_lens, slots, first_index [B];
     positions [N]; last_index [B'] (rows that brought tokens).  Backend: token_ids, token_positions,
@@ -73,7 +65,8 @@ class Batch:
         self.batch_size = B
         self.seq_len = max(int(self.new_lens.max()), 1) if B else 1  # T (at least 1, so shapes stay valid)
         self.max_kv_len = int(self.kv_lens.max()) if B else 0  # L: key positions attention looks at
-        self.slot_span = contiguous_span(self.slots)  # (first, stop) when the KV read can be a view
+        first = int(self.slots[0]) if B else 0  # slots first, first+1, ...: the KV read is a view, not a gather
+        self.slot_span = (first, first + B) if B and np.array_equal(self.slots, np.arange(first, first + B)) else None
 
         rows, cols = np.nonzero(np.arange(self.seq_len)[None, :] < self.new_lens[:, None])  # [N] each, row by row
         self.n_tokens = int(rows.size)  # N

@@ -59,18 +59,12 @@ def hub_cache_roots() -> list[Path]:
     return list(dict.fromkeys(roots))  # a folder named twice is searched once, at its first place
 
 
-def hub_id_candidates(hub_id: str) -> list[str]:
-    """'gpt2' -> ['gpt2', 'openai-community/gpt2'], and the reverse for the long form."""
-    short_names = {long: short for short, long in HUB_ALIASES.items()}
-    other_name = HUB_ALIASES.get(hub_id, short_names.get(hub_id))
-    return [hub_id] if other_name is None else [hub_id, other_name]
-
-
 def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
     """Return (snapshot folder or None, every place looked at, for the error message)."""
     looked = []
+    other_name = HUB_ALIASES.get(hub_id) or {long: short for short, long in HUB_ALIASES.items()}.get(hub_id)
     for root in hub_cache_roots():
-        for candidate in hub_id_candidates(hub_id):
+        for candidate in [hub_id] + ([other_name] if other_name else []):  # 'gpt2' and 'openai-community/gpt2'
             repo_dir = root / ("models--" + candidate.replace("/", "--"))
             ref_file = repo_dir / "refs" / "main"
             if ref_file.is_file():
@@ -211,12 +205,11 @@ def weight_files(folder: Path) -> list[Path]:
         return [single]
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            shard_names = sorted(set(weight_map.values()))
+            shard_names = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
             raise CheckpointError(f"{index}: not a valid shard index "
                                   "(expected a JSON object with a 'weight_map')") from None
-        shards = [folder / name for name in shard_names]
+        shards = [shard_inside(folder, name, index) for name in sorted(shard_names, key=str)]
         missing = [p.name for p in shards if not p.is_file()]
         if missing:
             raise CheckpointError(f"{index} names shards that are missing: {describe_names(missing)}; "
@@ -229,6 +222,21 @@ def weight_files(folder: Path) -> list[Path]:
                               ".save_pretrained(folder, safe_serialization=True)")
     raise CheckpointError(f"{folder} has no {SINGLE_FILE} (nor {SHARD_INDEX}); "
                           "a model folder needs its weights in safetensors")
+
+
+def shard_inside(folder: Path, name, index: Path) -> Path:
+    """A shard the index names, refused (before anything is opened) unless it is a plain name inside the model
+    folder: no absolute path, no `..`, no symlink out.  A Hugging Face cache snapshot's files link into its repo's
+    blobs/, so there the boundary is the repo folder (models--org--name)."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise CheckpointError(f"{index}: refused shard name {name!r}; an index may only name files inside {folder}")
+    boundary = folder.resolve()
+    if boundary.parent.name == "snapshots" and boundary.parent.parent.name.startswith("models--"):
+        boundary = boundary.parent.parent
+    if not (folder / name).resolve().is_relative_to(boundary):
+        raise CheckpointError(f"{index}: refused shard {name!r}, which resolves outside the model folder "
+                              f"({(folder / name).resolve()})")
+    return folder / name
 
 
 def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
@@ -262,8 +270,7 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
                                       "minirt reads F32, F16 and BF16 weights")
             tensors[name] = map_tensor(file_map, data_offset, entry)
             file_dtypes[name] = entry.dtype
-
-    if unexpected:
+    if unexpected:  # the whole folder has been read: now what is wrong with it as a whole
         raise CheckpointError(f"{folder}: unexpected tensors {describe_names(unexpected)}; "
                               "this is not a GPT2LMHeadModel checkpoint")
     missing = [name for name in expected if name not in tensors]

@@ -77,18 +77,13 @@ class Engine:
         self.batch_size = require_at_least_one(batch_size, "batch size")
         self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
-        self.kv_budget_bytes = int(kv_budget_mib * 2**20)
         c = model.config
         self.kv_bytes_per_position = KVCache.bytes_needed(c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype)
+        self.kv_budget_positions = int(kv_budget_mib * 2**20) // self.kv_bytes_per_position  # keys+values, all layers
         self.eos_token_id, self.bos_token_id = ((tokenizer.eos_token_id, tokenizer.bos_token_id) if tokenizer
                                                 else special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size))
         self.kv_cache: KVCache | None = None  # the running group's (or the continuous pool's) KV buffers
         self.free_slots: list[int] = []  # slots of that cache no running request holds
-
-    @property
-    def kv_budget_positions(self) -> int:
-        """The KV budget counted in positions (one position = keys + values of every layer)."""
-        return self.kv_budget_bytes // self.kv_bytes_per_position
 
     # ------------------------------------------------------------------ making requests
 
@@ -138,7 +133,6 @@ class Engine:
         after every round, on_group_end(group, waiting) after each static group."""
         def ignore(*args) -> None:  # the callback for events nobody asked to hear about
             pass
-
         on_final, on_round, on_group_end = on_final or ignore, on_round or ignore, on_group_end or ignore
         scheduler = SCHEDULERS[self.policy](self.batch_size, self.kv_budget_positions, self.model.config.n_positions,
                                             self.round_token_budget)

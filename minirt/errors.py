@@ -1,9 +1,8 @@
 """The exceptions minirt raises for problems a user can fix, and the one check every layer shares.
 
 Owns: `MinirtError`, whose message is one line saying what went wrong, where, and what to do (command lines
-print it, never a traceback), its subclasses, and `require_at_least_one`, the check on a count (batch size,
-token budget) that the API and the command lines share.  The errors that mean "a bad value" (`RequestError`,
-`InputError`) are also `ValueError`s.
+print it, never a traceback, and exit with its `exit_code`), its subclasses, `Terminated` (SIGTERM), and
+`require_at_least_one`, the count check the API and command lines share.  Bad values are also `ValueError`s.
 
 Must not know: anything about models, files or arrays.
 """
@@ -11,6 +10,7 @@ Must not know: anything about models, files or arrays.
 
 class MinirtError(Exception):
     """A problem with the user's input or environment, told in one line."""
+    exit_code = 2  # a bad flag, file, model or backend: nothing was run
 
 
 class CheckpointError(MinirtError):
@@ -31,6 +31,20 @@ class RequestError(MinirtError, ValueError):
 
 class InputError(MinirtError, ValueError):
     """Token ids the model cannot take (out of vocabulary, too long, not integers)."""
+
+
+class OutputError(MinirtError):
+    """Writing results failed (a full disk, /dev/full); the records already written are kept whole."""
+    exit_code = 74  # sysexits' EX_IOERR
+
+
+class StdoutClosed(OutputError):
+    """Standard output's reader went away, as in `| head`."""
+    exit_code = 141  # 128 + SIGPIPE
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same clean-up runs (exit 143)."""
 
 
 def require_at_least_one(value: int, name: str) -> int:

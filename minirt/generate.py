@@ -1,8 +1,9 @@
 """`python -m minirt.generate --prompts FILE`: serve a file of prompts, in static groups or with continuous batching.
 
-Owns: the command line, in four steps that `main` calls in order:
+Owns: the command line, in the steps that `main` calls in order:
 
     parse_args      flags, checked before anything is loaded
+    load            the model, and the checks that need it (--output not in its folder, --stop-token-id)
     build_requests  the prompts file, and each request's sampling parameters
                     (built-in defaults < the model's generation_config.json
                     < flags < the request's own JSONL fields)
@@ -11,19 +12,26 @@ Owns: the command line, in four steps that `main` calls in order:
                     completions in input order, the JSONL records, the progress bar and the
                     static groups' grids) and the exit status
 
+and what keeps the records safe around them: Ctrl-C and SIGTERM end a run with every final record written;
+--output is replaced only by a run that started (never by one refused at the start), and never when it is
+the prompts file or inside the model folder.
+
 Must not know: the engine, the layers, the KV cache or sampling arithmetic.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
 
 from .backend import BACKEND_NAMES
-from .cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, run_command
-from .errors import MinirtError, RequestError, require_at_least_one
+from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_STDOUT_CLOSED, EXIT_TERMINATED, OutputFile,
+                  StopSignals, run_command)
+from .errors import MinirtError, RequestError, Terminated, require_at_least_one
 from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
 from .prompt_file import FORMATS, PromptEntry, read_prompts
 from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
@@ -48,6 +56,7 @@ prompts files:
           any sampling field may be set per request: max_new_tokens, temperature,
           top_k, top_p, seed, stop, stop_token_ids, ignore_eos
   -       standard input (JSONL if the first line starts with "{", text otherwise)
+  a bad line (invalid JSON or UTF-8, an unknown field or bad value, over 1 MiB) fails alone
 
 sampling defaults: greedy (temperature 0), 64 new tokens, unless the model folder's
 generation_config.json says otherwise; flags override those, and a JSONL line's own
@@ -56,8 +65,12 @@ fields override the flags for that request.
 exit status:
   0    every request succeeded
   1    the run finished, but at least one request failed (its record carries the error)
-  2    a bad flag, prompts file, model or backend: nothing was generated
+  2    a bad flag, prompts file, model or backend, or an --output that is the prompts file or
+       inside the model folder: nothing was generated, and an existing --output file is untouched
+  74   writing --output failed (a full disk, /dev/full): the records before the failure are kept, whole
   130  interrupted (Ctrl-C); every record already final was written
+  141  standard output was closed (| head): the run stops, unless --output still gets every record
+  143  terminated (SIGTERM); every record already final was written
 """
 
 
@@ -138,20 +151,22 @@ def flag_overrides(args) -> dict:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def open_output(path: str):
-    """Open the JSONL output now, so a bad path fails before any work is done."""
-    try:
-        return open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
-    except OSError as exc:
-        raise MinirtError(f"cannot write --output {path} ({exc.strerror}); "
-                          "check the folder exists and is writable") from None
+def check_flags(args) -> None:
+    """The checks that need no model and that argparse cannot make."""
+    require_at_least_one(args.batch_size, "--batch-size")
+    require_at_least_one(args.max_round_tokens, "--max-round-tokens")
+    if not 0 < args.kv_budget_mib < math.inf:  # NaN fails both comparisons
+        raise MinirtError(f"--kv-budget-mib must be a positive, finite number of MiB, got {args.kv_budget_mib}")
+    if args.seed < 0:
+        raise MinirtError(f"--seed must be at least 0, got {args.seed}")
+    if args.output and args.prompts != "-" and os.path.realpath(args.output) == os.path.realpath(args.prompts):
+        raise MinirtError(f"--output {args.output} is the prompts file; write the records somewhere else")
 
 
 def parse_args(argv: list[str] | None):
     """The flags, with every check that needs no model: a bad flag stops here, before anything is loaded."""
     args = build_parser().parse_args(argv)
-    require_at_least_one(args.batch_size, "--batch-size")
-    require_at_least_one(args.max_round_tokens, "--max-round-tokens")
+    check_flags(args)
     args.overrides = flag_overrides(args)
     sampling_defaults(SamplingParams(), args.overrides)
     return args
@@ -180,9 +195,15 @@ def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingP
     return requests
 
 
-def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> RunStats | None:
-    """Serve the requests, writing each record as soon as the input order allows.  None when interrupted."""
+def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput,
+          signals: StopSignals) -> RunStats | KeyboardInterrupt:
+    """Serve the requests, writing each record as soon as the input order allows.  If Ctrl-C or SIGTERM
+    stops the run, every record already final is written and the interruption is returned."""
     progress = Progress(len(requests), enabled=not args.no_progress and sys.stderr.isatty())
+
+    def on_final(request):
+        with signals.held():  # a record is written whole, or not at all
+            output.final(request)
 
     def on_group_end(group, waiting):
         if args.trace:
@@ -190,44 +211,74 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> Run
             print(group_grid(group, waiting), file=sys.stderr)
 
     try:
-        return llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
+        return llm.serve(requests, on_final=on_final, on_round=lambda s: progress.update(s, output.done),
                          on_group_end=on_group_end)
-    except KeyboardInterrupt:
-        output.flush_out_of_order()  # whatever is final is kept, even out of order
-        return None
+    except KeyboardInterrupt as interruption:
+        with signals.held():
+            output.flush_out_of_order([r for r in requests if r.finished])  # kept, even out of order
+        return interruption
     finally:
         progress.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    entries = read_prompts(args.prompts, args.format)  # a bad prompts file stops here, before loading
-    jsonl = open_output(args.output) if args.output else None
-
+def load(args, records: OutputFile | None) -> tuple[LLM, float]:
+    """The model, and the checks that need it: they refuse the run before anything is served or written."""
     start = time.perf_counter()
     llm = LLM(args.model or default_model(), backend=args.backend, dtype=args.dtype,
               batch_size=args.batch_size, kv_budget_mib=args.kv_budget_mib, seed=args.seed,
               policy=args.policy, round_token_budget=args.max_round_tokens)
     load_seconds = time.perf_counter() - start
+    if records is not None and inside(records.target, llm.model.folder):
+        raise MinirtError(f"--output {args.output} is inside the model folder {llm.model.folder}; "
+                          "write the records somewhere else")
+    vocab_size = llm.model.config.vocab_size
+    for token_id in args.stop_token_id or ():
+        if not 0 <= token_id < vocab_size:
+            raise MinirtError(f"--stop-token-id {token_id} is not in the model's vocabulary (0-{vocab_size - 1})")
     if llm.backend_note:
         print(llm.backend_note, file=sys.stderr)
-    requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides), args.logprobs)
-
-    output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, jsonl, color=sys.stdout.isatty())
-    try:
-        stats = serve(llm, requests, args, output)
-    finally:
-        if jsonl is not None:
-            jsonl.close()
-    return report(stats, requests, output, args, load_seconds)
+    return llm, load_seconds
 
 
-def report(stats: RunStats | None, requests: list[Request], output: OrderedOutput, args, load_seconds: float) -> int:
+def inside(path: str, folder) -> bool:
+    """Whether `path` is in `folder` or below it, once symlinks are resolved."""
+    folder = os.path.realpath(folder)
+    return os.path.commonpath([os.path.realpath(path), folder]) == folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
+        args = parse_args(argv)
+        entries = read_prompts(args.prompts, args.format)  # a bad prompts file stops here, before loading
+        records = OutputFile(args.output) if args.output else None  # and a bad --output path
+        try:
+            llm, load_seconds = load(args, records)
+            requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides), args.logprobs)
+        except BaseException:
+            if records is not None:
+                records.discard()  # the run never started: an existing --output stays as it was
+            raise
+        output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, records, color=sys.stdout.isatty())
+        try:
+            stats = serve(llm, requests, args, output, signals)
+        finally:
+            if records is not None:
+                with signals.held():
+                    records.keep()
+        return report(stats, requests, output, args, load_seconds)
+
+
+def report(stats: RunStats | KeyboardInterrupt, requests: list[Request], output: OrderedOutput, args,
+           load_seconds: float) -> int:
     """What is left to say once the records are out: the continuous grid, the summary; the exit status."""
-    if stats is None:
-        print(f"minirt.generate: interrupted; {output.done} of {len(requests)} records were final and written",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+    if isinstance(stats, KeyboardInterrupt):
+        terminated = isinstance(stats, Terminated)
+        print(f"minirt.generate: {'terminated' if terminated else 'interrupted'}; {output.done} of {len(requests)} "
+              "records were final and written", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    if output.stdout_closed:
+        print(f"minirt.generate: error: {output.stdout_closed_message()}", file=sys.stderr)
+        return EXIT_STDOUT_CLOSED
     if args.trace and args.policy == "continuous":
         print(continuous_grid(requests, stats), file=sys.stderr)
     print(summary(stats, load_seconds), file=sys.stderr, end="")

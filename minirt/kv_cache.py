@@ -79,8 +79,7 @@ class LayerKV:
         self.values[batch.token_slots, :, batch.token_positions] = new_values  # [N, H, D]
 
     def read(self, batch: Batch):
-        """Keys and values of the round's rows, positions 0..L-1: two arrays [B, H, L, D].
-        A view when the rows' slots are contiguous; otherwise a gather, a copy of L positions."""
+        """Keys and values [B, H, L, D] of the round's rows: a view when their slots are contiguous, else a gather."""
         span, L = batch.slot_span, batch.max_kv_len
         if span is not None:
             return self.keys[span[0]:span[1], :, :L], self.values[span[0]:span[1], :, :L]

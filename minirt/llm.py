@@ -32,8 +32,7 @@ from .tokenizer import load_tokenizer
 
 
 def generation_defaults(folder: Path) -> dict:
-    """Sampling defaults a model folder ships in generation_config.json (Hugging Face's names): only the
-    fields present are taken, and `do_sample: false` means greedy."""
+    """Sampling defaults from a folder's generation_config.json (fields present only; do_sample false: greedy)."""
     path = Path(folder) / "generation_config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

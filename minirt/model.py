@@ -79,7 +79,6 @@ def block_weights(params: dict[str, Any], i: int) -> Block:
     """Block i's arrays, picked out of the loaded weights by name."""
     def pair(name: str) -> tuple[Any, Any]:
         return params[f"h.{i}.{name}.weight"], params[f"h.{i}.{name}.bias"]
-
     attn = Attention(c_attn=Linear(*pair("attn.c_attn")), c_proj=Linear(*pair("attn.c_proj")))
     mlp = MLP(c_fc=Linear(*pair("mlp.c_fc")), c_proj=Linear(*pair("mlp.c_proj")))
     return Block(ln_1=LayerNorm(*pair("ln_1")), attn=attn, ln_2=LayerNorm(*pair("ln_2")), mlp=mlp)

@@ -13,20 +13,32 @@ nothing runs) from a bad line (that request alone gets an error).
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.
 
+Lines are read and decoded one at a time, so these fail their own line alone (its record says why, with the
+line number) while the others run: a line that is not UTF-8, a line longer than MAX_LINE_BYTES (1 MiB, read
+past without being held or tokenized), and a JSONL string that is not valid Unicode (a lone surrogate such as
+"\\ud800", which JSON can escape but no text can hold).  A file in which no line decodes is not UTF-8 at all:
+the whole file is refused.
+
 Must not know: models, tokenizers or how requests are served.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from .errors import MinirtError
-from .sampling import SamplingParams
+from .sampling import FIELD_NAMES
 
 FORMATS = ("auto", "txt", "jsonl")
+MAX_LINE_BYTES = 1 << 20  # 1 MiB: a longer line fails alone, read past without being held whole
+READ_CHUNK = 1 << 16  # bytes read at a time
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, so any left is alone
 
 
 @dataclass
@@ -38,6 +50,15 @@ class PromptEntry:
     id: str | None = None
     overrides: dict = field(default_factory=dict)  # per-request sampling fields
     error: str | None = None  # set when the line itself is bad
+
+
+@dataclass
+class Line:
+    """One decoded line of a prompts file, or the reason it could not be decoded."""
+
+    number: int  # 1-based
+    text: str | None  # None when the line is bad
+    error: str | None = None
 
 
 def unescape_txt(line: str) -> str:
@@ -54,16 +75,132 @@ def unescape_txt(line: str) -> str:
     return "".join(out)
 
 
+# ----------------------------------------------------------------------------- lines
+
+
+def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
+    """(line, size) for each line of a binary stream, split where `bytes.splitlines` splits (\\n, \\r\\n, \\r):
+    the line without its ending, or None when it is longer than MAX_LINE_BYTES (read past, never held whole),
+    and its size in the stream, ending included."""
+    pending, dropped = b"", 0  # the line read so far (its last byte alone once it is too long); bytes dropped
+    for chunk in iter(lambda: stream.read(READ_CHUNK), b""):
+        *complete, pending = (pending + chunk).splitlines(keepends=True)
+        for line in complete:
+            yield sized(line, dropped)
+            dropped = 0
+        # Surely too long (an ending takes 2 bytes at most): keep only its last byte, a \r that a \n may follow.
+        if dropped or len(pending) > MAX_LINE_BYTES + 2:
+            dropped, pending = dropped + len(pending) - 1, pending[-1:]
+    if pending:
+        yield sized(pending, dropped)
+
+
+def sized(line: bytes, dropped: int) -> tuple[bytes | None, int]:
+    """A line as `byte_lines` yields it, from what was kept of it (ending included) and the bytes dropped."""
+    content = line.rstrip(b"\r\n")
+    return (None if dropped + len(content) > MAX_LINE_BYTES else content), dropped + len(line)
+
+
+def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
+    """Every line, decoded and numbered as `str.splitlines` numbers them, and the offset in the stream of the
+    first byte that is not UTF-8 (None when there is none)."""
+    lines: list[Line] = []
+    offset, first_bad = 0, None
+    for raw, size in byte_lines(stream):
+        number = len(lines) + 1
+        if raw is None:
+            lines.append(Line(number, None, f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line "
+                                            "may hold; shorten it"))
+        else:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                first_bad = offset + exc.start if first_bad is None else first_bad
+                lines.append(Line(number, None, f"line {number}: not UTF-8 text (bad byte at offset {exc.start} "
+                                                "of the line); save it as UTF-8"))
+            else:  # str.splitlines also splits at \v, \f, \x1c-\x1e, \x85, \u2028, \u2029 (+ "\n": keep the last)
+                lines += [Line(number + i, piece) for i, piece in enumerate((text + "\n").splitlines())]
+        offset += size
+    return lines, first_bad
+
+
+def read_file_lines(path: str) -> list[Line]:
+    """The lines of a prompts file; a file that is missing, unreadable or not UTF-8 at all is a MinirtError."""
+    file = Path(path)
+    if not file.exists():
+        raise MinirtError(f"prompts file {path} does not exist; "
+                          "pass a .txt or .jsonl file, or - for standard input")
+    if file.is_dir():
+        raise MinirtError(f"{path} is a folder; --prompts takes a .txt or .jsonl file")
+    try:
+        with file.open("rb") as stream:
+            lines, first_bad = numbered_lines(stream)
+    except OSError as exc:
+        raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
+    if first_bad is not None and not any(line.text and line.text.strip() for line in lines):
+        raise MinirtError(f"{path}: not UTF-8 text (bad byte at offset {first_bad}); save it as UTF-8")
+    return lines
+
+
+def read_stdin_lines() -> list[Line]:
+    """The lines of standard input, as bytes; a line that is not UTF-8 fails alone, even if all do."""
+    if sys.stdin is None:
+        raise MinirtError("standard input is closed; pass a prompts file instead of -")
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream with no bytes beneath (as tests substitute): encode it back
+        stream = io.BytesIO(sys.stdin.read().encode("utf-8", "surrogatepass"))
+    try:
+        return numbered_lines(stream)[0]
+    except OSError as exc:
+        raise MinirtError(f"standard input: cannot read ({exc.strerror})") from None
+
+
+# ----------------------------------------------------------------------------- entries
+
+
+def strings_in(value) -> Iterator[str]:
+    """Every string inside a JSON value, object keys included (without recursion: JSON may nest deeply)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+
+
+def has_lone_surrogate(value) -> bool:
+    return any(LONE_SURROGATE.search(s) for s in strings_in(value))
+
+
+def lone_surrogate_field(obj: dict) -> str | None:
+    """Which field of a JSONL object holds a string that is not valid Unicode ('"stop"', 'a field name'), if any."""
+    for key, value in obj.items():
+        if has_lone_surrogate(key):
+            return "a field name"
+        if has_lone_surrogate(value):
+            return f'"{key}"'
+    return None
+
+
 def parse_jsonl_line(number: int, line: str) -> PromptEntry:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         return PromptEntry(number, None, error=f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
+    except RecursionError:
+        return PromptEntry(number, None, error=f"line {number}: not valid JSON (nested too deeply)")
     if not isinstance(obj, dict):
         return PromptEntry(number, None,
                            error=f"line {number}: expected a JSON object with a \"prompt\", got {type(obj).__name__}")
     request_id = obj.get("id")
-    request_id = None if request_id is None else str(request_id)
+    request_id = None if request_id is None or has_lone_surrogate(request_id) else str(request_id)
+    bad_field = lone_surrogate_field(obj)
+    if bad_field is not None:
+        return PromptEntry(number, None, request_id,
+                           error=f"line {number}: {bad_field} is not valid Unicode (a lone surrogate)")
     if "prompt" not in obj:
         return PromptEntry(number, None, request_id, error=f"line {number}: no \"prompt\" field")
     prompt = obj["prompt"]
@@ -71,7 +208,7 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
     if not isinstance(prompt, str) and not is_id_list:
         return PromptEntry(number, None, request_id,
                            error=f"line {number}: \"prompt\" must be a string (or a list of token ids)")
-    known = set(SamplingParams.field_names())
+    known = set(FIELD_NAMES)
     unknown = sorted(set(obj) - known - {"prompt", "id"})
     if unknown:
         return PromptEntry(number, prompt, request_id,
@@ -81,43 +218,35 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
     return PromptEntry(number, prompt, request_id, overrides)
 
 
+def entry_for(line: Line, fmt: str) -> PromptEntry:
+    """The prompts-file entry of one non-blank line, in the file's format."""
+    if line.error is not None:
+        return PromptEntry(line.number, None, error=line.error)
+    if fmt == "jsonl":
+        return parse_jsonl_line(line.number, line.text)
+    return PromptEntry(line.number, unescape_txt(line.text))
+
+
+def resolved_format(fmt: str, path: str, lines: list[Line]) -> str:
+    """'txt' or 'jsonl': as asked, else from the file name, else from the first non-blank line."""
+    if fmt != "auto":
+        return fmt
+    suffix = Path(path).suffix.lower() if path != "-" else ""
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".txt":
+        return "txt"
+    first = next((line.text for line in lines if line.text and line.text.strip()), "")
+    return "jsonl" if first.lstrip().startswith("{") else "txt"
+
+
 def read_prompts(path: str, fmt: str = "auto") -> list[PromptEntry]:
-    """Read a prompts file (or '-' for standard input).  A file that can't be read is a MinirtError."""
-    if path == "-":
-        text = sys.stdin.read()
-        source = "standard input"
-    else:
-        file = Path(path)
-        if not file.exists():
-            raise MinirtError(f"prompts file {path} does not exist; "
-                              "pass a .txt or .jsonl file, or - for standard input")
-        if file.is_dir():
-            raise MinirtError(f"{path} is a folder; --prompts takes a .txt or .jsonl file")
-        try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise MinirtError(f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
-        except OSError as exc:
-            raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
-        source = path
-    lines = text.splitlines()
-    if fmt == "auto":
-        suffix = Path(path).suffix.lower() if path != "-" else ""
-        if suffix in (".jsonl", ".ndjson"):
-            fmt = "jsonl"
-        elif suffix == ".txt":
-            fmt = "txt"
-        else:
-            first = next((ln for ln in lines if ln.strip()), "")
-            fmt = "jsonl" if first.lstrip().startswith("{") else "txt"
-    entries = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if fmt == "jsonl":
-            entries.append(parse_jsonl_line(number, line))
-        else:
-            entries.append(PromptEntry(number, unescape_txt(line)))
+    """Read a prompts file (or '-' for standard input).  A file that can't be read is a MinirtError; a bad line
+    is an entry with an error of its own."""
+    lines = read_stdin_lines() if path == "-" else read_file_lines(path)
+    fmt = resolved_format(fmt, path, lines)
+    entries = [entry_for(line, fmt) for line in lines if line.text is None or line.text.strip()]
     if not entries:
+        source = "standard input" if path == "-" else path
         raise MinirtError(f"{source} holds no prompts (blank lines are skipped)")
     return entries

@@ -4,7 +4,8 @@ Owns:
   * `record`: a finished request as the JSON object --output writes;
   * `OrderedOutput`: records leave in input order, each as soon as it and
     every earlier one are final, to standard output and to the JSONL file,
-    flushed at once so an interrupted run keeps what is done;
+    flushed at once so an interrupted run keeps what is done; a closed
+    standard output (`| head`) stops the run unless --output still wants records;
   * `Progress`: a one-line progress bar on standard error;
   * `group_grid`: a static group's round grid (the `--trace` view);
   * `summary`: the closing counts.
@@ -19,6 +20,8 @@ import sys
 import time
 from typing import IO, Callable
 
+from .cli import OutputFile, mute_stdout
+from .errors import StdoutClosed
 from .engine import RunStats
 from .scheduler import GroupRecord
 from .request import Request
@@ -59,12 +62,14 @@ def completion_block(request: Request, color: bool = False) -> str:
 class OrderedOutput:
     """Emits finished requests in input order, the moment the order allows."""
 
-    def __init__(self, total: int, stdout: IO | None, jsonl: IO | None, color: bool = False):
+    def __init__(self, total: int, stdout: IO | None, jsonl: OutputFile | None, color: bool = False):
         self.total, self.color = total, color
         self.stdout, self.jsonl = stdout, jsonl
         self.ready: dict[int, Request] = {}
         self.next_index = 0
         self.done = 0
+        self.shown = 0  # completions that reached standard output
+        self.stdout_closed = False
 
     def final(self, request: Request) -> None:
         self.ready[request.index] = request
@@ -73,18 +78,40 @@ class OrderedOutput:
             self._emit(self.ready.pop(self.next_index))
             self.next_index += 1
 
-    def flush_out_of_order(self) -> None:
-        """After an interruption: write what is final even if an earlier request never finished."""
+    def flush_out_of_order(self, finished: list[Request]) -> None:
+        """After an interruption: write every finished request not written yet (those the interruption kept
+        from reaching `final` too), even if an earlier request never finished."""
+        for request in finished:
+            if request.index >= self.next_index and request.index not in self.ready:
+                self.ready[request.index] = request
+                self.done += 1
         for index in sorted(self.ready):
             self._emit(self.ready.pop(index))
 
     def _emit(self, request: Request) -> None:
         if self.stdout is not None:
-            self.stdout.write(completion_block(request, self.color) + "\n")
-            self.stdout.flush()
+            self._show(completion_block(request, self.color) + "\n")
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(record(request), ensure_ascii=False) + "\n")
-            self.jsonl.flush()
+
+    def _show(self, block: str) -> None:
+        """A completion on standard output; once its reader has gone, the run stops unless --output is kept."""
+        try:
+            self.stdout.write(block)
+            self.stdout.flush()
+        except BrokenPipeError:
+            self.stdout, self.stdout_closed = None, True
+            mute_stdout()
+            if self.jsonl is None:
+                raise StdoutClosed(self.stdout_closed_message()) from None
+            return
+        self.shown += 1
+
+    def stdout_closed_message(self) -> str:
+        told = f"standard output was closed after {self.shown} of {self.total} completions reached it"
+        if self.jsonl is None:
+            return f"{told}; stopped (with --output FILE the run goes on and keeps every record)"
+        return f"{told}; the run went on and --output {self.jsonl.path} holds every record"
 
 
 class Progress:

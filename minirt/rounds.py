@@ -60,8 +60,7 @@ class Simulation:
 
     def summary(self) -> dict:
         return {
-            "total_rounds": self.total_rounds,
-            "utilization": round(self.utilization, 6),
+            "total_rounds": self.total_rounds, "utilization": round(self.utilization, 6),
             "requests": [{"index": r.index, "output_len": n, "rounds_waited": r.rounds_waited,
                           "first_round": r.first_round, "finish_round": r.finish_round}
                          for r, n in zip(self.requests, self.output_lens)],
@@ -176,12 +175,11 @@ def svg_panels(sims: list[Simulation], title: str) -> str:
                     parts.append(f'<rect x="{left + (n - 1) * cell}" y="{y0 + i * cell}" width="{run * cell - gap_px}" '
                                  f'height="{cell - gap_px}" fill="{COLOURS[mark]}"/>')
                 n += run
-    legend_y = height - 16
     for j, (mark, label) in enumerate([("#", "active (produces a token)"), ("-", "waiting for a row"),
                                         (".", "finished, row still held by its static group")]):
         x = 10 + j * 200
-        parts.append(f'<rect x="{x}" y="{legend_y - 10}" width="12" height="12" fill="{COLOURS[mark]}"/>')
-        parts.append(f'<text x="{x + 18}" y="{legend_y}">{label}</text>')
+        parts.append(f'<rect x="{x}" y="{height - 26}" width="12" height="12" fill="{COLOURS[mark]}"/>')
+        parts.append(f'<text x="{x + 18}" y="{height - 16}">{label}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -189,13 +187,14 @@ def svg_panels(sims: list[Simulation], title: str) -> str:
 # ----------------------------------------------------------------------------- command
 
 
-def parse_lengths(text: str) -> list[int]:
+def parse_lengths(text: str, what: str = "length",
+                  error: Callable[[str], Exception] = argparse.ArgumentTypeError) -> list[int]:
     try:
         values = [int(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 2,5,8,4, got {text!r}") from None
+        raise error(f"expected comma-separated integers like 2,5,8,4, got {text!r}") from None
     if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"every length must be an integer >= 1, got {text!r}")
+        raise error(f"every {what} must be an integer >= 1, got {text!r}")
     return values
 
 
@@ -233,8 +232,12 @@ python -m minirt.generate --policy static|continuous runs real requests through 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    require_at_least_one(args.batch_size, "--batch-size")
+    args = build_parser().parse_args(argv)  # then the numbers are checked: a bad one is one line and exit 2
+    for flag in ("--batch-size", "--kv-budget", "--max-round-tokens"):
+        require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
+    args.batch_sizes = parse_lengths(args.batch_sizes, "batch size", lambda m: MinirtError(f"--batch-sizes: {m}"))
+    if args.seed < 0:
+        raise MinirtError(f"--seed must be an integer >= 0, got {args.seed}")
     budgets = {"kv_budget": args.kv_budget, "round_tokens": args.max_round_tokens}
     if args.lengths is not None:
         report_lengths(args, budgets)
@@ -252,11 +255,9 @@ def report_lengths(args, budgets: dict) -> None:
     if args.json:
         print(json.dumps({"policies": {s.policy: s.summary() for s in sims}}))
         return
-    for sim in sims:
-        print(grid_text(sim))
-        print()
-        print(request_table(sim))
-        print(f"total rounds {sim.total_rounds}, utilization {sim.utilization:.1%}\n")
+    for sim in sims:  # each: its grid, a blank line, its table and its totals
+        print(grid_text(sim), "", request_table(sim), f"total rounds {sim.total_rounds}, "
+              f"utilization {sim.utilization:.1%}\n", sep="\n")
     print(comparison_table(sims))
 
 
@@ -264,13 +265,12 @@ def report_workload(args, budgets: dict) -> None:
     """--workload: a long-tailed draw, both policies at several batch sizes, as a table (or JSON)."""
     if args.workload < 1:
         raise MinirtError(f"--workload needs at least 1 request, got {args.workload}")
-    batch_sizes = parse_lengths(args.batch_sizes)
     outputs, prompts = long_tailed_workload(args.workload, args.seed)
     results = {rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
-               for rows in batch_sizes}
+               for rows in args.batch_sizes}
     if args.svg:
-        title = f"workload of {args.workload} requests (seed {args.seed}), {batch_sizes[0]} rows"
-        write_svg(args.svg, results[batch_sizes[0]], title)
+        title = f"workload of {args.workload} requests (seed {args.seed}), {args.batch_sizes[0]} rows"
+        write_svg(args.svg, results[args.batch_sizes[0]], title)
     if args.json:
         workload = {"n": args.workload, "seed": args.seed, "output_lens": outputs, "prompt_lens": prompts}
         print(json.dumps({"workload": workload, "batch_sizes": {

@@ -41,17 +41,15 @@ class SamplingParams:
     ignore_eos: bool = False  # keep going past the end-of-text token
 
     def __post_init__(self):
-        # Accept lists (from JSON) and a bare string for `stop`; store tuples so params are hashable.
+        # A bare `stop` string, lists (from JSON) and None become tuples (hashable); validate refuses anything else.
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
-        object.__setattr__(self, "stop", tuple(stop) if stop is not None else ())
-        ids = self.stop_token_ids if self.stop_token_ids is not None else ()
-        object.__setattr__(self, "stop_token_ids", tuple(ids) if isinstance(ids, (list, tuple)) else ids)
+        for name, raw in (("stop", stop), ("stop_token_ids", self.stop_token_ids)):
+            object.__setattr__(self, name, tuple(raw or ()) if isinstance(raw, (list, tuple, type(None))) else raw)
         self.validate()
 
     def validate(self) -> None:
         def is_int(value) -> bool:
             return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
         def is_number(value) -> bool:
             return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and np.isfinite(value)
 
@@ -65,29 +63,29 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise RequestError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise RequestError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}")
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            shown = list(self.stop) if isinstance(self.stop, tuple) else self.stop
+            raise RequestError(f"stop must be a list of non-empty strings, got {shown!r}")
         if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise RequestError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         if not isinstance(self.ignore_eos, bool):
             raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
 
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
     def updated(self, **overrides) -> SamplingParams:
         """A copy with some fields replaced (validated again)."""
-        unknown = set(overrides) - set(self.field_names())
+        unknown = set(overrides) - set(FIELD_NAMES)
         if unknown:
             raise RequestError(f"unknown sampling field(s) {', '.join(sorted(unknown))}; "
-                               f"known: {', '.join(self.field_names())}")
+                               f"known: {', '.join(FIELD_NAMES)}")
         return replace(self, **overrides)
 
     @property
     def greedy(self) -> bool:
         """Temperature 0, or so small that logits / T would overflow: take the argmax."""
         return self.temperature < GREEDY_BELOW
+
+
+FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))  # what a JSONL line or a flag may set
 
 
 def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:

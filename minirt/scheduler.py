@@ -15,7 +15,7 @@ and keeps `waiting`, `active_rows` (rows per round) and `groups` (static groups)
   ContinuousScheduler  Every round, finished rows are freed and waiting requests admitted (arrival order,
                        skipping any that do not fit) while the rows, the round's token budget (a prefill costs
                        its prompt, a decode row one token) and the KV budget allow.  Its pool gives every row
-                       a slot as long as the longest need, so the KV budget may also cap the rows.
+                       a slot as long as the longest need, and has no more rows than requests (the budget may cap them).
 
 A request reserves its prompt plus every output token but the last (which is never fed back).  When the KV
 budget holds a group or the pool below max_rows, the plan says so (`kv_limited`).
@@ -49,7 +49,6 @@ class RoundPlan:
     admitted: list[Request]  # those whose prefill is this round
     new_kv: tuple[int, int] | None = None  # (rows, positions per row): a new group or pool starts; allocate it
     kv_limited: bool = False  # the KV budget held that new group or pool below max_rows
-    group: GroupRecord | None = None  # static: the group that starts this round
 
 
 def mark_admitted(request: Request, group: int | None, round_number: int) -> None:
@@ -110,7 +109,7 @@ class StaticScheduler(Scheduler):
             mark_admitted(request, group.number, round_number)
         self.running = list(members)
         new_kv = (len(members), max(self.need(r) for r in members))  # one slot per member, each the longest need
-        return RoundPlan(round_number, list(members), list(members), new_kv, kv_limited, group)
+        return RoundPlan(round_number, list(members), list(members), new_kv, kv_limited)
 
     def choose_group(self) -> tuple[list[Request], bool]:
         """Arrival order, up to max_rows, while members x the longest member's need fits the KV budget."""
@@ -153,9 +152,9 @@ class ContinuousScheduler(Scheduler):
 
     def plan(self, round_number: int) -> RoundPlan:
         new_kv, kv_limited = None, False
-        if self.pool is None:  # the pool's rows are as many as fit the budget at the longest need
+        if self.pool is None:  # rows: as many as fit the budget at the longest need, never more than wait
             longest = max(self.need(r) for r in self.waiting)
-            rows = max(1, min(self.max_rows, self.kv_budget // longest))
+            rows = max(1, min(self.max_rows, len(self.waiting), self.kv_budget // longest))
             self.pool = new_kv = (rows, longest)
             kv_limited = rows < min(self.max_rows, len(self.waiting))  # the budget, not the queue, held it down
         reserved = sum(self.need(r) for r in self.running)  # KV positions held by running requests

@@ -171,7 +171,6 @@ def special_ids(eos_token_id: int | None, bos_token_id: int | None, vocab_size: 
     (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used with and without a tokenizer."""
     def usable(token_id: int | None, fallback: int | None) -> int | None:
         return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback
-
     eos = usable(eos_token_id, endoftext)
     bos = usable(bos_token_id, endoftext if endoftext is not None else eos)
     return eos, bos

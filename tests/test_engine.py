@@ -177,9 +177,8 @@ def test_empty_prompt_starts_from_bos(model):
 
 def test_kv_budget_limits_the_group_and_refuses_what_can_never_fit(model):
     engine = engine_for(model, batch_size=3)
-    per_position = engine.kv_bytes_per_position
     sp = SamplingParams(max_new_tokens=4, ignore_eos=True)  # 2-token prompts need 5 positions each
-    engine.kv_budget_bytes = 10 * per_position  # room for two such slots, not three
+    engine.kv_budget_positions = 10  # room for two such slots, not three
     requests, stats = serve(engine, [[1, 2], [3, 4], [5, 6]], sp)
     assert [len(g.members) for g in stats.groups] == [2, 1]
     assert requests[2].rounds_waited == 4
@@ -252,7 +251,7 @@ def test_stop_strings_need_a_tokenizer():
 
 def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
     engine = Engine(model, None, batch_size=8, policy="continuous")
-    engine.kv_budget_bytes = 12 * engine.kv_bytes_per_position  # two rows of the longest need (6 positions)
+    engine.kv_budget_positions = 12  # two rows of the longest need (6 positions)
     sizes = []
     original = model.new_kv_cache
     monkeypatch.setattr(model, "new_kv_cache", lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity))
@@ -293,7 +292,7 @@ def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
     from minirt.report import summary
 
     engine = engine_for(model, batch_size=3, policy=policy)
-    engine.kv_budget_bytes = 10 * engine.kv_bytes_per_position
+    engine.kv_budget_positions = 10
     requests, stats = serve(engine, [[1, 2], [3, 4], [5, 6]], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert stats.kv_limited_rows == want_rows and max(stats.active_rows_per_round) == 2
     assert want_line in summary(stats, 0.0)
@@ -302,7 +301,7 @@ def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
     assert [r.token_ids for r in roomy] == [r.token_ids for r in requests]
     few = engine_for(model, batch_size=8, policy=policy)  # the budget holds 2 rows, but only 2 requests exist
-    few.kv_budget_bytes = 10 * few.kv_bytes_per_position
+    few.kv_budget_positions = 10
     _, stats = serve(few, [[1, 2], [3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
 
@@ -329,7 +328,7 @@ def test_the_continuous_pool_refuses_what_its_slots_cannot_hold(model):
     scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
     engine = Engine(model, None)
     scheduler.submit(engine.make_request(0, [1, 2], SamplingParams(max_new_tokens=3)))  # needs 4 positions
-    assert scheduler.plan(1).new_kv == (4, 4)
+    assert scheduler.plan(1).new_kv == (1, 4)  # one request waits: one row of its need
     later = engine.make_request(1, [1, 2, 3], SamplingParams(max_new_tokens=9))  # needs 11: within the budget
     assert "more than each slot of the running pool holds" in scheduler.refusal(later)
 

@@ -85,8 +85,9 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         reserved = sum(scheduler.need(r) for r in plan.active)
         admitted = {id(r) for r in plan.admitted}
         tokens = sum(r.prompt_len if id(r) in admitted else 1 for r in plan.active)
-        # The pool gives each row the longest need, so the budget may cap the rows below `rows`, and says so.
-        pool_rows = max(1, min(rows, kv_budget // max(p + n - 1 for p, n in zip(prompts, output_lens))))
+        # The pool gives each row the longest need, so the budget may cap the rows below `rows`, and says so;
+        # it never has more rows than requests.
+        pool_rows = max(1, min(rows, len(output_lens), kv_budget // max(p + n - 1 for p, n in zip(prompts, output_lens))))
         assert scheduler.pool[0] == pool_rows
         if plan.round_number == 1:
             assert plan.new_kv == (pool_rows, max(p + n - 1 for p, n in zip(prompts, output_lens)))

@@ -1,0 +1,239 @@
+"""Issue #10, family 5: a bad line of a prompts file fails that request alone, with its own record.
+
+A wrong-typed `stop` or `stop_token_ids`, a lone surrogate escaped in JSON, a line that is not UTF-8 (in a file or
+on standard input) and a line over the size limit each get an error record naming the line, while the good lines
+give exactly the records they give without the bad ones, the run exits 1 and nothing is a traceback.  A file in
+which no line decodes is still refused whole.
+"""
+
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import tracemalloc
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minirt.cli import EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
+from minirt.errors import RequestError
+from minirt.generate import main
+import minirt.prompt_file as prompt_file
+from minirt.prompt_file import MAX_LINE_BYTES, numbered_lines, read_prompts
+from minirt.sampling import SamplingParams
+
+GOOD = ["To be", "All the world", "Now is the winter"]  # the good lines every case keeps, in this order
+CLI = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+
+
+class BytesStdin:
+    """Standard input as a pipe gives it: bytes beneath, in `.buffer`."""
+
+    def __init__(self, data: bytes):
+        self.buffer = io.BytesIO(data)
+
+
+def generate(model: Path, prompts: bytes, suffix: str = ".jsonl", stdin: bool = False):
+    """Run `python -m minirt.generate` in-process on these bytes (a file, or standard input): (exit status, the
+    records, stderr).  Standard output and error encode strictly, as a real UTF-8 terminal or pipe does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source, out = Path(tmp) / f"prompts{suffix}", Path(tmp) / "out.jsonl"
+        source.write_bytes(prompts)
+        argv = ["--model", str(model), "--backend", "numpy", "--max-new-tokens", "3", "--output", str(out),
+                "--prompts", "-" if stdin else str(source)]
+        stdout, stderr = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2))
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+                mock.patch.object(sys, "stdin", BytesStdin(prompts)):
+            code = run_command(main, argv, prog="minirt.generate")
+        records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] if out.exists() else []
+    stderr.flush()
+    return code, records, stderr.buffer.getvalue().decode("utf-8")
+
+
+def jsonl(objects) -> list[bytes]:
+    return [json.dumps(obj).encode() for obj in objects]
+
+
+@pytest.fixture(scope="module")
+def good_tokens(tiny_lm):
+    """The token ids each good line gets in a run of the good lines alone."""
+    code, records, _ = generate(tiny_lm, b"\n".join(jsonl({"prompt": p} for p in GOOD)) + b"\n")
+    assert code == 0 and all(r["error"] is None for r in records)
+    return [r["token_ids"] for r in records]
+
+
+def check_bad_line_alone(model: Path, good_tokens, lines: list[bytes], bad_at: int, error_start: str, **kw):
+    """Insert lines[...] as they are; the line at `bad_at` is the bad one: it alone fails, with `error_start`."""
+    code, records, err = generate(model, b"\n".join(lines) + b"\n", **kw)
+    assert code == EXIT_REQUEST_FAILED and "Traceback" not in err, err
+    assert len(records) == len(GOOD) + 1
+    bad = records[bad_at]
+    assert bad["finish_reason"] == "error" and bad["error"].startswith(error_start), bad["error"]
+    assert bad["token_ids"] == []
+    good = [r for i, r in enumerate(records) if i != bad_at]
+    assert [r["error"] for r in good] == [None] * len(GOOD)
+    assert [r["token_ids"] for r in good] == good_tokens  # exactly as in a run without the bad line
+
+
+# ----------------------------------------------------------------------------- stop, stop_token_ids
+
+not_a_stop_list = (st.integers() | st.floats() | st.booleans() | st.dictionaries(st.text(max_size=3), json_scalars)
+                   | st.lists(json_values, min_size=1).filter(lambda v: not all(isinstance(s, str) and s for s in v)))
+not_a_token_id_list = (st.text() | st.integers() | st.floats() | st.booleans()
+                       | st.dictionaries(st.text(max_size=3), json_scalars)
+                       | st.lists(json_values, min_size=1).filter(
+                           lambda v: not all(type(t) is int and t >= 0 for t in v)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(stop=not_a_stop_list, ids=not_a_token_id_list)
+def test_a_wrong_typed_stop_or_stop_token_ids_is_a_request_error(stop, ids):
+    with pytest.raises(RequestError, match="^stop must be a list of non-empty strings, got "):
+        SamplingParams(stop=stop)
+    with pytest.raises(RequestError, match="^stop_token_ids must be a list of token ids, got "):
+        SamplingParams(stop_token_ids=ids)
+
+
+def test_good_stops_still_become_tuples():
+    assert SamplingParams(stop="\n").stop == ("\n",) and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(stop=None, stop_token_ids=None) == SamplingParams()
+    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
+    hash(SamplingParams(stop=["x"], stop_token_ids=[1]))
+    with pytest.raises(RequestError, match=r"got \[''\]$"):  # the message of an existing bad line, unchanged
+        SamplingParams(stop=[""])
+
+
+@CLI
+@given(field=st.sampled_from(["stop", "stop_token_ids"]), data=st.data(), at=st.integers(0, len(GOOD)))
+def test_a_wrong_typed_stop_fails_its_line_alone(tiny_lm, good_tokens, field, data, at):
+    value = data.draw(not_a_stop_list if field == "stop" else not_a_token_id_list)
+    lines = jsonl({"prompt": p} for p in GOOD)
+    lines.insert(at, json.dumps({"prompt": "To be", field: value}).encode())
+    check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: {field} must be a list of ")
+
+
+# ----------------------------------------------------------------------------- lone surrogates
+
+surrogates = st.integers(0xD800, 0xDFFF).map(chr)
+
+
+@CLI
+@given(where=st.sampled_from(["prompt", "id", "stop", "stop nested", "field name"]), surrogate=surrogates,
+       cut=st.integers(0, 5), at=st.integers(0, len(GOOD)))
+def test_a_lone_surrogate_fails_its_line_alone(tiny_lm, good_tokens, where, surrogate, cut, at):
+    text = "To be or"[:cut] + surrogate + "To be or"[cut:]
+    obj = {"prompt": "To be", "id": "q", "stop": ["\n"]}
+    field = f'"{where}"'
+    if where in ("prompt", "id", "stop"):
+        obj[where] = [text] if where == "stop" else text
+    elif where == "stop nested":
+        obj["stop"], field = ["\n", [[text]]], '"stop"'
+    else:
+        obj[text], field = 1, "a field name"
+    lines = jsonl({"prompt": p} for p in GOOD)
+    lines.insert(at, json.dumps(obj).encode())  # ensure_ascii: the surrogate travels as a \\udXXX escape
+    assert b"\\ud" in lines[at]
+    check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: {field} is not valid Unicode "
+                                                           "(a lone surrogate)")
+
+
+def test_a_surrogate_pair_is_one_good_character(tiny_lm):
+    code, records, _ = generate(tiny_lm, json.dumps({"prompt": "To be \U0001F600", "id": "\U0001F600"}).encode())
+    assert code == 0 and records[0]["id"] == "\U0001F600" and records[0]["error"] is None
+
+
+# ----------------------------------------------------------------------------- bytes that are not UTF-8
+
+def not_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+bad_bytes = st.binary(min_size=1, max_size=12).filter(lambda b: b"\n" not in b and b"\r" not in b and not_utf8(b))
+
+
+@CLI
+@given(junk=bad_bytes, at=st.integers(0, len(GOOD)), how=st.sampled_from(["stdin", ".txt", ".jsonl"]))
+def test_a_line_that_is_not_utf8_fails_alone(tiny_lm, good_tokens, junk, at, how):
+    lines = list(map(str.encode, GOOD)) if how == ".txt" else jsonl({"prompt": p} for p in GOOD)
+    lines.insert(at, junk)
+    check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: not UTF-8 text (bad byte at offset ",
+                         suffix=how if how != "stdin" else ".jsonl", stdin=how == "stdin")
+
+
+def test_a_file_where_no_line_decodes_is_refused_whole_but_stdin_line_by_line(tiny_lm):
+    junk = b"\xff\xfe bad\n\n\x80 worse\n"
+    code, records, err = generate(tiny_lm, junk, suffix=".txt")
+    assert code == EXIT_USAGE and records == [] and len(err.strip().splitlines()) == 1
+    assert "not UTF-8 text (bad byte at offset 0); save it as UTF-8" in err
+    code, records, err = generate(tiny_lm, junk, stdin=True)
+    assert code == EXIT_REQUEST_FAILED and [r["error"] for r in records] == [
+        "line 1: not UTF-8 text (bad byte at offset 0 of the line); save it as UTF-8",
+        "line 3: not UTF-8 text (bad byte at offset 0 of the line); save it as UTF-8"]
+
+
+# ----------------------------------------------------------------------------- huge lines
+
+@pytest.mark.parametrize("how", ["stdin", ".txt", ".jsonl"])
+def test_a_huge_line_fails_alone(tiny_lm, good_tokens, how):
+    huge = b"x" * (3 * MAX_LINE_BYTES)
+    lines = list(map(str.encode, GOOD)) if how == ".txt" else jsonl({"prompt": p} for p in GOOD)
+    lines.insert(1, huge if how == ".txt" else json.dumps({"prompt": huge.decode()}).encode())
+    check_bad_line_alone(tiny_lm, good_tokens, lines, 1,
+                         f"line 2: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; shorten it",
+                         suffix=how if how != "stdin" else ".txt", stdin=how == "stdin")
+
+
+def test_a_huge_line_is_read_past_without_being_held(tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_bytes(b"first\n" + b"y" * (40 * MAX_LINE_BYTES) + b"\r\nlast\n")
+    tracemalloc.start()
+    try:
+        entries = read_prompts(str(prompts))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [(e.line, e.prompt, e.error is None) for e in entries] == [(1, "first", True), (2, None, False),
+                                                                      (3, "last", True)]
+    assert peak < 8 * MAX_LINE_BYTES  # a 40 MiB line, never held whole
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, 2, 3])
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"])
+def test_the_limit_counts_the_line_without_its_ending(tmp_path, extra, ending):
+    prompts = tmp_path / "p.txt"
+    prompts.write_bytes(b"a" + ending + b"z" * (MAX_LINE_BYTES + extra) + ending + b"b" + ending)
+    entries = read_prompts(str(prompts))
+    assert [e.line for e in entries] == [1, 2, 3] and entries[2].prompt == "b"
+    assert (entries[1].error is None) == (extra <= 0)
+
+
+# ----------------------------------------------------------------------------- normal files read as before
+
+line_texts = st.text(alphabet=st.sampled_from(list("ab{} \\\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029é\U0001F600")),
+                     max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=line_texts, chunk=st.integers(1, 9))
+def test_lines_are_numbered_as_str_splitlines_numbers_them(text, chunk):
+    with mock.patch.object(prompt_file, "READ_CHUNK", chunk):  # every chunk boundary, \r\n split across two
+        lines, first_bad = numbered_lines(io.BytesIO(text.encode("utf-8")))
+    got = [(line.number, line.text) for line in lines if line.text.strip()]
+    assert got == [(n, t) for n, t in enumerate(text.splitlines(), start=1) if t.strip()]
+    assert first_bad is None and all(line.error is None for line in lines)
+
+
+def test_a_text_stdin_without_bytes_beneath_still_works(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("To be\n\nAll the world\n"))
+    assert [(e.line, e.prompt) for e in read_prompts("-")] == [(1, "To be"), (3, "All the world")]

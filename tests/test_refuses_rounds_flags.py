@@ -1,0 +1,140 @@
+"""Issue #10, family 4: counts that can never work are refused as flags, and a huge batch size costs nothing.
+
+`python -m minirt.rounds` refuses a batch size, KV budget or round token budget below 1, a --batch-sizes list
+holding one, and a negative --seed, before it simulates anything: one line on stderr, exit 2.  A batch size of
+10**9 with a few requests allocates nothing per requested row: neither `rounds` nor the engine's continuous
+pool, whose rows never outnumber the requests it could ever hold.
+"""
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, random_model
+from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
+from minirt.engine import Engine
+from minirt.model import GPT2
+from minirt.rounds import main
+from minirt.sampling import SamplingParams
+
+FAST = settings(max_examples=60, deadline=None)
+not_a_count = st.integers(-10**12, 0)
+
+
+def rounds(argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `python -m minirt.rounds`, run in-process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = run_command(main, argv, prog="minirt.rounds")
+        except SystemExit as exc:  # argparse's own refusals
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_refusal(argv: list[str], fragment: str) -> None:
+    code, out, err = rounds(argv)
+    assert code == EXIT_USAGE and out == ""
+    assert err.count("\n") == 1 and err.startswith("minirt.rounds: error: ") and fragment in err, err
+    assert "Traceback" not in err
+
+
+@FAST
+@given(flag=st.sampled_from(["--batch-size", "--kv-budget", "--max-round-tokens"]), value=not_a_count,
+       source=st.sampled_from([["--lengths", "2,5"], ["--workload", "3"]]))
+def test_a_count_below_one_is_one_line(flag, value, source):
+    assert_one_line_refusal(source + [flag, str(value)], f"{flag} must be at least 1, got {value}")
+
+
+@FAST
+@given(sizes=st.lists(st.integers(-5, 9), min_size=1, max_size=5).filter(lambda v: min(v) < 1),
+       source=st.sampled_from([["--lengths", "2,5"], ["--workload", "3"]]))
+def test_batch_sizes_holding_a_zero_are_one_line(sizes, source):
+    text = ",".join(map(str, sizes))
+    assert_one_line_refusal(source + [f"--batch-sizes={text}"], f"--batch-sizes: every batch size must be an "
+                                                              f"integer >= 1, got {text!r}")
+
+
+def test_batch_sizes_that_are_not_integers_and_a_negative_seed_are_one_line():
+    assert_one_line_refusal(["--workload", "3", "--batch-sizes", "4,x"], "--batch-sizes: expected comma-separated")
+    assert_one_line_refusal(["--workload", "3", "--seed", "-1"], "--seed must be an integer >= 0, got -1")
+
+
+def test_existing_refusals_keep_their_words():
+    assert_one_line_refusal(["--lengths", "2,5", "--batch-size", "0"], "--batch-size must be at least 1, got 0")
+    code, _, err = rounds(["--lengths", "2,0"])  # argparse's: usage, then the error
+    assert code == EXIT_USAGE and "argument --lengths: every length must be an integer >= 1, got '2,0'" in err
+
+
+# ----------------------------------------------------------------------------- huge batch sizes
+
+
+def test_a_huge_batch_size_finishes_at_once():
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "minirt.rounds", "--lengths", "2,5", "--batch-size", "1000000000"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert result.returncode == EXIT_OK, result.stderr
+    assert time.perf_counter() - start < 10 and "total rounds 5" in result.stdout
+
+
+@FAST
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=6), huge=st.integers(7, 10**12))
+def test_a_huge_batch_size_gives_the_rounds_of_one_row_per_request(lengths, huge):
+    def report(batch_size):
+        code, out, _ = rounds(["--lengths", ",".join(map(str, lengths)), "--batch-size", str(batch_size), "--json"])
+        assert code == EXIT_OK
+        return {name: policy["requests"] for name, policy in json.loads(out)["policies"].items()}
+
+    assert report(huge) == report(len(lengths))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(seed=3, vocab_size=60, n_positions=32)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n_requests=st.integers(1, 5), batch_size=st.sampled_from([6, 1000, 10**9]),
+       policy=st.sampled_from(["static", "continuous"]))
+def test_the_kv_cache_never_has_more_slots_than_requests(model, n_requests, batch_size, policy):
+    sizes = []
+    original = GPT2.new_kv_cache
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    prompts = [[1 + i, 2 + i] for i in range(n_requests)]
+
+    def serve(engine):
+        requests = [engine.make_request(i, p, params) for i, p in enumerate(prompts)]
+        stats = engine.serve(requests)
+        return [r.token_ids for r in requests], stats
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GPT2, "new_kv_cache", lambda self, n_slots, capacity: sizes.append(n_slots)
+                   or original(self, n_slots, capacity))
+        tokens, stats = serve(Engine(model, None, batch_size=batch_size, policy=policy, kv_budget_mib=10**6))
+    assert sizes and max(sizes) <= n_requests  # at most 2 slots for 2 requests, whatever the batch size
+    assert stats.kv_limited_rows == []  # nothing held the pool down but the queue
+    same, _ = serve(Engine(model, None, batch_size=n_requests, policy=policy))
+    assert tokens == same
+
+
+def test_generate_with_a_huge_batch_size_allocates_two_slots(tiny_lm, tmp_path, monkeypatch):
+    from minirt.generate import main as generate
+
+    sizes = []
+    original = GPT2.new_kv_cache
+    monkeypatch.setattr(GPT2, "new_kv_cache", lambda self, n_slots, capacity: sizes.append(n_slots)
+                        or original(self, n_slots, capacity))
+    (tmp_path / "p.txt").write_text("To be\nAll the world\n")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = run_command(generate, ["--model", str(tiny_lm), "--backend", "numpy", "--max-new-tokens", "3",
+                                      "--prompts", str(tmp_path / "p.txt"), "--batch-size", "1000000000",
+                                      "--policy", "continuous", "--kv-budget-mib", "1000000"],
+                           prog="minirt.generate")
+    assert code == EXIT_OK and sizes == [2]
