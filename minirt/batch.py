@@ -51,9 +51,8 @@ def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int):
 
 
 class Batch:
-    """The metadata of one forward pass.  Host (NumPy): new_lens, past_lens, kv_lens, slots, first_index [B];
-    positions [N]; last_index [B'] (rows that brought tokens).  Backend: token_ids, token_positions,
-    token_slots [N]; row_slots [B]; mask [B, 1, T, L]."""
+    """The metadata of one forward pass: host numbers (NumPy) per row [B] and per token [N], and what the layers
+    read, moved to the backend once: token_ids, token_positions, token_slots [N]; row_slots [B]; mask."""
 
     def __init__(self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None):
         B = len(token_lists)

@@ -206,7 +206,7 @@ def weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             shard_names = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError):
             raise CheckpointError(f"{index}: not a valid shard index "
                                   "(expected a JSON object with a 'weight_map')") from None
         shards = [shard_inside(folder, name, index) for name in sorted(shard_names, key=str)]
@@ -225,17 +225,20 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def shard_inside(folder: Path, name, index: Path) -> Path:
-    """A shard the index names, refused (before anything is opened) unless it is a plain name inside the model
-    folder: no absolute path, no `..`, no symlink out.  A Hugging Face cache snapshot's files link into its repo's
-    blobs/, so there the boundary is the repo folder (models--org--name)."""
+    """A shard the index names, refused before anything is opened unless it is a plain name inside the model
+    folder: no absolute path, no `..`, no symlink out (a hub-cache snapshot's files link into its repo's blobs/)."""
     if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
         raise CheckpointError(f"{index}: refused shard name {name!r}; an index may only name files inside {folder}")
-    boundary = folder.resolve()
-    if boundary.parent.name == "snapshots" and boundary.parent.parent.name.startswith("models--"):
-        boundary = boundary.parent.parent
-    if not (folder / name).resolve().is_relative_to(boundary):
+    boundary = next((p.parent for p in folder.resolve().parents  # in a hub-cache snapshot: its repo folder
+                     if p.name == "snapshots" and p.parent.name.startswith("models--")), folder.resolve())
+    try:
+        outside = not (folder / name).resolve().is_relative_to(boundary)
+        (folder / name).is_file()  # a name too long to look up fails here, not later as a traceback
+    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop, a name too long
+        outside = True
+    if outside:
         raise CheckpointError(f"{index}: refused shard {name!r}, which resolves outside the model folder "
-                              f"({(folder / name).resolve()})")
+                              "or cannot be looked up")
     return folder / name
 
 

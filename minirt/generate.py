@@ -3,7 +3,8 @@
 Owns: the command line, in the steps that `main` calls in order:
 
     parse_args      flags, checked before anything is loaded
-    load            the model, and the checks that need it (--output not in its folder, --stop-token-id)
+    model_folder    where the model is, and --output refused if writing it could change a file there
+    load            the model, and the check that needs it (--stop-token-id)
     build_requests  the prompts file, and each request's sampling parameters
                     (built-in defaults < the model's generation_config.json
                     < flags < the request's own JSONL fields)
@@ -13,8 +14,8 @@ Owns: the command line, in the steps that `main` calls in order:
                     static groups' grids) and the exit status
 
 and what keeps the records safe around them: Ctrl-C and SIGTERM end a run with every final record written;
---output is replaced only by a run that started (never by one refused at the start), and never when it is
-the prompts file or inside the model folder.
+--output is replaced only by a run that started and wrote a record (never by one refused at the start, nor
+by one interrupted before any record was final), and never when it is the prompts file or in the model folder.
 
 Must not know: the engine, the layers, the KV cache or sampling arithmetic.
 """
@@ -29,8 +30,9 @@ import time
 from pathlib import Path
 
 from .backend import BACKEND_NAMES
-from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_STDOUT_CLOSED, EXIT_TERMINATED, OutputFile,
-                  StopSignals, run_command)
+from .checkpoint import resolve_model_folder
+from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
+                  run_command, writing_changes)
 from .errors import MinirtError, RequestError, Terminated, require_at_least_one
 from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
 from .prompt_file import FORMATS, PromptEntry, read_prompts
@@ -67,8 +69,9 @@ exit status:
   1    the run finished, but at least one request failed (its record carries the error)
   2    a bad flag, prompts file, model or backend, or an --output that is the prompts file or
        inside the model folder: nothing was generated, and an existing --output file is untouched
-  74   writing --output failed (a full disk, /dev/full): the records before the failure are kept, whole
-  130  interrupted (Ctrl-C); every record already final was written
+  74   writing --output or standard output failed (a full disk, /dev/full): the records before the
+       failure are kept, whole
+  130  interrupted (Ctrl-C); every record already final was written (none final: --output untouched)
   141  standard output was closed (| head): the run stops, unless --output still gets every record
   143  terminated (SIGTERM); every record already final was written
 """
@@ -195,15 +198,10 @@ def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingP
     return requests
 
 
-def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput,
-          signals: StopSignals) -> RunStats | KeyboardInterrupt:
+def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> RunStats | KeyboardInterrupt:
     """Serve the requests, writing each record as soon as the input order allows.  If Ctrl-C or SIGTERM
     stops the run, every record already final is written and the interruption is returned."""
     progress = Progress(len(requests), enabled=not args.no_progress and sys.stderr.isatty())
-
-    def on_final(request):
-        with signals.held():  # a record is written whole, or not at all
-            output.final(request)
 
     def on_group_end(group, waiting):
         if args.trace:
@@ -211,26 +209,32 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput,
             print(group_grid(group, waiting), file=sys.stderr)
 
     try:
-        return llm.serve(requests, on_final=on_final, on_round=lambda s: progress.update(s, output.done),
+        return llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
                          on_group_end=on_group_end)
     except KeyboardInterrupt as interruption:
-        with signals.held():
-            output.flush_out_of_order([r for r in requests if r.finished])  # kept, even out of order
+        output.flush_out_of_order([r for r in requests if r.finished])  # kept, even out of order
         return interruption
     finally:
         progress.close()
 
 
-def load(args, records: OutputFile | None) -> tuple[LLM, float]:
-    """The model, and the checks that need it: they refuse the run before anything is served or written."""
+def model_folder(args) -> Path:
+    """The folder the model is loaded from; --output is refused (before it is opened) if writing it could change
+    a file there: a path inside it, a link to one of its files, anywhere in a hub-cache entry's repo folder."""
+    folder = resolve_model_folder(args.model or default_model())
+    why = writing_changes(args.output, folder) if args.output else None
+    if why:
+        raise MinirtError(f"--output {args.output} {why} the model folder {folder}; write the records somewhere else")
+    return folder
+
+
+def load(args, folder: Path) -> tuple[LLM, float]:
+    """The model, and the check that needs it: it refuses the run before anything is served."""
     start = time.perf_counter()
-    llm = LLM(args.model or default_model(), backend=args.backend, dtype=args.dtype,
+    llm = LLM(folder, backend=args.backend, dtype=args.dtype,
               batch_size=args.batch_size, kv_budget_mib=args.kv_budget_mib, seed=args.seed,
               policy=args.policy, round_token_budget=args.max_round_tokens)
     load_seconds = time.perf_counter() - start
-    if records is not None and inside(records.target, llm.model.folder):
-        raise MinirtError(f"--output {args.output} is inside the model folder {llm.model.folder}; "
-                          "write the records somewhere else")
     vocab_size = llm.model.config.vocab_size
     for token_id in args.stop_token_id or ():
         if not 0 <= token_id < vocab_size:
@@ -240,31 +244,28 @@ def load(args, records: OutputFile | None) -> tuple[LLM, float]:
     return llm, load_seconds
 
 
-def inside(path: str, folder) -> bool:
-    """Whether `path` is in `folder` or below it, once symlinks are resolved."""
-    folder = os.path.realpath(folder)
-    return os.path.commonpath([os.path.realpath(path), folder]) == folder
-
-
 def main(argv: list[str] | None = None) -> int:
     with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
         args = parse_args(argv)
         entries = read_prompts(args.prompts, args.format)  # a bad prompts file stops here, before loading
+        folder = model_folder(args)  # and an --output in the model folder
         records = OutputFile(args.output) if args.output else None  # and a bad --output path
         try:
-            llm, load_seconds = load(args, records)
+            llm, load_seconds = load(args, folder)
             requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides), args.logprobs)
         except BaseException:
             if records is not None:
                 records.discard()  # the run never started: an existing --output stays as it was
             raise
-        output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, records, color=sys.stdout.isatty())
+        output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, records, color=sys.stdout.isatty(),
+                               hold=signals.held)
+        stats = None
         try:
-            stats = serve(llm, requests, args, output, signals)
+            stats = serve(llm, requests, args, output)
         finally:
             if records is not None:
                 with signals.held():
-                    records.keep()
+                    records.close(interrupted=isinstance(stats, KeyboardInterrupt))
         return report(stats, requests, output, args, load_seconds)
 
 
@@ -276,9 +277,9 @@ def report(stats: RunStats | KeyboardInterrupt, requests: list[Request], output:
         print(f"minirt.generate: {'terminated' if terminated else 'interrupted'}; {output.done} of {len(requests)} "
               "records were final and written", file=sys.stderr)
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-    if output.stdout_closed:
-        print(f"minirt.generate: error: {output.stdout_closed_message()}", file=sys.stderr)
-        return EXIT_STDOUT_CLOSED
+    if output.stdout_failure:
+        print(f"minirt.generate: error: {output.stdout_failure}", file=sys.stderr)
+        return output.stdout_failure.exit_code
     if args.trace and args.policy == "continuous":
         print(continuous_grid(requests, stats), file=sys.stderr)
     print(summary(stats, load_seconds), file=sys.stderr, end="")

@@ -1,10 +1,8 @@
 """Per-request key/value buffers, preallocated once and filled in place.
 
-Owns: `KVCache`, a pool of slots, and `LayerKV`, one layer's view of it. Each slot is one request's own
-buffer: its keys and values for every layer, and its own length (`lengths[slot]`).  The engine gives a
-request a slot when it is admitted; the request keeps it until it finishes.
-
-Layout:  keys[layer, slot, head, position, head_dim]  (the same for values)
+Owns: `KVCache`, a pool of slots, and `LayerKV`, one layer's view of it.  Each slot is one request's own
+buffer, keys[layer, slot, head, position, head_dim] (and the same for values), with its own length
+(`lengths[slot]`).  The engine gives a request a slot when it is admitted; it keeps it until it finishes.
 
   * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot; each decode step writes
     one more, at `lengths[slot]`.

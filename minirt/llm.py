@@ -95,9 +95,9 @@ class LLM:
             prompts = [prompts]
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
-        if len(params) != len(prompts):
-            raise RequestError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
         ids = ids if ids is not None else [None] * len(prompts)
+        if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
+            raise RequestError(f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids")
         requests = [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs)
                     for i, (p, sp, rid) in enumerate(zip(prompts, params, ids))]
         self.serve(requests, on_final=on_final)

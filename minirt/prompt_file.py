@@ -13,6 +13,10 @@ nothing runs) from a bad line (that request alone gets an error).
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.
 
+A line ends at "\n", "\r\n" or "\r" and nowhere else, so its number is the one an editor shows: U+2028,
+U+2029, U+0085, a form feed, a vertical tab and \x1c-\x1e (where `str.splitlines` also ends a line) stay inside
+it, as a .txt prompt or raw inside a JSON string (where JSON allows them, and `json.dumps` writes them).
+
 Lines are read and decoded one at a time, so these fail their own line alone (its record says why, with the
 line number) while the others run: a line that is not UTF-8, a line longer than MAX_LINE_BYTES (1 MiB, read
 past without being held or tokenized), and a JSONL string that is not valid Unicode (a lone surrogate such as
@@ -79,9 +83,9 @@ def unescape_txt(line: str) -> str:
 
 
 def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
-    """(line, size) for each line of a binary stream, split where `bytes.splitlines` splits (\\n, \\r\\n, \\r):
-    the line without its ending, or None when it is longer than MAX_LINE_BYTES (read past, never held whole),
-    and its size in the stream, ending included."""
+    """(line, size) for each line of a binary stream, split where `bytes.splitlines` splits: at \\n, \\r\\n and \\r,
+    the only line endings (a decoded line is never split again).  The line comes without its ending, or as None
+    when it is longer than MAX_LINE_BYTES (read past, never held whole); its size in the stream counts the ending."""
     pending, dropped = b"", 0  # the line read so far (its last byte alone once it is too long); bytes dropped
     for chunk in iter(lambda: stream.read(READ_CHUNK), b""):
         *complete, pending = (pending + chunk).splitlines(keepends=True)
@@ -102,8 +106,8 @@ def sized(line: bytes, dropped: int) -> tuple[bytes | None, int]:
 
 
 def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
-    """Every line, decoded and numbered as `str.splitlines` numbers them, and the offset in the stream of the
-    first byte that is not UTF-8 (None when there is none)."""
+    """Every line, decoded and numbered (a line ends at \\n, \\r\\n or \\r alone), and the offset in the stream of
+    the first byte that is not UTF-8 (None when there is none)."""
     lines: list[Line] = []
     offset, first_bad = 0, None
     for raw, size in byte_lines(stream):
@@ -118,8 +122,8 @@ def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
                 first_bad = offset + exc.start if first_bad is None else first_bad
                 lines.append(Line(number, None, f"line {number}: not UTF-8 text (bad byte at offset {exc.start} "
                                                 "of the line); save it as UTF-8"))
-            else:  # str.splitlines also splits at \v, \f, \x1c-\x1e, \x85, \u2028, \u2029 (+ "\n": keep the last)
-                lines += [Line(number + i, piece) for i, piece in enumerate((text + "\n").splitlines())]
+            else:
+                lines.append(Line(number, text))
         offset += size
     return lines, first_bad
 

@@ -4,8 +4,9 @@ Owns:
   * `record`: a finished request as the JSON object --output writes;
   * `OrderedOutput`: records leave in input order, each as soon as it and
     every earlier one are final, to standard output and to the JSONL file,
-    flushed at once so an interrupted run keeps what is done; a closed
-    standard output (`| head`) stops the run unless --output still wants records;
+    flushed at once so an interrupted run keeps what is done; a closed or
+    failing standard output (`| head`, a full disk) stops the run unless
+    --output still wants records;
   * `Progress`: a one-line progress bar on standard error;
   * `group_grid`: a static group's round grid (the `--trace` view);
   * `summary`: the closing counts.
@@ -18,10 +19,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import IO, Callable
+from contextlib import nullcontext
+from typing import IO, Callable, ContextManager
 
-from .cli import OutputFile, mute_stdout
-from .errors import StdoutClosed
+from .cli import OutputFile, mute_stdout, stdout_error
+from .errors import OutputError
 from .engine import RunStats
 from .scheduler import GroupRecord
 from .request import Request
@@ -60,58 +62,84 @@ def completion_block(request: Request, color: bool = False) -> str:
 
 
 class OrderedOutput:
-    """Emits finished requests in input order, the moment the order allows."""
+    """Emits finished requests in input order, the moment the order allows: each completion to standard output,
+    then its record to --output.  Only the record is written within `hold` (a signal waits until it is whole);
+    standard output never is, so that Ctrl-C and SIGTERM are not held off by a reader that does not read."""
 
-    def __init__(self, total: int, stdout: IO | None, jsonl: OutputFile | None, color: bool = False):
-        self.total, self.color = total, color
+    def __init__(self, total: int, stdout: IO | None, jsonl: OutputFile | None, color: bool = False,
+                 hold: Callable[[], ContextManager] = nullcontext):
+        self.total, self.color, self.hold = total, color, hold
         self.stdout, self.jsonl = stdout, jsonl
-        self.ready: dict[int, Request] = {}
+        self.ready: dict[int, Request] = {}  # final, and not yet written to --output
         self.next_index = 0
         self.done = 0
         self.shown = 0  # completions that reached standard output
-        self.stdout_closed = False
+        self.last_shown = -1  # the index of the last of them
+        self.showing = False  # still True after a signal cut a completion short
+        self.stdout_failure: OutputError | None = None  # why standard output was given up, the run going on
 
     def final(self, request: Request) -> None:
         self.ready[request.index] = request
         self.done += 1
         while self.next_index in self.ready:
-            self._emit(self.ready.pop(self.next_index))
-            self.next_index += 1
+            request = self.ready[self.next_index]
+            if self.stdout is not None:
+                self._show(request)
+            with self.hold():  # the record, and then the note that it is written
+                self._write_record(request)
+                del self.ready[self.next_index]
+                self.next_index += 1
 
     def flush_out_of_order(self, finished: list[Request]) -> None:
         """After an interruption: write every finished request not written yet (those the interruption kept
-        from reaching `final` too), even if an earlier request never finished."""
+        from reaching `final` too), even if an earlier request never finished: the records first, then the
+        completions not shown yet, unless the interruption cut one short (its reader may not be reading) or
+        a second one comes meanwhile."""
         for request in finished:
             if request.index >= self.next_index and request.index not in self.ready:
                 self.ready[request.index] = request
                 self.done += 1
-        for index in sorted(self.ready):
-            self._emit(self.ready.pop(index))
+        pending = [self.ready.pop(index) for index in sorted(self.ready)]
+        if self.showing:
+            self._drop_stdout()
+        try:
+            with self.hold():
+                for request in pending:
+                    self._write_record(request)
+            for request in pending:
+                if self.stdout is not None and request.index > self.last_shown:
+                    self._show(request)
+        except KeyboardInterrupt:  # every record is written: stop waiting for standard output's reader
+            self._drop_stdout()
 
-    def _emit(self, request: Request) -> None:
-        if self.stdout is not None:
-            self._show(completion_block(request, self.color) + "\n")
+    def _write_record(self, request: Request) -> None:
         if self.jsonl is not None:
             self.jsonl.write(json.dumps(record(request), ensure_ascii=False) + "\n")
 
-    def _show(self, block: str) -> None:
-        """A completion on standard output; once its reader has gone, the run stops unless --output is kept."""
+    def _show(self, request: Request) -> None:
+        """A completion on standard output.  If that fails (its reader has gone, a full disk), standard output
+        is given up, and the run stops unless --output still wants records."""
+        self.showing = True
         try:
-            self.stdout.write(block)
+            self.stdout.write(completion_block(request, self.color) + "\n")
             self.stdout.flush()
-        except BrokenPipeError:
-            self.stdout, self.stdout_closed = None, True
-            mute_stdout()
+        except OSError as exc:
+            self._drop_stdout()
+            told = f"after {self.shown} of {self.total} completions reached it"
             if self.jsonl is None:
-                raise StdoutClosed(self.stdout_closed_message()) from None
-            return
-        self.shown += 1
+                raise stdout_error(exc, f"{told}; stopped (with --output FILE the run goes on and keeps every "
+                                        "record)") from None
+            self.stdout_failure = stdout_error(exc, f"{told}; the run went on and --output {self.jsonl.path} "
+                                                    "holds every record")
+        else:
+            self.shown, self.last_shown = self.shown + 1, request.index
+        self.showing = False
 
-    def stdout_closed_message(self) -> str:
-        told = f"standard output was closed after {self.shown} of {self.total} completions reached it"
-        if self.jsonl is None:
-            return f"{told}; stopped (with --output FILE the run goes on and keeps every record)"
-        return f"{told}; the run went on and --output {self.jsonl.path} holds every record"
+    def _drop_stdout(self) -> None:
+        """Write nothing more to standard output, and send what is still buffered for it nowhere."""
+        if self.stdout is not None:
+            self.stdout = None
+            mute_stdout()
 
 
 class Progress:

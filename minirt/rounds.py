@@ -33,6 +33,8 @@ from .sampling import SamplingParams
 from .scheduler import POLICIES, SCHEDULERS, RoundPlan, Scheduler
 
 UNLIMITED = 10**12  # a context / KV budget that never binds
+MAX_LENGTH = 1_000_000  # the longest output or prompt length simulated: a request of it takes seconds
+MAX_WORKLOAD = 10_000  # the most --workload requests: the simulation holds every one of them
 
 
 @dataclass
@@ -40,8 +42,7 @@ class Simulation:
     """One policy's run over a workload."""
     policy: str
     rows: int
-    requests: list[Request]
-    output_lens: list[int]
+    requests: list[Request]  # each asks for its output length as max_new_tokens
     scheduler: Scheduler
 
     @property
@@ -59,12 +60,9 @@ class Simulation:
         return request.finish_round
 
     def summary(self) -> dict:
-        return {
-            "total_rounds": self.total_rounds, "utilization": round(self.utilization, 6),
-            "requests": [{"index": r.index, "output_len": n, "rounds_waited": r.rounds_waited,
-                          "first_round": r.first_round, "finish_round": r.finish_round}
-                         for r, n in zip(self.requests, self.output_lens)],
-        }
+        requests = [{"index": r.index, "output_len": r.params.max_new_tokens, "rounds_waited": r.rounds_waited,
+                     "first_round": r.first_round, "finish_round": r.finish_round} for r in self.requests]
+        return {"total_rounds": self.total_rounds, "utilization": round(self.utilization, 6), "requests": requests}
 
 
 def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[int] | None = None,
@@ -94,7 +92,7 @@ def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[i
         for request in plan.active:  # the "forward pass": every active row produces one token (id 0)
             add_token(request, 0, None, round_number, None, UNLIMITED)
         scheduler.complete(plan)
-    return Simulation(policy, rows, requests, list(output_lens), scheduler)
+    return Simulation(policy, rows, requests, scheduler)
 
 
 def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:
@@ -105,7 +103,7 @@ def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:
     return outputs.tolist(), prompts.tolist()
 
 
-# ----------------------------------------------------------------------------- text
+# ----------------------------------------------------------------------------- text and picture
 
 
 def grid_text(sim: Simulation, max_columns: int = 120) -> str:
@@ -121,8 +119,8 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
 
 
 def request_table(sim: Simulation) -> str:
-    rows = [f"{r.index:7d} {n:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
-            for r, n in zip(sim.requests, sim.output_lens)]
+    rows = [f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
+            for r in sim.requests]
     return "\n".join([f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"] + rows)
 
 
@@ -134,8 +132,6 @@ def comparison_table(sims: list[Simulation]) -> str:
         lines.append(f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} {finish:12.1f}")
     return "\n".join(lines)
 
-
-# ----------------------------------------------------------------------------- picture
 
 COLOURS = {"#": "#2b6cb0", "-": "#e2e8f0", ".": "#f6ad55", " ": "#ffffff"}
 
@@ -187,22 +183,29 @@ def svg_panels(sims: list[Simulation], title: str) -> str:
 # ----------------------------------------------------------------------------- command
 
 
-def parse_lengths(text: str, what: str = "length",
-                  error: Callable[[str], Exception] = argparse.ArgumentTypeError) -> list[int]:
+def parse_lengths(text: str, flag: str, what: str = "length", cap: int | None = MAX_LENGTH,
+                  usage: bool = True) -> list[int]:
+    """The integers of `flag`'s list (2,5,8,4), each from 1 to `cap`.  A refusal is one line (a MinirtError, which
+    argparse lets through), but for a non-integer or one below 1 with `usage`: argparse's usage, then a line."""
+    error = argparse.ArgumentTypeError if usage else lambda message: MinirtError(f"{flag}: {message}")
+    items = text.replace(" ", "").split(",")
     try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+        values = [int(v) for v in items if v]
     except ValueError:
         raise error(f"expected comma-separated integers like 2,5,8,4, got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise error(f"every {what} must be an integer >= 1, got {text!r}")
+    if "" in items:
+        raise MinirtError(f"{flag}: {text!r} has an empty item (two commas in a row, or one at an end)")
+    if cap is not None and max(values) > cap:
+        raise MinirtError(f"{flag}: every {what} must be at most {cap}, got {max(values)}")
     return values
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minirt.rounds",
-        description="Simulate static groups and continuous batching on the same requests, counting rounds "
-                    "(no model needed).",
+        description="Static groups and continuous batching on the same requests, counted in rounds (no model needed).",
         epilog="""examples:
   python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
   python -m minirt.rounds --lengths 2,5,8,4 --prompt-lengths 3,9,1,4 --batch-size 3 --json
@@ -214,14 +217,15 @@ python -m minirt.generate --policy static|continuous runs real requests through 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--lengths", type=parse_lengths, metavar="L1,L2,...", help="output length of each request")
-    source.add_argument("--workload", type=int, metavar="N", help="draw N requests with long-tailed lengths")
-    p.add_argument("--prompt-lengths", type=parse_lengths, metavar="P1,P2,...",
-                   help="prompt length of each request (default 1)")
+    source.add_argument("--lengths", type=lambda text: parse_lengths(text, "--lengths"), metavar="L1,L2,...",
+                        help=f"output length of each request (each at most {MAX_LENGTH})")
+    source.add_argument("--workload", type=int, metavar="N", help=f"draw N long-tailed requests (N <= {MAX_WORKLOAD})")
+    p.add_argument("--prompt-lengths", type=lambda text: parse_lengths(text, "--prompt-lengths"), metavar="P1,P2,...",
+                   help=f"prompt length of each request (default 1; each at most {MAX_LENGTH})")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows (default 8)")
-    p.add_argument("--batch-sizes", default="4,8,16", metavar="B1,B2,...",
-                   help="workload: batch sizes to compare (default 4,8,16)")
+    p.add_argument("--batch-sizes", type=lambda text: parse_lengths(text, "--batch-sizes", "batch size", None, False),
+                   default="4,8,16", metavar="B1,B2,...", help="workload: batch sizes to compare (default 4,8,16)")
     p.add_argument("--kv-budget", type=int, default=UNLIMITED, metavar="POSITIONS",
                    help="KV positions the running requests may reserve (default: unlimited)")
     p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
@@ -235,23 +239,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # then the numbers are checked: a bad one is one line and exit 2
     for flag in ("--batch-size", "--kv-budget", "--max-round-tokens"):
         require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
-    args.batch_sizes = parse_lengths(args.batch_sizes, "batch size", lambda m: MinirtError(f"--batch-sizes: {m}"))
     if args.seed < 0:
         raise MinirtError(f"--seed must be an integer >= 0, got {args.seed}")
-    budgets = {"kv_budget": args.kv_budget, "round_tokens": args.max_round_tokens}
-    if args.lengths is not None:
-        report_lengths(args, budgets)
-    else:
-        report_workload(args, budgets)
+    report = report_lengths if args.lengths is not None else report_workload
+    report(args, {"kv_budget": args.kv_budget, "round_tokens": args.max_round_tokens})
     return EXIT_OK
 
 
 def report_lengths(args, budgets: dict) -> None:
     """--lengths: both policies on the given requests, as grids and tables (or JSON)."""
-    outputs, prompts = args.lengths, args.prompt_lengths
-    sims = [simulate(outputs, policy, args.batch_size, prompts, **budgets) for policy in POLICIES]
+    sims = [simulate(args.lengths, policy, args.batch_size, args.prompt_lengths, **budgets) for policy in POLICIES]
     if args.svg:
-        write_svg(args.svg, sims, f"{len(outputs)} requests, {args.batch_size} rows")
+        write_svg(args.svg, sims, f"{len(args.lengths)} requests, {args.batch_size} rows")
     if args.json:
         print(json.dumps({"policies": {s.policy: s.summary() for s in sims}}))
         return
@@ -263,8 +262,9 @@ def report_lengths(args, budgets: dict) -> None:
 
 def report_workload(args, budgets: dict) -> None:
     """--workload: a long-tailed draw, both policies at several batch sizes, as a table (or JSON)."""
-    if args.workload < 1:
-        raise MinirtError(f"--workload needs at least 1 request, got {args.workload}")
+    if not 1 <= args.workload <= MAX_WORKLOAD:
+        raise MinirtError(f"--workload needs at least 1 request, got {args.workload}" if args.workload < 1
+                          else f"--workload takes at most {MAX_WORKLOAD} requests, got {args.workload}")
     outputs, prompts = long_tailed_workload(args.workload, args.seed)
     results = {rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
                for rows in args.batch_sizes}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -90,6 +91,21 @@ def load_expected(name: str) -> dict[str, np.ndarray]:
 
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").is_file())
 
+
+
+def fake_hub_cache(root: Path, model: Path, repo_name: str = "models--someone--tiny") -> tuple[Path, Path]:
+    """`model` laid out as a Hugging Face cache entry under root/hub: (repo folder, snapshot folder), each
+    snapshot file a symlink into the repo's blobs/, as the hub library makes them."""
+    repo = root / "hub" / repo_name
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    for file in model.iterdir():
+        shutil.copy(file, repo / "blobs" / f"blob-{file.name}")
+        (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / f"blob-{file.name}")
+    return repo, snapshot
 
 
 @pytest.fixture(scope="session")

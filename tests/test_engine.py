@@ -370,3 +370,11 @@ def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
     got = choose_tokens(random_model().backend, logits, greedy)
     assert got == [choose_token(row, SamplingParams(), None, want_logprob=False) for row in logits]
+
+
+def test_generate_refuses_counts_that_do_not_match_the_prompts():
+    """zip would silently drop prompts: ids or params of another length are a ValueError naming them."""
+    llm = LLM(FIXTURES / "base")
+    for kwargs in ({"ids": ["a"]}, {"params": [SamplingParams()] * 3}):
+        with pytest.raises(ValueError, match="2 prompts"):
+            llm.generate([[1, 2], [3]], **kwargs)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import minirt
 import minirt.checkpoint as checkpoint
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, fake_hub_cache
 from minirt.errors import CheckpointError
 
 SHARDED = FIXTURES / "sharded"
@@ -121,16 +121,7 @@ def test_names_inside_the_folder_still_load(tmp_path):
 
 
 def test_a_hugging_face_cache_entry_with_blob_symlinks_loads_and_cannot_leave_its_repo(tmp_path, monkeypatch):
-    repo = tmp_path / "hub" / "models--someone--tiny-sharded"
-    snapshot = repo / "snapshots" / "abc123"
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir()
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("abc123")
-    for file in SHARDED.iterdir():  # every snapshot file is a symlink into ../../blobs, as the hub library makes them
-        blob = repo / "blobs" / f"blob-{file.name}"
-        shutil.copy(file, blob)
-        (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    repo, snapshot = fake_hub_cache(tmp_path, SHARDED, "models--someone--tiny-sharded")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     model = minirt.load_model("someone/tiny-sharded")
     assert np.array_equal(model.logits([[1, 2]]), minirt.load_model(SHARDED).logits([[1, 2]]))
@@ -157,3 +148,30 @@ def test_the_command_line_refuses_in_one_line(tmp_path):
                             check=False)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "refused shard name '/etc/passwd'" in result.stderr
+
+
+@pytest.mark.parametrize("case", ["nul_byte", "symlink_loop", "name_too_long", "deep_nesting"])
+def test_names_the_system_cannot_look_up_are_refused_in_one_line(tmp_path, opened, case):
+    folder = tmp_path / "m"
+    index = copy_sharded(folder)
+    if case == "deep_nesting":
+        (folder / INDEX).write_text('{"weight_map": ' + "[" * 100_000 + "]" * 100_000 + "}")
+        with pytest.raises(CheckpointError, match="not a valid shard index"):
+            minirt.load_checkpoint(folder)
+        return
+    if case == "symlink_loop":
+        (folder / "loop").symlink_to("loop")
+    point_first_shard_at(folder, index, {"nul_byte": "a\x00b", "symlink_loop": "loop", "name_too_long": "x" * 300}[case])
+    opened.clear()
+    refused_without_reading_outside(folder, opened)
+
+
+def test_a_model_in_a_subfolder_of_a_cache_snapshot_loads(tmp_path):
+    repo = tmp_path / "models--org--multi"
+    sub = repo / "snapshots" / "abc" / "sub"
+    sub.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for file in SHARDED.iterdir():  # sub/<file> -> ../../../blobs/<blob>
+        shutil.copy(file, repo / "blobs" / f"blob-{file.name}")
+        (sub / file.name).symlink_to(Path("..") / ".." / ".." / "blobs" / f"blob-{file.name}")
+    assert np.array_equal(minirt.load_model(sub).logits([[3, 4]]), minirt.load_model(SHARDED).logits([[3, 4]]))

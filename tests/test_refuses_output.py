@@ -9,6 +9,7 @@ keep every final record.  Each failure is one line on standard error, never a tr
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -17,8 +18,11 @@ import re
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
+import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
@@ -27,7 +31,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT
+from conftest import ROOT, fake_hub_cache
 from minirt.cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_FAILED, EXIT_STDOUT_CLOSED, EXIT_TERMINATED, EXIT_USAGE,
                         OutputFile, StopSignals, run_command)
 from minirt.errors import OutputError, Terminated
@@ -351,3 +355,325 @@ def test_a_signal_waits_for_the_held_block_to_end(signum, raised):
             signal.raise_signal(signum)
             steps.append("not reached outside a held block")
     assert steps == ["the block ran to its end"]
+
+
+# ---------------------------------------------------------------- the model's own files, in a hub cache too
+
+
+
+def tree_state(root: Path) -> dict:
+    """Every entry below `root`: a symlink's target, or a file's bytes (hashed), or 'dir'."""
+    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else
+                                       hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+            for p in sorted(root.rglob("*"))}
+
+
+HUB_OUTPUTS = {  # where --output points, relative to the test's folder
+    "a snapshot's config.json": "hub/models--someone--tiny/snapshots/abc123/config.json",
+    "a new file in the snapshot": "hub/models--someone--tiny/snapshots/abc123/records.jsonl",
+    "a blob": "hub/models--someone--tiny/blobs/blob-config.json",
+    "a new file in the repo folder": "hub/models--someone--tiny/records.jsonl",
+    "a symlink to a snapshot file": "link.jsonl",
+    "a hard link to a blob": "hard.jsonl",
+}
+
+
+@pytest.mark.parametrize("model_as", ["hub id", "snapshot folder"])
+@pytest.mark.parametrize("where", HUB_OUTPUTS)
+def test_output_on_a_hub_cache_entry_s_files_is_refused(tiny_lm, tmp_path, monkeypatch, where, model_as):
+    repo, snapshot = fake_hub_cache(tmp_path, tiny_lm)
+    (tmp_path / "link.jsonl").symlink_to(snapshot / "config.json")
+    os.link(repo / "blobs" / "blob-config.json", tmp_path / "hard.jsonl")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    prompts = prompts_file(tmp_path, 2)
+    before = tree_state(tmp_path)
+    code, stdout, err = run_in_process(["--model", "someone/tiny" if model_as == "hub id" else str(snapshot),
+                                        "--prompts", str(prompts), "--output", str(tmp_path / HUB_OUTPUTS[where])])
+    assert code == EXIT_USAGE and stdout == ""
+    assert "inside the model folder" in one_error_line(err)
+    assert tree_state(tmp_path) == before  # nothing written, created or replaced, no partial file anywhere
+
+
+@pytest.mark.parametrize("where", ["the shared file", "the model's symlink to it", "another symlink to it"])
+def test_output_on_shared_storage_a_model_file_links_to_is_refused(tiny_lm, tmp_path, where):
+    """A plain model folder whose files are symlinks to shared storage."""
+    shared, model = tmp_path / "shared", tmp_path / "model"
+    shutil.copytree(tiny_lm, shared)
+    model.mkdir()
+    for file in shared.iterdir():
+        (model / file.name).symlink_to(file)
+    (tmp_path / "elsewhere.jsonl").symlink_to(shared / "config.json")
+    output = {"the shared file": shared / "config.json", "the model's symlink to it": model / "config.json",
+              "another symlink to it": tmp_path / "elsewhere.jsonl"}[where]
+    prompts = prompts_file(tmp_path, 2)
+    before = tree_state(tmp_path)
+    code, stdout, err = run_in_process(["--model", str(model), "--prompts", str(prompts), "--output", str(output)])
+    assert code == EXIT_USAGE and stdout == "" and "inside the model folder" in one_error_line(err)
+    assert tree_state(tmp_path) == before
+
+
+def test_output_beside_a_hub_cache_entry_is_fine(tiny_lm, tmp_path, monkeypatch):
+    fake_hub_cache(tmp_path, tiny_lm)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "hub" / "records.jsonl"  # in the cache, but outside the entry's repo folder
+    code, _, _ = run_in_process(["--model", "someone/tiny", "--prompts", str(prompts_file(tmp_path, 2)),
+                                 "--output", str(out), "--max-new-tokens", "2", "--quiet"])
+    assert code == EXIT_OK and [r["index"] for r in whole_jsonl(out)] == [0, 1]
+
+
+# ---------------------------------------------------------------- streams, pipes and FIFOs are written directly
+
+def records_in(data: bytes) -> list[dict]:
+    return [json.loads(line) for line in data.split(b"\n") if line.startswith(b"{")]
+
+
+def generate_argv(tiny_lm, prompts: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "minirt.generate", "--backend", "numpy", "--no-progress", "--model", str(tiny_lm),
+            "--prompts", str(prompts), "--max-new-tokens", "2", *flags]
+
+
+@pytest.mark.parametrize("stream", ["stdout, a pipe", "stdout, a file (>)", "stdout, a file (>>)", "stderr, a pipe"])
+def test_output_on_standard_output_or_error_is_written_there(tiny_lm, tmp_path, stream):
+    """`--output /dev/stdout`: the records go where standard output goes, between the completions, and a
+    file the shell redirected it to is neither replaced nor cut (a `>>` file keeps what it had)."""
+    n, earlier = 3, b"earlier content\n"
+    prompts = prompts_file(tmp_path, n)
+    if stream.startswith("stderr"):
+        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", "/dev/stderr"), cwd=ROOT,
+                                capture_output=True, check=False)
+        assert result.returncode == EXIT_OK, result.stderr
+        assert [r["index"] for r in records_in(result.stderr)] == list(range(n))
+        return
+    if stream == "stdout, a pipe":
+        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", "/dev/stdout", "--quiet"), cwd=ROOT,
+                                capture_output=True, check=False)
+        assert result.returncode == EXIT_OK, result.stderr
+        assert [r["index"] for r in whole_jsonl_bytes(result.stdout)] == list(range(n))
+        return
+    shell_file = tmp_path / "shell.out"
+    shell_file.write_bytes(earlier)
+    inode = shell_file.stat().st_ino
+    with open(shell_file, "ab" if ">>" in stream else "wb") as redirect:
+        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", "/dev/stdout"), cwd=ROOT,
+                                stdout=redirect, stderr=subprocess.PIPE, check=False)
+    assert result.returncode == EXIT_OK, result.stderr
+    data = shell_file.read_bytes()
+    assert shell_file.stat().st_ino == inode and not list(tmp_path.glob(".*partial"))
+    assert data.startswith(earlier) if ">>" in stream else not data.startswith(earlier)
+    assert [r["index"] for r in records_in(data)] == list(range(n))
+    marks = [data.index(f"### [{i}]".encode()) for i in range(n)] + [len(data)]
+    for i in range(n):  # completion i, then its record, then completion i + 1
+        assert f'"index": {i},'.encode() in data[marks[i]:marks[i + 1]]
+
+
+def whole_jsonl_bytes(data: bytes) -> list[dict]:
+    assert data.endswith(b"\n"), data[-80:]
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+@pytest.mark.parametrize("kind", ["/dev/fd/N, a pipe", "a FIFO"])
+def test_output_on_a_pipe_or_fifo_is_written_directly(tiny_lm, tmp_path, kind):
+    n = 3
+    prompts = prompts_file(tmp_path, n)
+    if kind == "a FIFO":
+        fifo = tmp_path / "fifo"
+        os.mkfifo(fifo)
+        received = []
+        reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+        reader.start()
+        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", str(fifo), "--quiet"), cwd=ROOT,
+                                capture_output=True, check=False, timeout=60)
+        reader.join(timeout=10)
+        data = received[0]
+        assert stat.S_ISFIFO(fifo.lstat().st_mode)  # still a FIFO: nothing renamed over it
+    else:
+        read_end, write_end = os.pipe()
+        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", f"/dev/fd/{write_end}", "--quiet"),
+                                cwd=ROOT, capture_output=True, check=False, timeout=60, pass_fds=(write_end,))
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+    assert result.returncode == EXIT_OK, result.stderr
+    assert [r["index"] for r in whole_jsonl_bytes(data)] == list(range(n))
+    assert not list(tmp_path.glob(".*partial"))
+
+
+# ---------------------------------------------------------------- the partial file
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 255), lines=st.lists(st.text(max_size=20), max_size=4), exists=st.booleans())
+def test_the_partial_file_is_new_short_named_and_renamed_with_the_mode(tmp_path_factory, length, lines, exists):
+    """Any name the file system takes (up to 255 bytes) works; the partial file's name is short and fresh."""
+    folder = tmp_path_factory.mktemp("partial")
+    target = folder / ("r" * length)
+    if exists:
+        target.write_bytes(OLD)
+        target.chmod(0o604)
+    file = OutputFile(str(target))
+    partial = Path(file.partial)
+    assert partial.parent == folder and re.fullmatch(r"\.minirt-\w+\.partial", partial.name)
+    records = [json.dumps(x) + "\n" for x in lines]
+    for line in records:
+        file.write(line)
+    file.keep()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_text() == "".join(records) and not list(folder.glob(".*partial"))
+    assert target.stat().st_mode & 0o777 == (0o604 if exists else 0o666 & ~umask)
+
+
+def test_a_symlink_planted_at_a_guessable_partial_name_is_not_followed(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    shared = tmp_path / "shared"  # a folder others may write to
+    shared.mkdir()
+    for pid in (os.getpid(), os.getpid() + 1):  # the old, predictable name
+        (shared / f".out.jsonl.{pid}.partial").symlink_to(victim)
+    file = OutputFile(str(shared / "out.jsonl"))
+    file.write('{"a": 1}\n')
+    file.keep()
+    assert victim.read_bytes() == b"precious\n"
+    assert (shared / "out.jsonl").read_bytes() == b'{"a": 1}\n' and not (shared / "out.jsonl").is_symlink()
+
+
+def test_discarding_a_partial_file_that_is_already_gone_does_not_raise(tmp_path):
+    file = OutputFile(str(tmp_path / "out.jsonl"))
+    os.unlink(file.partial)
+    file.discard()
+    file.discard()  # twice, even: the error that brought us here is the one to tell
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- standard output that fails
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("with_output", [False, True], ids=["stdout only", "with --output"])
+def test_a_full_standard_output_exits_74_in_one_line(tiny_lm, tmp_path, with_output):
+    n = 3
+    out = tmp_path / "out.jsonl"
+    flags = ["--output", str(out)] if with_output else []
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(generate_argv(tiny_lm, prompts_file(tmp_path, n), *flags), cwd=ROOT, stdout=full,
+                                stderr=subprocess.PIPE, text=True, check=False, timeout=60)
+    assert result.returncode == EXIT_OUTPUT_FAILED
+    line = one_error_line(result.stderr)
+    assert "cannot write standard output (No space left on device)" in line
+    if with_output:
+        assert "holds every record" in line and [r["index"] for r in whole_jsonl(out)] == list(range(n))
+
+
+class FailsAfter(io.StringIO):
+    """A standard output that fails (a full disk, an I/O error) after `blocks` completions (each one write)."""
+
+    def __init__(self, blocks: int, errno_: int):
+        super().__init__()
+        self.left, self.errno = blocks, errno_
+
+    def write(self, text: str) -> int:
+        if self.left == 0:
+            raise OSError(self.errno, os.strerror(self.errno))
+        self.left -= 1
+        return super().write(text)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 5), shown=st.integers(0, 5), with_output=st.booleans(),
+       errno_=st.sampled_from([errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EBADF]))
+def test_a_failing_standard_output_exits_74_and_output_still_gets_every_record(tiny_lm, tmp_path_factory, n, shown,
+                                                                              with_output, errno_):
+    folder = tmp_path_factory.mktemp("failing")
+    out, err = folder / "out.jsonl", io.StringIO()
+    argv = ["--backend", "numpy", "--model", str(tiny_lm), "--prompts", str(prompts_file(folder, n)),
+            "--max-new-tokens", "2", "--batch-size", "2"] + (["--output", str(out)] if with_output else [])
+    with redirect_stdout(FailsAfter(shown, errno_)), redirect_stderr(err):
+        code = run_command(main, argv, prog="minirt.generate")
+    if shown >= n:
+        assert code == EXIT_OK
+        return
+    assert code == EXIT_OUTPUT_FAILED
+    line = one_error_line(err.getvalue())
+    assert f"cannot write standard output ({os.strerror(errno_)}) after {shown} of {n} completions" in line
+    if with_output:
+        assert [r["index"] for r in whole_jsonl(out)] == list(range(n))
+
+
+@pytest.mark.parametrize("error, code", [(OSError(errno.ENOSPC, "No space left on device"), EXIT_OUTPUT_FAILED),
+                                         (BrokenPipeError(errno.EPIPE, "Broken pipe"), EXIT_STDOUT_CLOSED)])
+def test_run_command_s_last_flush_of_standard_output_fails_in_one_line(error, code):
+    class FailsToFlush(io.StringIO):
+        def flush(self):
+            raise error
+
+    def main(argv):
+        print("a result")
+        return EXIT_OK
+
+    err = io.StringIO()
+    with redirect_stdout(FailsToFlush()), redirect_stderr(err):
+        assert run_command(main, [], prog="minirt.x") == code
+    assert "standard output" in one_error_line(err.getvalue())
+
+
+# ---------------------------------------------------------------- signals while standard output is blocked
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ is Linux's")
+def test_sigterm_ends_a_run_whose_standard_output_nobody_reads(tiny_lm, tmp_path):
+    n = 200
+    out = tmp_path / "out.jsonl"
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)  # a small pipe, quickly full
+    proc = subprocess.Popen(generate_argv(tiny_lm, prompts_file(tmp_path, n), "--output", str(out),
+                                          "--max-new-tokens", "20", "--ignore-eos"),
+                            cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    try:
+        sizes, deadline = [], time.monotonic() + 20
+        while len(sizes) < 4 or len(set(sizes[-4:])) > 1 or sizes[-1] == 0:  # the records stopped growing
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+            sizes.append(sum(p.stat().st_size for p in tmp_path.glob(".*partial")))
+        proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        assert proc.wait(timeout=10) == EXIT_TERMINATED and time.monotonic() - start < 5
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
+    final = int(re.fullmatch(rf"minirt.generate: terminated; (\d+) of {n} records were final and written",
+                             one_error_line(err)).group(1))
+    assert 1 <= len(whole_jsonl(out)) == final < n
+
+
+# ---------------------------------------------------------------- an interruption before any record
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 4), batch_size=st.integers(1, 2), stop_at=st.integers(0, 8),
+       signalled=st.sampled_from([Terminated, KeyboardInterrupt]), policy=st.sampled_from(["static", "continuous"]))
+def test_an_interruption_before_any_record_leaves_the_output_file_as_it_was(tiny_lm, tmp_path_factory, n, batch_size,
+                                                                          stop_at, signalled, policy):
+    folder = tmp_path_factory.mktemp("early")
+    out = folder / "out.jsonl"
+    out.write_bytes(OLD)
+    calls, real_forward = [], GPT2.forward
+
+    def interrupted_forward(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > stop_at:
+            raise signalled
+        return real_forward(self, *args, **kwargs)
+
+    with mock.patch.object(GPT2, "forward", interrupted_forward):
+        code, _, err = run_in_process(["--model", str(tiny_lm), "--prompts", str(prompts_file(folder, n)),
+                                       "--batch-size", str(batch_size), "--policy", policy, "--max-new-tokens", "2",
+                                       "--ignore-eos", "--output", str(out), "--quiet"])
+    assert not list(folder.glob(".*partial"))
+    if code == EXIT_OK:
+        assert len(whole_jsonl(out)) == n
+        return
+    assert code == (EXIT_TERMINATED if signalled is Terminated else EXIT_INTERRUPTED)
+    final = int(re.search(r"; (\d+) of", one_error_line(err)).group(1))
+    if final == 0:
+        assert out.read_bytes() == OLD  # the run produced nothing: the earlier records stay
+    else:
+        assert len(whole_jsonl(out)) == final

@@ -3,12 +3,14 @@
 A wrong-typed `stop` or `stop_token_ids`, a lone surrogate escaped in JSON, a line that is not UTF-8 (in a file or
 on standard input) and a line over the size limit each get an error record naming the line, while the good lines
 give exactly the records they give without the bad ones, the run exits 1 and nothing is a traceback.  A file in
-which no line decodes is still refused whole.
+which no line decodes is still refused whole.  A line ends at \\n, \\r\\n or \\r alone: U+2028, U+2029, U+0085,
+a form feed and the other characters where `str.splitlines` also splits stay inside their prompt.
 """
 
 import contextlib
 import io
 import json
+import re
 import sys
 import tempfile
 import tracemalloc
@@ -52,7 +54,8 @@ def generate(model: Path, prompts: bytes, suffix: str = ".jsonl", stdin: bool = 
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
                 mock.patch.object(sys, "stdin", BytesStdin(prompts)):
             code = run_command(main, argv, prog="minirt.generate")
-        records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] if out.exists() else []
+        records = [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n")[:-1]] \
+            if out.exists() else []  # not splitlines(): a record may hold U+2028 raw
     stderr.flush()
     return code, records, stderr.buffer.getvalue().decode("utf-8")
 
@@ -224,14 +227,72 @@ line_texts = st.text(alphabet=st.sampled_from(list("ab{} \\\n\r\x0b\x0c\x1c\x1d\
                      max_size=40)
 
 
+def editor_lines(text: str) -> list[str]:
+    """The lines of a text as an editor shows them: ended by \\n, \\r\\n or \\r, and by nothing else."""
+    return re.split("\r\n|\r|\n", text)
+
+
 @settings(max_examples=300, deadline=None)
 @given(text=line_texts, chunk=st.integers(1, 9))
-def test_lines_are_numbered_as_str_splitlines_numbers_them(text, chunk):
+def test_lines_are_numbered_as_an_editor_numbers_them(text, chunk):
     with mock.patch.object(prompt_file, "READ_CHUNK", chunk):  # every chunk boundary, \r\n split across two
         lines, first_bad = numbered_lines(io.BytesIO(text.encode("utf-8")))
     got = [(line.number, line.text) for line in lines if line.text.strip()]
-    assert got == [(n, t) for n, t in enumerate(text.splitlines(), start=1) if t.strip()]
+    assert got == [(n, t) for n, t in enumerate(editor_lines(text), start=1) if t.strip()]
     assert first_bad is None and all(line.error is None for line in lines)
+
+
+# ----------------------------------------------------------------------------- characters str.splitlines splits at
+
+NOT_LINE_ENDINGS = "\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines ends a line at each; a file does not
+plain_texts = st.text(alphabet=st.sampled_from(list("ab \t\\{}\"é\U0001F600" + NOT_LINE_ENDINGS)), max_size=8)
+endings = st.sampled_from(["\n", "\r\n", "\r"])
+odd_prompts = st.builds(lambda a, odd, b: a + odd + b, plain_texts, st.sampled_from(NOT_LINE_ENDINGS), plain_texts)
+
+
+def txt_line(prompt: str) -> str:
+    """A prompt as a .txt line: its backslashes, newlines and tabs escaped."""
+    return prompt.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), how=st.sampled_from([".jsonl", ".txt", "stdin"]))
+def test_a_prompt_holding_a_character_str_splitlines_splits_at_is_one_request(tmp_path_factory, data, how):
+    """Each prompt is one line (JSONL written by json.dumps(ensure_ascii=False), or escaped .txt; standard input
+    carries JSONL), after 0-2 blank lines, each line ended by \\n, \\r\\n or \\r at random."""
+    prompts = data.draw(st.lists(odd_prompts | st.builds(lambda p: p + "\n\r", odd_prompts), min_size=1,
+                                 max_size=5))  # "\n\r" inside a prompt: escaped, so no line ending either
+    if how == ".txt":  # a .txt line holds no \r, and one that is all spaces is blank
+        prompts = [p.replace("\r", "") + "x" for p in prompts]
+    text, expected = "", []
+    for i, prompt in enumerate(prompts):
+        for _ in range(data.draw(st.integers(0, 2), label="blank lines")):
+            text += data.draw(st.sampled_from(["", " "])) + data.draw(endings)
+        number = len(editor_lines(text))  # the lines so far, and the one about to start
+        expected.append((number, prompt, None if how == ".txt" else str(i)))
+        line = txt_line(prompt) if how == ".txt" else json.dumps({"prompt": prompt, "id": str(i)}, ensure_ascii=False)
+        text += line + data.draw(endings)
+    if how == "stdin":
+        with mock.patch.object(sys, "stdin", BytesStdin(text.encode("utf-8"))):
+            entries = read_prompts("-")
+    else:
+        source = tmp_path_factory.getbasetemp() / f"odd{how}"
+        source.write_bytes(text.encode("utf-8"))
+        entries = read_prompts(str(source))
+    assert [(e.line, e.prompt, e.id) for e in entries] == expected
+    assert all(e.error is None for e in entries)
+
+
+def test_a_prompt_holding_u2028_runs_as_one_request_and_later_lines_keep_their_numbers(tiny_lm):
+    prompts = ["To be\u2028or not", "All the\x85world", "Now\u2029is\x0cthe winter"]
+    lines = [json.dumps({"prompt": p, "id": f"q{i}"}, ensure_ascii=False).encode() for i, p in enumerate(prompts)]
+    code, records, err = generate(tiny_lm, b"\r\n".join(lines + [b'{"prompt": 5}']) + b"\n")
+    assert code == EXIT_REQUEST_FAILED and "Traceback" not in err, err
+    assert [(r["id"], r["prompt"], r["error"]) for r in records] == [
+        ("q0", prompts[0], None), ("q1", prompts[1], None), ("q2", prompts[2], None),
+        ("3", None, 'line 4: "prompt" must be a string (or a list of token ids)')]  # a record's id: its index
+    code, records, _ = generate(tiny_lm, "\n".join(prompts).encode(), suffix=".txt")
+    assert code == 0 and [r["prompt"] for r in records] == prompts
 
 
 def test_a_text_stdin_without_bytes_beneath_still_works(monkeypatch):

@@ -1,7 +1,8 @@
 """Issue #10, family 4: counts that can never work are refused as flags, and a huge batch size costs nothing.
 
 `python -m minirt.rounds` refuses a batch size, KV budget or round token budget below 1, a --batch-sizes list
-holding one, and a negative --seed, before it simulates anything: one line on stderr, exit 2.  A batch size of
+holding one, a negative --seed, a list with an empty item (4,,8), an output or prompt length above MAX_LENGTH and
+a --workload above MAX_WORKLOAD, before it simulates anything: one line on stderr, exit 2.  A batch size of
 10**9 with a few requests allocates nothing per requested row: neither `rounds` nor the engine's continuous
 pool, whose rows never outnumber the requests it could ever hold.
 """
@@ -21,7 +22,7 @@ from conftest import ROOT, random_model
 from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine import Engine
 from minirt.model import GPT2
-from minirt.rounds import main
+from minirt.rounds import MAX_LENGTH, MAX_WORKLOAD, main, parse_lengths
 from minirt.sampling import SamplingParams
 
 FAST = settings(max_examples=60, deadline=None)
@@ -71,6 +72,51 @@ def test_existing_refusals_keep_their_words():
     assert_one_line_refusal(["--lengths", "2,5", "--batch-size", "0"], "--batch-size must be at least 1, got 0")
     code, _, err = rounds(["--lengths", "2,0"])  # argparse's: usage, then the error
     assert code == EXIT_USAGE and "argument --lengths: every length must be an integer >= 1, got '2,0'" in err
+
+
+# ----------------------------------------------------------------------------- empty items, caps
+
+LIST_FLAGS = {"--lengths": ["--batch-size", "2"], "--prompt-lengths": ["--lengths", "2,5,3"],
+              "--batch-sizes": ["--workload", "3"]}  # each list flag, beside what makes the rest of a good command
+
+
+@FAST
+@given(flag=st.sampled_from(sorted(LIST_FLAGS)), values=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+       data=st.data())
+def test_a_list_with_an_empty_item_is_one_line(flag, values, data):
+    items = [str(v) for v in values]
+    for _ in range(data.draw(st.integers(1, 2), label="empty items")):  # anywhere: first, between, last
+        items.insert(data.draw(st.integers(0, len(items))), data.draw(st.sampled_from(["", " "])))
+    text = ",".join(items)
+    assert_one_line_refusal(LIST_FLAGS[flag] + [f"{flag}={text}"], f"{flag}: {text!r} has an empty item "
+                                                                   "(two commas in a row, or one at an end)")
+
+
+@FAST
+@given(flag=st.sampled_from(["--lengths", "--prompt-lengths"]), values=st.lists(st.integers(1, 9), max_size=3),
+       huge=st.integers(MAX_LENGTH + 1, 10**40), at=st.integers(0, 3))
+def test_a_length_above_the_cap_is_one_line(flag, values, huge, at):
+    values.insert(min(at, len(values)), huge)
+    argv = LIST_FLAGS[flag] + [flag, ",".join(map(str, values))]
+    assert_one_line_refusal(argv, f"{flag}: every length must be at most {MAX_LENGTH}, got {huge}")
+
+
+@FAST
+@given(n=st.integers(MAX_WORKLOAD + 1, 10**40))
+def test_a_workload_above_the_cap_is_one_line(n):
+    assert_one_line_refusal(["--workload", str(n)], f"--workload takes at most {MAX_WORKLOAD} requests, got {n}")
+
+
+def test_the_caps_themselves_are_allowed_and_named_in_help():
+    assert parse_lengths(f"{MAX_LENGTH},1", "--lengths") == [MAX_LENGTH, 1]  # a run of it would take seconds
+    code, out, err = rounds(["--lengths", "2", "--prompt-lengths", str(MAX_LENGTH), "--max-round-tokens",
+                             str(MAX_LENGTH), "--json"])
+    assert code == EXIT_OK and err == ""
+    assert json.loads(out)["policies"]["continuous"]["total_rounds"] == 2
+    code, out, _ = rounds(["--help"])
+    assert code == EXIT_OK and f"at most {MAX_LENGTH}" in out and f"N <= {MAX_WORKLOAD}" in out
+    assert "--workload needs at least 1 request, got 0" in rounds(["--workload", "0"])[2]  # kept as it was
+    assert "must be an integer >= 1, got '2,,0'" in rounds(["--lengths", "2,,0"])[2]  # the first refusal, as before
 
 
 # ----------------------------------------------------------------------------- huge batch sizes
