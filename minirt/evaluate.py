@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     if interactive:
         print(file=sys.stderr)
     loss = total / count
+    if not math.isfinite(loss):  # NaN or infinite weights, or an fp16 overflow: no perplexity to report
+        raise MinirtError(f"{llm.model.folder}: the loss over {count} predictions is {loss}, because the model's "
+                          "logits are not finite (NaN or infinite weights, or an fp16 overflow); check the checkpoint")
     result = {"model": str(llm.model.folder), "text": args.text, "tokens": len(ids), "predictions": count,
               "window": window, "stride": stride, "loss": loss, "perplexity": math.exp(loss), "seconds": seconds}
     if args.json:

@@ -17,6 +17,7 @@ Must not know: models, sampling or how groups are chosen.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from contextlib import nullcontext
@@ -45,7 +46,7 @@ def record(request: Request) -> dict:
         "error": request.error,
     }
     if request.want_logprobs:
-        out["logprobs"] = [round(lp, 6) for lp in request.logprobs]
+        out["logprobs"] = [round(lp, 6) if math.isfinite(lp) else None for lp in request.logprobs]  # strict JSON
     return out
 
 
@@ -114,7 +115,7 @@ class OrderedOutput:
 
     def _write_record(self, request: Request) -> None:
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(record(request), ensure_ascii=False) + "\n")
+            self.jsonl.write(json.dumps(record(request), ensure_ascii=False, allow_nan=False) + "\n")
 
     def _show(self, request: Request) -> None:
         """A completion on standard output.  If that fails (its reader has gone, a full disk), standard output
