@@ -224,13 +224,17 @@ def weight_files(folder: Path) -> list[Path]:
                           "a model folder needs its weights in safetensors")
 
 
+def model_boundary(folder: Path) -> Path:
+    """What a model's files must stay inside: its folder, or a hub-cache snapshot's repo (files link to blobs/)."""
+    return next((p.parent for p in folder.parents if p.name == "snapshots" and p.parent.name.startswith("models--")),
+                folder)
+
+
 def shard_inside(folder: Path, name, index: Path) -> Path:
-    """A shard the index names, refused before anything is opened unless it is a plain name inside the model
-    folder: no absolute path, no `..`, no symlink out (a hub-cache snapshot's files link into its repo's blobs/)."""
+    """A shard the index names, refused before anything is opened unless it is a plain name inside the model."""
     if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
         raise CheckpointError(f"{index}: refused shard name {name!r}; an index may only name files inside {folder}")
-    boundary = next((p.parent for p in folder.resolve().parents  # in a hub-cache snapshot: its repo folder
-                     if p.name == "snapshots" and p.parent.name.startswith("models--")), folder.resolve())
+    boundary = model_boundary(folder.resolve())
     try:
         outside = not (folder / name).resolve().is_relative_to(boundary)
         (folder / name).is_file()  # a name too long to look up fails here, not later as a traceback

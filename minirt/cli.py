@@ -28,6 +28,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable
 
+from .checkpoint import model_boundary
 from .errors import MinirtError, OutputError, StdoutClosed, Terminated
 
 EXIT_OK = 0  # everything asked for was done
@@ -202,9 +203,7 @@ def writing_changes(path: str, folder) -> str | None:
     (no symlink resolved), or once resolved inside the resolved folder (in a Hugging Face cache snapshot, whose
     files link into `models--org--name/blobs/`, anywhere in that repo folder); or it already is one of the
     folder's files, through a symlink or a hard link."""
-    folders = {Path(os.path.abspath(folder)), Path(os.path.realpath(folder))}
-    folders |= {p.parent for f in folders for p in f.parents
-                if p.name == "snapshots" and p.parent.name.startswith("models--")}  # a hub cache's repo folder
+    folders = {model_boundary(Path(os.path.abspath(folder))), model_boundary(Path(os.path.realpath(folder)))}
     if any(p.is_relative_to(f) for p in (Path(os.path.abspath(path)), Path(os.path.realpath(path))) for f in folders):
         return "is inside"
     try:

@@ -208,10 +208,9 @@ class Engine:
 
     def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
         """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""
-        for request in active:
-            if request.finished:
-                self.free_slots = sorted(self.free_slots + [request.slot])  # continuous: the next admission takes it
-                on_final(request)
+        for request in (r for r in active if r.finished):
+            self.free_slots = sorted(self.free_slots + [request.slot])  # continuous: the next admission takes it
+            on_final(request)
 
     def release_group(self) -> None:
         """The group is over: drop its KV cache before the next group allocates its own."""

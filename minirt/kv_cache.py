@@ -49,8 +49,7 @@ class KVCache:
 
     def check_room(self, batch: Batch) -> None:
         """Refuse a round that would write past a slot's capacity."""
-        over = batch.kv_lens > self.capacity
-        if over.any():
+        if (over := batch.kv_lens > self.capacity).any():
             row = int(np.argmax(over))
             raise ValueError(f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
                              f"but the cache was allocated with capacity {self.capacity}")

@@ -166,8 +166,7 @@ def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv:
     """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
     eps = config.layer_norm_epsilon
     x = x + attention(xp, layer_norm(xp, x, block.ln_1, eps), block.attn, config, batch, kv)  # [N, C]
-    x = x + mlp(xp, layer_norm(xp, x, block.ln_2, eps), block.mlp, config.gelu_form)  # [N, C]
-    return x  # [N, C]
+    return x + mlp(xp, layer_norm(xp, x, block.ln_2, eps), block.mlp, config.gelu_form)  # [N, C]
 
 
 def lm_head(hidden, head_weight):

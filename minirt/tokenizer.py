@@ -172,5 +172,4 @@ def special_ids(eos_token_id: int | None, bos_token_id: int | None, vocab_size: 
     def usable(token_id: int | None, fallback: int | None) -> int | None:
         return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback
     eos = usable(eos_token_id, endoftext)
-    bos = usable(bos_token_id, endoftext if endoftext is not None else eos)
-    return eos, bos
+    return eos, usable(bos_token_id, endoftext if endoftext is not None else eos)
