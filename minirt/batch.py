@@ -28,12 +28,10 @@ from .errors import InputError
 
 def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
     """`seq` as a list of plain ints inside the vocabulary, or an InputError that names `subject`."""
-    if isinstance(seq, (str, bytes)):
-        raise InputError(f"{subject} is not a list of integer token ids")
-    try:
-        ids = [int(t) for t in seq]
-    except (TypeError, ValueError):
-        raise InputError(f"{subject} is not a list of integer token ids") from None
+    items = list(seq) if hasattr(seq, "__iter__") and not isinstance(seq, (str, bytes)) else None
+    if items is None or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items):
+        raise InputError(f"{subject} is not a list of integer token ids")  # 2.0 and true are not ids either
+    ids = [int(t) for t in items]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise InputError(f"{subject} token id {bad[0]} is outside the vocabulary [0, {vocab_size})")

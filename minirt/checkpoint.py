@@ -25,6 +25,7 @@ import numpy as np
 
 from .config import GPT2Config
 from .errors import CheckpointError
+from .safetensors_header import TensorEntry, read_safetensors_header
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
@@ -39,12 +40,6 @@ HUB_ALIASES = {
 
 # safetensors dtype code -> the little-endian NumPy dtype holding its bytes (BF16: raw words, see `bf16_to_float32`).
 WEIGHT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
-# Every code the format defines, with its size in bytes, so that a foreign dtype is named, not misread.
-KNOWN_DTYPES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
-}
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit on the JSON header
 MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # old checkpoints' causal-mask buffers: not learned
 
 
@@ -98,58 +93,6 @@ def resolve_model_folder(model: str | os.PathLike) -> Path:
                               f"(looked in: {'; '.join(looked)}); minirt never downloads, so pass a folder, "
                               "or set HF_HUB_CACHE/HF_HOME to the cache that has it")
     return snapshot
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """One tensor as a safetensors header describes it."""
-    dtype: str  # safetensors code: "F32", "F16", "BF16", ...
-    shape: tuple[int, ...]
-    start: int  # byte offsets into the data section
-    end: int
-
-
-def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], int]:
-    """Parse and check a safetensors header.  Returns (entries by name, data section offset)."""
-    try:
-        file_size = path.stat().st_size
-        with open(path, "rb") as f:
-            prefix = f.read(8)  # the header's length, a little-endian uint64
-            if len(prefix) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file ({file_size} bytes, no header); "
-                                      "re-download or re-save it")
-            header_len = int.from_bytes(prefix, "little")
-            if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
-                raise CheckpointError(f"{path}: truncated or not a safetensors file (header claims {header_len} "
-                                      f"bytes, file has {file_size}); re-download or re-save it")
-            header = json.loads(f.read(header_len).decode("utf-8"))
-    except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path}: not a safetensors file (its header is not JSON); "
-                              "re-download or re-save it") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: not a safetensors file (its header is not a JSON object)")
-
-    header.pop("__metadata__", None)  # free-form strings about the file, not a tensor
-    data_offset = 8 + header_len
-    entries = {}
-    for name, info in header.items():
-        try:
-            dtype, shape, (start, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: malformed header entry for {name!r}") from None
-        if dtype not in KNOWN_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
-        n_bytes = int(np.prod(shape, dtype=np.int64)) * KNOWN_DTYPES[dtype]
-        if not (0 <= start <= end) or end - start != n_bytes:
-            raise CheckpointError(f"{path}: tensor {name} has offsets {start}..{end} that do not fit "
-                                  f"its shape {list(shape)} and dtype {dtype}")
-        if data_offset + end > file_size:
-            raise CheckpointError(f"{path}: truncated safetensors file (tensor {name} ends at byte "
-                                  f"{data_offset + end}, file has {file_size}); re-download or re-save it")
-        entries[name] = TensorEntry(dtype=dtype, shape=shape, start=start, end=end)
-    return entries, data_offset
 
 
 def bf16_to_float32(words: np.ndarray) -> np.ndarray:
@@ -206,7 +149,7 @@ def weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             shard_names = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # JSON/UTF-8 errors too
             raise CheckpointError(f"{index}: not a valid shard index "
                                   "(expected a JSON object with a 'weight_map')") from None
         shards = [shard_inside(folder, name, index) for name in sorted(shard_names, key=str)]
@@ -246,17 +189,29 @@ def shard_inside(folder: Path, name, index: Path) -> Path:
     return folder / name
 
 
+def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) -> None:
+    """Refuse a config that implies more weights than the files could hold even in 16 bits (an n_layer or a
+    context in the billions), in one line with the memory it asks for, before any size is taken from it."""
+    file_bytes = sum(path.stat().st_size for path in files)
+    if 2 * config.n_weights > file_bytes:
+        raise CheckpointError(f"{source}: implies {config.n_weights:,} weights ({config.n_weights / 2**28:,.1f} "
+                              f"GiB in float32), but the weight files hold {file_bytes / 2**30:,.3f} GiB; "
+                              "the weights are incomplete, or config.json belongs to another model")
+
+
 def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     """Resolve, open and check a GPT-2 checkpoint.  Raises CheckpointError in one line."""
     folder = resolve_model_folder(model)
     config = GPT2Config.from_file(folder / "config.json")
+    files = weight_files(folder)
+    headers = [(path, *read_safetensors_header(path)) for path in files]  # each file's damage is named first
+    check_files_can_hold(config, files, folder / "config.json")  # then, before anything is sized by the config
     expected = expected_shapes(config)
     allowed = {**expected, "lm_head.weight": (config.vocab_size, config.n_embd)}  # an untied head is optional
     tensors: dict[str, np.ndarray] = {}
     file_dtypes: dict[str, str] = {}
     unexpected: list[str] = []
-    for path in weight_files(folder):
-        entries, data_offset = read_safetensors_header(path)
+    for path, entries, data_offset in headers:
         file_map = np.memmap(path, dtype=np.uint8, mode="r") if entries else None  # [file bytes]
         for raw_name, entry in entries.items():
             name = raw_name.removeprefix("transformer.")  # the canonical name

@@ -50,6 +50,13 @@ class GPT2Config:
         return self.n_embd // self.n_head
 
     @property
+    def n_weights(self) -> int:
+        """How many numbers the checkpoint holds (a tied head counted once): Python integers, so never overflows."""
+        C, I = self.n_embd, self.n_inner
+        block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)  # 2 norms, attention, MLP
+        return (self.vocab_size + self.n_positions) * C + self.n_layer * block + 2 * C
+
+    @property
     def gelu_form(self) -> str:
         """'tanh' or 'erf': which GELU formula the activation name stands for."""
         return "tanh" if self.activation_function in GELU_TANH_NAMES else "erf"

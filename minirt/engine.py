@@ -204,7 +204,12 @@ class Engine:
         """Each active member picks its token from its own logits row, appends it, and checks its own stops."""
         n_positions = self.model.config.n_positions
         for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active)):
-            add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
+            if token is None:  # its own failure: the peers' rows are untouched and go on
+                refuse(request, f"the model's logits for this request are not finite (NaN or inf) in round "
+                                f"{round_number}: its weights hold NaN/inf, or float16 overflowed (try float32)")
+                request.finish_round, request.decoder = round_number, None
+            else:
+                add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
 
     def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
         """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""

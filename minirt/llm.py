@@ -20,10 +20,12 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .backend import get_backend, resolve_dtype
 from .checkpoint import Checkpoint, load_checkpoint
 from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
-from .errors import RequestError, TokenizerError
+from .errors import CheckpointError, RequestError
 from .model import GPT2
 from .request import Request
 from .sampling import SamplingParams
@@ -31,22 +33,39 @@ from .scheduler import GroupRecord
 from .tokenizer import load_tokenizer
 
 
-def generation_defaults(folder: Path) -> dict:
-    """Sampling defaults from a folder's generation_config.json (fields present only; do_sample false: greedy)."""
+def generation_defaults(folder: Path) -> SamplingParams:
+    """Sampling defaults from a folder's generation_config.json, read as Hugging Face does (do_sample absent or
+    false: greedy; true: its temperature, top_k and top_p, each defaulting to 1.0, 50 and 1.0).  A file that is
+    not JSON, or a value minirt cannot use, is refused in one line naming the file."""
     path = Path(folder) / "generation_config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
-        return {}
-    defaults = {}
-    for name in ("temperature", "top_k", "top_p", "max_new_tokens"):
-        if isinstance(raw.get(name), (int, float)) and not isinstance(raw.get(name), bool):
-            defaults[name] = raw[name]
-    if raw.get("do_sample") is False:
-        defaults["temperature"] = 0.0
-    elif raw.get("do_sample") is not True and "temperature" in defaults:
-        defaults.pop("temperature")  # Hugging Face ignores temperature unless do_sample is true
-    return defaults
+        if not isinstance(raw, dict) or not isinstance(raw.get("do_sample", False), bool):
+            raise RequestError("expected a JSON object whose do_sample is true or false")
+        read = {name: raw[name] for name in ("temperature", "top_k", "top_p", "max_new_tokens")
+                if raw.get(name) is not None}
+        SamplingParams(**read)  # every value the file gives is checked, even one that greedy decoding ignores
+        if raw.get("do_sample") is True:
+            return SamplingParams(**{"temperature": 1.0, "top_k": 50, **read})
+        return SamplingParams(**{**read, "temperature": 0.0})
+    except (OSError, ValueError, RecursionError) as exc:  # RequestError is a ValueError, and so are JSON's
+        raise CheckpointError(f"{path}: {exc}; fix or remove the file") from None
+
+
+def check_prompts(prompts) -> list:
+    """The prompts as a list, each a string or a sequence of integer token ids; else a TypeError naming it."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a string or a list of prompts, got {type(prompts).__name__}")
+    for i, prompt in enumerate(prompts):
+        is_ids = isinstance(prompt, (list, tuple, np.ndarray)) and all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt)
+        if not (isinstance(prompt, str) or is_ids):
+            shown = type(prompt).__name__ if not isinstance(prompt, (list, tuple)) else "a list holding non-integers"
+            raise TypeError(f"prompts[{i}] must be a string or a list of integer token ids, got {shown}"
+                            + ("; wrap one token-id prompt in a list: [[1, 2, 3]]" if isinstance(prompt, int) else ""))
+    return list(prompts)
 
 
 class LLM:
@@ -59,12 +78,11 @@ class LLM:
         checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
         c = self.model.config
-        self.tokenizer, self.tokenizer_problem = None, None
-        try:
-            self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
-        except TokenizerError as exc:
-            self.tokenizer_problem = str(exc)  # token-id prompts still work
-        self.defaults = SamplingParams(**generation_defaults(checkpoint.folder))
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
+        # None when the folder has no tokenizer (token-id prompts still work); a broken or mismatched one is refused.
+        self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
+        self.defaults = generation_defaults(checkpoint.folder)
         self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
                              policy=policy, round_token_budget=round_token_budget)
         self.seed = seed
@@ -91,10 +109,11 @@ class LLM:
                  ids: Sequence | None = None, logprobs: bool = False,
                  on_final: Callable[[Request], None] | None = None) -> list[Request]:
         """Serve the prompts (text, or token-id lists) and return their outputs in input order."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
+        prompts = check_prompts(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
+        elif not all(isinstance(p, SamplingParams) for p in params):
+            raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
         ids = ids if ids is not None else [None] * len(prompts)
         if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
             raise RequestError(f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids")

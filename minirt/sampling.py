@@ -134,12 +134,15 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
 def choose_tokens(backend, logits, rows) -> list[tuple[int, float | None]]:
     """Every row's (token, log-probability or None), from its own logits row and settings.  `rows` are the
     round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy
-    shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest id)."""
+    shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or
+    inf chooses nothing: its (None, None) tells the caller to fail that request, not to serve garbage."""
+    finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
     if all(r.params.greedy and not r.want_logprobs for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
-        return [(int(token), None) for token in ids]
+        return [(int(token), None) if ok else (None, None) for token, ok in zip(ids, finite)]
     host = backend.to_numpy(logits)  # [B, V] fp32
-    return [choose_token(row, r.params, r.rng, want_logprob=r.want_logprobs) for row, r in zip(host, rows)]
+    return [choose_token(row, r.params, r.rng, want_logprob=r.want_logprobs) if ok else (None, None)
+            for row, r, ok in zip(host, rows, finite)]
 
 
 def request_rng(seed: int) -> np.random.Generator:

@@ -132,9 +132,10 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
 
 
 def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_token_id: int | None = None,
-                   vocab_size: int | None = None) -> Tokenizer:
-    """Load the tokenizer beside a model's weights; the config's EOS / BOS ids go through `special_ids`, and
-    a tokenizer whose ids would overflow the model's `vocab_size` is refused."""
+                   vocab_size: int | None = None) -> Tokenizer | None:
+    """Load the tokenizer beside a model's weights, or None when the folder has none.  The config's EOS / BOS
+    ids go through `special_ids`; a tokenizer that cannot be read, or whose size is not the model's
+    `vocab_size`, is refused in one line naming the file."""
     folder = Path(folder)
     tokenizer_json = folder / "tokenizer.json"
     pairs = [(folder / "vocab.json", folder / "merges.txt"), (folder / "encoder.json", folder / "vocab.bpe")]
@@ -153,11 +154,10 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
                 source = f"{vocab_path} + {merges_path.name}"
                 break
         else:
-            raise TokenizerError(f"{folder}: no tokenizer found "
-                                 "(looked for tokenizer.json, vocab.json + merges.txt, encoder.json + vocab.bpe)")
+            return None  # tokenizer.json, vocab.json + merges.txt and encoder.json + vocab.bpe are all absent
 
     n_tokens = hf.get_vocab_size(with_added_tokens=True)
-    if vocab_size is not None and n_tokens > vocab_size:
+    if vocab_size is not None and n_tokens != vocab_size:  # ids it could not make, or ids it could not decode
         raise TokenizerError(f"{source}: the tokenizer has {n_tokens} tokens but the model's vocabulary has "
                              f"{vocab_size}; they do not belong together")
     eos, bos = special_ids(eos_token_id, bos_token_id, vocab_size if vocab_size is not None else n_tokens,

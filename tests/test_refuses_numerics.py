@@ -50,13 +50,15 @@ def test_a_record_is_strict_json_whatever_its_logprobs_hold(logprobs):
     assert got == [round(lp, 6) if math.isfinite(lp) else None for lp in logprobs]
 
 
-def test_generate_on_a_nan_model_writes_strict_json(nan_model, tmp_path, capsys):
+def test_generate_on_a_nan_model_fails_each_request_in_strict_json(nan_model, tmp_path, capsys):
     (tmp_path / "p.jsonl").write_text('{"prompt": "To be"}\n{"prompt": "Shall I"}\n')
     out = tmp_path / "o.jsonl"
-    run_command(generate_main, ["--model", str(nan_model), "--prompts", str(tmp_path / "p.jsonl"), "--backend", "numpy",
-                                "--logprobs", "--max-new-tokens", "3", "--output", str(out), "--quiet"])
-    lines = out.read_text().splitlines()
-    assert len(lines) == 2 and all(None in strict(line)["logprobs"] for line in lines)
+    code = run_command(generate_main, ["--model", str(nan_model), "--prompts", str(tmp_path / "p.jsonl"),
+                                       "--backend", "numpy", "--logprobs", "--max-new-tokens", "3",
+                                       "--output", str(out), "--quiet"])
+    records = [strict(line) for line in out.read_text().splitlines()]
+    assert code == 1 and len(records) == 2
+    assert all(r["finish_reason"] == "error" and "not finite" in r["error"] for r in records)
     assert "Traceback" not in capsys.readouterr().err
 
 

@@ -166,10 +166,8 @@ def test_tokenizer_larger_than_the_model_is_refused():
         load_tokenizer(VOCAB_DIR, vocab_size=1000)
 
 
-def test_no_tokenizer_files(tmp_path):
-    with pytest.raises(TokenizerError) as exc:
-        load_tokenizer(tmp_path)
-    assert "tokenizer.json" in str(exc.value) and "\n" not in str(exc.value)
+def test_no_tokenizer_files_is_no_tokenizer(tmp_path):
+    assert load_tokenizer(tmp_path) is None  # token-id prompts still work; a broken tokenizer is an error instead
 
 
 def test_non_byte_level_tokenizer_streams_by_redecoding(tmp_path):
