@@ -149,10 +149,10 @@ class Engine:
                 self.admit(plan, stats)  # each admitted member takes its own KV slot
                 batch = self.prepare_batch_metadata(plan.active)  # new tokens, positions, slots, keys held
                 logits = self.model.forward(batch, self.kv_cache)  # run the round: one forward pass, [B, V]
-                self.apply_updates(plan.active, logits, round_number)  # each picks, appends, checks its stops
+                new_tokens = self.apply_updates(plan.active, logits, round_number)  # each picks, appends, stops
                 ended_group = scheduler.complete(plan)  # finished rows leave the compute
                 self.keep_finished(plan.active, on_final)  # ... free their slots, and their records are final
-                stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + len(plan.active)
+                stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + new_tokens
                 stats.wall_seconds = time.perf_counter() - start
                 on_round(stats)
                 if ended_group is not None:
@@ -200,16 +200,19 @@ class Engine:
         new_tokens = [r.token_ids[-1:] or r.prompt_ids for r in active]  # the whole prompt at prefill, then one
         return Batch(new_tokens, self.model.backend, slots=slots, past_lens=self.kv_cache.lengths[slots])
 
-    def apply_updates(self, active: list[Request], logits, round_number: int) -> None:
-        """Each active member picks its token from its own logits row, appends it, and checks its own stops."""
-        n_positions = self.model.config.n_positions
+    def apply_updates(self, active: list[Request], logits, round_number: int) -> int:
+        """Each active member picks its token from its own logits row, appends it, and checks its own stops.
+        Returns how many tokens were added (a member whose logits are not finite fails instead)."""
+        n_positions, added = self.model.config.n_positions, 0
         for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active)):
             if token is None:  # its own failure: the peers' rows are untouched and go on
-                refuse(request, f"the model's logits for this request are not finite (NaN or inf) in round "
-                                f"{round_number}: its weights hold NaN/inf, or float16 overflowed (try float32)")
+                refuse(request, f"the model's logits for its token {len(request.token_ids) + 1} are not finite "
+                                "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)")
                 request.finish_round, request.decoder = round_number, None
             else:
                 add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
+                added += 1
+        return added
 
     def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
         """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""

@@ -112,7 +112,7 @@ class LLM:
         prompts = check_prompts(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
-        elif not all(isinstance(p, SamplingParams) for p in params):
+        elif not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
             raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
         ids = ids if ids is not None else [None] * len(prompts)
         if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts

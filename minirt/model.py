@@ -221,16 +221,18 @@ class GPT2:
             raise InputError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
         if kv_cache is not None:
             kv_cache.check_room(batch)
-        x = embed(self.wte, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
-        for i, block in enumerate(self.blocks):
-            x = transformer_block(xp, x, block, c, batch, None if kv_cache is None else kv_cache.layer(i))  # [N, C]
-        x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
-        if kv_cache is not None:
-            kv_cache.advance(batch)
-        at = batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)  # [M]
-        if not (logits_at is None and at.size == batch.n_tokens):  # at decode every token is some row's last
-            x = x[self.backend.asarray(at)]  # [M, C]
-        return lm_head(x, self.head_weight)  # [M, V] fp32
+        with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf weights, float16 overflow: callers check
+            x = embed(self.wte, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
+            for i, block in enumerate(self.blocks):
+                kv = None if kv_cache is None else kv_cache.layer(i)
+                x = transformer_block(xp, x, block, c, batch, kv)  # [N, C]
+            x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
+            if kv_cache is not None:
+                kv_cache.advance(batch)
+            at = batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)  # [M]
+            if not (logits_at is None and at.size == batch.n_tokens):  # at decode every token is some row's last
+                x = x[self.backend.asarray(at)]  # [M, C]
+            return lm_head(x, self.head_weight)  # [M, V] fp32
 
     def logits(self, token_ids) -> np.ndarray:
         """Score whole sequences of different lengths in one padded batch, without a KV cache: NumPy fp32

@@ -1,7 +1,10 @@
-"""Non-finite numbers never leak out as garbage: records are strict JSON, and `evaluate` does not print `nan`.
+"""Non-finite numbers never leak out as garbage (issue #10, family 7).
 
-(Issue #10, family 7, the parts outside the engine.  Still open: a request whose logits are not finite
-should fail with its own error instead of being served; today greedy picks token 0.)
+  * A row whose logits hold NaN or inf fails that request alone, with finish_reason "error" and a message that
+    says so, whatever its batch: NaN weights, inf weights, and float16 overflow (the same weights served in float32).
+    Before, greedy quietly picked token 0 and sampling repeated one token.
+  * Records are strict JSON: a non-finite log-probability is null, never a bare NaN or Infinity.
+  * `evaluate` on a model whose loss is not finite says so in one line and exits non-zero.
 """
 
 import json
@@ -71,3 +74,78 @@ def test_evaluate_on_a_nan_model_says_so_and_exits_non_zero(nan_model, tmp_path,
         captured = capsys.readouterr()
         assert code == EXIT_USAGE and captured.out == ""
         assert captured.err.count("\n") == 1 and "not finite" in captured.err and "Traceback" not in captured.err
+
+
+# ------------------------------------------------------------------ non-finite logits fail their own request only
+
+POISONED_TOKEN = 7
+
+
+def poisoned_copy(source, folder, value):
+    """The untied-head fixture with one embedding row set to `value`: a row that feeds that token goes non-finite,
+    and only that row (the head is untied, so the other rows' logits never touch the poisoned numbers)."""
+    shutil.copytree(source, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("wte.weight"))
+    tensors[name][POISONED_TOKEN] = value
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="module", params=[np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def poisoned(request, tmp_path_factory):
+    from conftest import FIXTURES
+    from minirt import LLM
+
+    clean = LLM(FIXTURES / "untied_head")
+    folder = poisoned_copy(FIXTURES / "untied_head", tmp_path_factory.mktemp("poisoned") / "model", request.param)
+    return clean, LLM(folder)
+
+
+def outcome(r) -> tuple:
+    return r.token_ids, r.finish_reason, r.error
+
+
+@settings(max_examples=25, deadline=None)
+@given(prompts=st.lists(st.lists(st.integers(0, 20), min_size=1, max_size=6), min_size=1, max_size=5),
+       temperature=st.sampled_from([0.0, 0.9]), batch_size=st.integers(1, 4),
+       policy=st.sampled_from(["static", "continuous"]))
+def test_a_non_finite_row_fails_alone_and_its_peers_are_served_as_on_a_clean_model(
+        poisoned, prompts, temperature, batch_size, policy):
+    clean, bad = poisoned
+    params = SamplingParams(max_new_tokens=5, temperature=temperature, seed=3)
+    bad.engine.batch_size, bad.engine.policy = batch_size, policy
+    together = bad.generate(prompts, params)
+    bad.engine.batch_size, bad.engine.policy = 1, "static"
+    for prompt, got in zip(prompts, together):
+        assert outcome(got) == outcome(bad.generate([prompt], params)[0])  # batching never changes a result
+        reference = clean.generate([prompt], params)[0]
+        if POISONED_TOKEN in prompt:  # its prefill row is not finite: it fails in its first round, with nothing served
+            assert got.finish_reason == "error" and "not finite" in got.error and got.token_ids == []
+            assert got.finish_round == got.first_round
+        elif POISONED_TOKEN not in reference.token_ids[:-1]:  # it never feeds the token: the clean result
+            assert outcome(got) == outcome(reference)
+        else:  # it fails in the round after it produced the poisoned token, keeping what it had
+            assert got.finish_reason == "error" and "not finite" in got.error
+            assert got.token_ids == reference.token_ids[: reference.token_ids.index(POISONED_TOKEN) + 1]
+
+
+def test_float16_overflow_fails_the_request_where_float32_serves_it(tmp_path):
+    """The same weights: finite in float32, past float16's 65504 in the residual stream."""
+    from conftest import FIXTURES
+    from minirt import LLM
+
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "base", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(n for n in tensors if n.endswith("h.0.mlp.c_proj.weight"))
+    tensors[name] *= 1e6
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    prompts = [[1, 2, 3], [4, 5]]
+    assert np.isfinite(LLM(folder).model.logits(prompts)[0]).all()  # float32 really is finite
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(max_new_tokens=4, temperature=temperature, seed=1)
+        served = LLM(folder).generate(prompts, params)
+        assert all(r.finish_reason == "length" and len(r.token_ids) == 4 for r in served)
+        failed = LLM(folder, dtype="float16").generate(prompts, params)
+        assert all(r.finish_reason == "error" and "not finite" in r.error and "float16" in r.error for r in failed)
