@@ -110,7 +110,8 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
         print(f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, "
               f"bos {tokenizer.bos_token_id}")
     else:
-        print("tokenizer  none in the folder (prompts must be token-id lists)")
+        print("tokenizer  none (the folder has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe; "
+              "prompts must be token-id lists)")
 
 
 def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int) -> None:

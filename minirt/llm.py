@@ -40,7 +40,7 @@ def generation_defaults(folder: Path) -> SamplingParams:
     path = Path(folder) / "generation_config.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        if not isinstance(raw, dict) or not isinstance(raw.get("do_sample", False), bool):
+        if not isinstance(raw, dict) or not isinstance(raw.get("do_sample"), (bool, type(None))):
             raise RequestError("expected a JSON object whose do_sample is true or false")
         read = {name: raw[name] for name in ("temperature", "top_k", "top_p", "max_new_tokens")
                 if raw.get(name) is not None}

@@ -51,7 +51,12 @@ class SamplingParams:
         def is_int(value) -> bool:
             return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
         def is_number(value) -> bool:
-            return isinstance(value, (int, float, np.number)) and not isinstance(value, bool) and np.isfinite(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                return False
+            try:
+                return bool(np.isfinite(float(value)))
+            except OverflowError:  # an integer past float's range (10**400)
+                return False
 
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")

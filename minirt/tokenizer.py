@@ -157,9 +157,10 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
             return None  # tokenizer.json, vocab.json + merges.txt and encoder.json + vocab.bpe are all absent
 
     n_tokens = hf.get_vocab_size(with_added_tokens=True)
-    if vocab_size is not None and n_tokens != vocab_size:  # ids it could not make, or ids it could not decode
-        raise TokenizerError(f"{source}: the tokenizer has {n_tokens} tokens but the model's vocabulary has "
-                             f"{vocab_size}; they do not belong together")
+    top_id = max(hf.get_vocab(with_added_tokens=True).values(), default=-1)
+    if vocab_size is not None and (n_tokens != vocab_size or top_id >= vocab_size):  # ids it could not make or decode
+        raise TokenizerError(f"{source}: the tokenizer has {n_tokens} tokens (ids up to {top_id}) but the model's "
+                             f"vocabulary has {vocab_size}; they do not belong together")
     eos, bos = special_ids(eos_token_id, bos_token_id, vocab_size if vocab_size is not None else n_tokens,
                            endoftext=hf.token_to_id(ENDOFTEXT))
     return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
