@@ -127,7 +127,7 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 
 def describe_names(names: list[str], limit: int = 4) -> str:
-    shown = ", ".join(sorted(names)[:limit])
+    shown = ", ".join(name if name.isprintable() else repr(name) for name in sorted(names)[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
@@ -221,14 +221,14 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
                 unexpected.append(raw_name)
                 continue
             if name in tensors:
-                raise CheckpointError(f"{path}: tensor {name} appears twice "
+                raise CheckpointError(f"{path}: tensor {name!r} appears twice "
                                       "(with and without the 'transformer.' prefix?)")
             want = allowed[name]
             if entry.shape != want:
-                raise CheckpointError(f"{path}: tensor {raw_name} has shape {list(entry.shape)}, but config.json "
+                raise CheckpointError(f"{path}: tensor {raw_name!r} has shape {list(entry.shape)}, but config.json "
                                       f"implies {list(want)}; the weights and config.json do not belong together")
             if entry.dtype not in WEIGHT_DTYPES:
-                raise CheckpointError(f"{path}: tensor {raw_name} has dtype {entry.dtype}; "
+                raise CheckpointError(f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
                                       "minirt reads F32, F16 and BF16 weights")
             tensors[name] = map_tensor(file_map, data_offset, entry)
             file_dtypes[name] = entry.dtype

@@ -92,6 +92,8 @@ class GPT2Config:
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path}: not valid JSON "
                                   f"(line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        except (ValueError, RecursionError):  # not UTF-8, an integer of over 4,300 digits, nesting too deep
+            raise CheckpointError(f"{path}: not JSON in UTF-8 that minirt can read (too deep or too long)") from None
         return cls.from_dict(raw, source=str(path))
 
 
@@ -119,9 +121,9 @@ def read_sizes(raw: dict[str, Any], source: str) -> dict[str, int]:
 
 def read_positive_int(raw: dict[str, Any], name: str, source: str) -> int:
     value = raw.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        found = "missing" if name not in raw else repr(value)
-        raise CheckpointError(f"{source}: {name} must be a positive integer, found {found}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+        found = "missing" if name not in raw else repr(value) if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
+        raise CheckpointError(f"{source}: {name} must be a positive integer below 2**63, found {found}")
     return value
 
 

@@ -57,7 +57,7 @@ def read_header_json(path: Path) -> tuple[dict, int, int]:
             header = json.loads(f.read(header_len).decode("utf-8"))
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # bad UTF-8 or JSON, or an integer of over 4,300 digits
         raise CheckpointError(f"{path}: not a safetensors file (its header is not JSON); "
                               "re-download or re-save it") from None
     if not isinstance(header, dict):
@@ -65,26 +65,34 @@ def read_header_json(path: Path) -> tuple[dict, int, int]:
     return header, 8 + header_len, file_size
 
 
+def shown(value) -> str:
+    """A value for a one-line message: its repr, cut short (a header may hold a million-entry shape)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def read_entry(path: Path, name: str, info) -> TensorEntry:
     """One header entry, every field's type and size checked."""
     def malformed(what: str) -> CheckpointError:
-        return CheckpointError(f"{path}: tensor {name!r} has {what}; the file is damaged or not safetensors")
+        return CheckpointError(f"{path}: tensor {shown(name)} has {what}; the file is damaged or not safetensors")
 
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise malformed("a malformed header entry (it needs dtype, shape and data_offsets)")
     dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
-        raise malformed(f"unknown dtype {dtype!r}")
+        raise malformed(f"unknown dtype {shown(dtype)}")
     if not isinstance(shape, list) or not all(is_count(n) for n in shape):
-        raise malformed(f"shape {shape!r}, which is not a list of integers >= 0")
+        raise malformed(f"shape {shown(shape)}, which is not a list of integers >= 0")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(n) for n in offsets):
-        raise malformed(f"data_offsets {offsets!r}, which are not two integers >= 0")
-    n_bytes = KNOWN_DTYPES[dtype]
+        raise malformed(f"data_offsets {shown(offsets)}, which are not two integers >= 0")
+    n_bytes = KNOWN_DTYPES[dtype] if 0 not in shape else 0
     for n in shape:
+        if n_bytes > MAX_TENSOR_BYTES:
+            break  # too big already: a million more dimensions must not cost quadratic time
         n_bytes *= n  # Python integers: an absurd shape gives a huge number, never an overflow
     start, end = offsets
     if n_bytes > MAX_TENSOR_BYTES or end < start or end - start != n_bytes:
-        raise malformed(f"offsets {start}..{end} that do not fit its shape {shape} and dtype {dtype}")
+        raise malformed(f"offsets {start}..{end} that do not fit its shape {shown(shape)} and dtype {dtype}")
     return TensorEntry(dtype=dtype, shape=tuple(shape), start=start, end=end)
 
 
@@ -96,10 +104,10 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], int]:
     previous = None
     for name, entry in sorted(entries.items(), key=lambda item: (item[1].start, item[1].end)):
         if data_offset + entry.end > file_size:
-            raise CheckpointError(f"{path}: truncated safetensors file (tensor {name} ends at byte "
+            raise CheckpointError(f"{path}: truncated safetensors file (tensor {shown(name)} ends at byte "
                                   f"{data_offset + entry.end}, file has {file_size}); re-download or re-save it")
         if previous is not None and entry.start < previous[1].end and entry.end > entry.start:
-            raise CheckpointError(f"{path}: tensors {previous[0]} and {name} share bytes "
+            raise CheckpointError(f"{path}: tensors {shown(previous[0])} and {shown(name)} share bytes "
                                   f"({previous[1].start}..{previous[1].end} and {entry.start}..{entry.end}); "
                                   "the file is damaged or not safetensors")
         if entry.end > entry.start or previous is None:
