@@ -34,7 +34,8 @@ def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
     ids = [int(t) for t in items]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise InputError(f"{subject} token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        shown = bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."  # 10**100 is not worth 101 digits
+        raise InputError(f"{subject} token id {shown} is outside the vocabulary [0, {vocab_size})")
     return ids
 
 

@@ -16,14 +16,13 @@ Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays i
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .config import GPT2Config
+from .config import GPT2Config, read_json_file
 from .errors import CheckpointError
 from .safetensors_header import TensorEntry, read_safetensors_header
 
@@ -148,7 +147,7 @@ def weight_files(folder: Path) -> list[Path]:
         return [single]
     if index.is_file():
         try:
-            shard_names = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            shard_names = set(read_json_file(index)["weight_map"].values())
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # JSON/UTF-8 errors too
             raise CheckpointError(f"{index}: not a valid shard index "
                                   "(expected a JSON object with a 'weight_map')") from None
@@ -195,7 +194,7 @@ def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) ->
     file_bytes = sum(path.stat().st_size for path in files)
     if 2 * config.n_weights > file_bytes:
         raise CheckpointError(f"{source}: implies {config.n_weights:,} weights ({config.n_weights / 2**28:,.1f} "
-                              f"GiB in float32), but the weight files hold {file_bytes / 2**30:,.3f} GiB; "
+                              f"GiB in float32), but the weight files hold {file_bytes:,} bytes; "
                               "the weights are incomplete, or config.json belongs to another model")
 
 
@@ -240,6 +239,8 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{folder}: missing tensors {describe_names(missing)} ({len(missing)} of "
                               f"{len(expected)}); the checkpoint is incomplete or for another architecture")
     head_is_tied = "lm_head.weight" not in tensors
+    if head_is_tied and not config.tie_word_embeddings:  # transformers would give the head random numbers
+        raise CheckpointError(f"{folder}: no lm_head.weight, but config.json says tie_word_embeddings false")
     if head_is_tied:
         tensors["lm_head.weight"] = tensors["wte.weight"]  # the same array, not a copy
         file_dtypes["lm_head.weight"] = file_dtypes["wte.weight"]

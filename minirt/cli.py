@@ -262,6 +262,10 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None 
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except MemoryError:  # a model or batch bigger than this machine: one line, not a traceback
+        print(f"{prog}: error: out of memory; try a smaller --batch-size or --kv-budget-mib, or a smaller model",
+              file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:  # e.g. piped into `head`: not worth a traceback, but not a success either
         mute_stdout()
         print(f"{prog}: error: standard output was closed before everything was written", file=sys.stderr)

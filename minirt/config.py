@@ -9,6 +9,7 @@ Must not know: weights, tensors, backends or tokenizers.
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,14 @@ UNSUPPORTED_WHEN_TRUE = {
     "is_encoder_decoder": "an encoder-decoder model",
 }
 REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # n_inner is optional
+MAX_JSON_BYTES = 16 * 2**20  # a model's JSON files are kilobytes; nothing bigger (or a FIFO, /dev/zero) is read
+
+
+def read_json_file(path: Path):
+    """A small regular file's parsed JSON.  OSError (FileNotFoundError if missing), or ValueError for bad text."""
+    if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > MAX_JSON_BYTES:
+        raise OSError(0, f"not a regular file of at most {MAX_JSON_BYTES // 2**20} MiB")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,7 @@ class GPT2Config:
     def from_file(cls, path: str | Path) -> GPT2Config:
         path = Path(path)
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = read_json_file(path)
         except FileNotFoundError:
             raise CheckpointError(f"{path}: no config.json here; "
                                   "a model folder needs config.json beside its weights") from None

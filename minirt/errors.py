@@ -7,6 +7,8 @@ print it, never a traceback, and exit with its `exit_code`), its subclasses, `Te
 Must not know: anything about models, files or arrays.
 """
 
+import operator
+
 
 class MinirtError(Exception):
     """A problem with the user's input or environment, told in one line."""
@@ -17,7 +19,7 @@ class CheckpointError(MinirtError):
     """A model folder, config or weights file that minirt cannot use."""
 
 
-class BackendError(MinirtError):
+class BackendError(MinirtError, ValueError):
     """An array backend (numpy, cupy) that cannot be used here."""
 
 
@@ -47,8 +49,9 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same clean-up runs (exit 143)."""
 
 
-def require_at_least_one(value: int, name: str) -> int:
-    """`value` when it is an integer >= 1, else a RequestError naming it (`--batch-size`, `batch size`, ...)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RequestError(f"{name} must be at least 1, got {value}")
-    return value
+def require_at_least_one(value, name: str) -> int:
+    """`value` as an int when it is an integer >= 1 (NumPy's too), else a RequestError naming it (`--batch-size`)."""
+    is_integer = not isinstance(value, bool) and hasattr(value, "__index__")  # 2.0 and True are no counts
+    if not is_integer or operator.index(value) < 1:
+        raise RequestError(f"{name} must be at least 1, got {value!r}")
+    return operator.index(value)

@@ -144,17 +144,22 @@ def main(argv: list[str] | None = None) -> int:
         raise MinirtError(f"{llm.model.folder}: the loss over {count} predictions is {loss}, because the model's "
                           "logits are not finite (NaN or infinite weights, or an fp16 overflow); check the checkpoint")
     result = {"model": str(llm.model.folder), "text": args.text, "tokens": len(ids), "predictions": count,
-              "window": window, "stride": stride, "loss": loss, "perplexity": math.exp(loss), "seconds": seconds}
-    if args.json:
-        print(json.dumps(result))
+              "window": window, "stride": stride, "loss": loss, "perplexity": perplexity(loss), "seconds": seconds}
+    if args.json:  # strict JSON: an infinite perplexity is null
+        print(json.dumps({**result, "perplexity": result["perplexity"] if result["perplexity"] < math.inf else None}))
     else:
         print(f"model        {result['model']}")
         print(f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions "
               f"(window {window}, stride {stride})")
         print(f"loss         {loss:.4f} nats/token")
-        print(f"perplexity   {math.exp(loss):.2f}")
+        print(f"perplexity   {perplexity(loss):.2f}")
         print(f"time         {seconds:.2f} s")
     return EXIT_OK
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss); a finite loss past 709.78 nats gives inf (float's range), not an OverflowError."""
+    return math.exp(loss) if loss < 709.0 else float("inf")
 
 
 if __name__ == "__main__":

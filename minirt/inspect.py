@@ -122,6 +122,9 @@ def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int)
     print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s")
     k = min(top_k, llm.model.config.vocab_size)
     for (label, _), seq, row in zip(prompts, sequences, logits):
+        if not np.isfinite(row[len(seq) - 1]).all():  # nothing to rank: say so, as generate and evaluate do
+            raise MinirtError(f"prompt {label}: the model's logits are not finite (NaN or inf): its weights hold "
+                              "NaN/inf, or float16 overflowed (try float32); check the checkpoint")
         logprobs = log_softmax(row[len(seq) - 1])  # [V] after the prompt's last token
         top = np.argsort(-logprobs)[:k]
         print(f"\nprompt {label} ({len(seq)} token{'s' if len(seq) != 1 else ''}): most likely next tokens")

@@ -16,7 +16,6 @@ Must not know: command-line flags or file formats.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from .backend import get_backend, resolve_dtype
 from .checkpoint import Checkpoint, load_checkpoint
+from .config import read_json_file
 from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
 from .errors import CheckpointError, RequestError
 from .model import GPT2
@@ -39,7 +39,7 @@ def generation_defaults(folder: Path) -> SamplingParams:
     not JSON, or a value minirt cannot use, is refused in one line naming the file."""
     path = Path(folder) / "generation_config.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        raw = read_json_file(path) if path.exists() else {}
         if not isinstance(raw, dict) or not isinstance(raw.get("do_sample"), (bool, type(None))):
             raise RequestError("expected a JSON object whose do_sample is true or false")
         read = {name: raw[name] for name in ("temperature", "top_k", "top_p", "max_new_tokens")
@@ -74,12 +74,14 @@ class LLM:
     def __init__(self, model: str | Path | Checkpoint, backend: str = "numpy", dtype: str = "float32",
                  batch_size: int = 8, kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0,
                  policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS):
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
+        if not isinstance(model, (str, Path, Checkpoint)):
+            raise TypeError(f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}")
         chosen, self.backend_note = get_backend(backend)  # the note says what "auto" chose, for the user
         checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
         c = self.model.config
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
         # None when the folder has no tokenizer (token-id prompts still work); a broken or mismatched one is refused.
         self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
         self.defaults = generation_defaults(checkpoint.folder)
@@ -115,6 +117,8 @@ class LLM:
         elif not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
             raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
         ids = ids if ids is not None else [None] * len(prompts)
+        if not isinstance(ids, (list, tuple)) or not isinstance(logprobs, bool):
+            raise TypeError("ids must be a list (one per prompt) and logprobs true or false")
         if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
             raise RequestError(f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids")
         requests = [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs)

@@ -59,7 +59,8 @@ def completion_block(request: Request, color: bool = False) -> str:
     if request.text is None:  # no tokenizer: show ids
         return f"{header}\n{request.prompt_ids} -> {request.token_ids}\n"
     completion = f"\033[1m{request.text}\033[0m" if color else request.text
-    return f"{header}\n{request.prompt}{completion}\n"
+    prompt = request.prompt if request.prompt is not None else f"{request.prompt_ids} -> "  # ids with a tokenizer
+    return f"{header}\n{prompt}{completion}\n"
 
 
 class OrderedOutput:

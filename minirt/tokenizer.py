@@ -18,7 +18,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import TokenizerError
+from .errors import RequestError, TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -37,7 +37,9 @@ class Tokenizer:
     """A loaded tokenizer plus the facts a runtime needs about it."""
 
     def __init__(self, hf_tokenizer, source: str, eos_token_id: int | None, bos_token_id: int | None):
-        self.hf = hf_tokenizer  # a tokenizers.Tokenizer
+        self.hf = hf_tokenizer  # a tokenizers.Tokenizer, with no truncation or padding: prompts are fed whole
+        hf_tokenizer.no_truncation()  # a tokenizer.json may ask for either; transformers ignores both unless asked
+        hf_tokenizer.no_padding()
         self.source = source  # the file(s) it came from, for messages
         self.eos_token_id, self.bos_token_id = eos_token_id, bos_token_id  # as settled by `special_ids`
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
@@ -65,8 +67,14 @@ class Tokenizer:
         return table
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text."""
-        return self.hf.encode(text, add_special_tokens=False).ids
+        """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text.  The library failing on a text (a
+        crafted tokenizer.json can even make it panic, which is no Exception) is that request's error."""
+        try:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException)
+            raise RequestError(f"{self.source} failed on this prompt: {first_line(exc)}") from None
 
     def token_bytes(self, token_id: int) -> bytes:
         if self._token_bytes is None:
@@ -114,6 +122,11 @@ class StreamDecoder:
         return new
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line of at most 200 characters (library messages can be long)."""
+    return ((str(exc).splitlines() or [type(exc).__name__])[0])[:200]
+
+
 def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     """GPT-2's tokenizer rebuilt from its vocabulary and merge list."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
@@ -144,8 +157,10 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
 
         try:
             hf = HFTokenizer.from_file(str(tokenizer_json))
-        except Exception as exc:
-            raise TokenizerError(f"{tokenizer_json}: not a valid tokenizer file ({str(exc).splitlines()[0]})") from None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 (a library error, or pyo3's PanicException)
+            raise TokenizerError(f"{tokenizer_json}: not a valid tokenizer file ({first_line(exc)})") from None
         source = str(tokenizer_json)
     else:
         for vocab_path, merges_path in pairs:

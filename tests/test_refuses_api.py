@@ -120,3 +120,44 @@ def test_float_ids_in_a_prompts_file_fail_their_own_line(tmp_path, capsys):
     assert code == 1 and [r["finish_reason"] for r in records] == ["error", "length", "error"]
     assert "prompt" in records[0]["error"] and "prompt" in records[2]["error"] and records[1]["error"] is None
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ found by review
+
+
+def test_numpy_integers_are_counts_and_seeds_like_python_ints():
+    """Before: batch_size=np.int64(2) was refused with "must be at least 1, got 2"."""
+    llm = LLM(FIXTURES / "base", batch_size=np.int64(2), round_token_budget=np.int32(64), seed=np.int64(3))
+    want = LLM(FIXTURES / "base", batch_size=2, seed=3).generate([[1, 2], [3]], SamplingParams(temperature=1.0))
+    got = llm.generate([[1, 2], [3]], SamplingParams(temperature=1.0))
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    ({"batch_size": 2.0}, ValueError, "batch size must be at least 1, got 2.0"),
+    ({"kv_budget_mib": float("inf")}, ValueError, "KV budget"),  # before: OverflowError
+    ({"kv_budget_mib": "a"}, ValueError, "KV budget"),  # before: TypeError comparing str and int
+    ({"kv_budget_mib": None}, ValueError, "KV budget"),
+    ({"dtype": "int8"}, ValueError, "dtype"),  # BackendError is a ValueError now
+    ({"backend": "tpu"}, ValueError, "backend"),
+])
+def test_llm_names_a_bad_argument_as_a_value_error(kwargs, error, fragment):
+    with pytest.raises(error) as exc:
+        LLM(FIXTURES / "base", **kwargs)
+    assert fragment in str(exc.value)
+
+
+def test_llm_of_none_is_a_type_error_not_a_hub_lookup():
+    with pytest.raises(TypeError, match="model must be a folder, a hub id or a Checkpoint"):
+        LLM(None)
+
+
+@pytest.mark.parametrize("kwargs", [{"ids": 5}, {"ids": (i for i in "ab")}, {"ids": "xy"}, {"logprobs": "yes"}])
+def test_generate_checks_ids_and_logprobs(llm, kwargs):
+    with pytest.raises(TypeError, match="ids must be a list"):
+        llm.generate([[1, 2], [3]], **kwargs)
+
+
+def test_a_huge_id_is_shown_short(llm):
+    got = llm.generate([[1, 10**100]])[0]
+    assert got.finish_reason == "error" and "100000000000..." in got.error and len(got.error) < 120

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURES, ROOT
+from minirt import LLM
 from minirt.checkpoint import load_checkpoint
 from minirt.cli import EXIT_USAGE, run_command
 from minirt.errors import CheckpointError
@@ -537,3 +538,37 @@ def test_a_shape_with_half_a_million_dimensions_is_read_quickly(tmp_path, last, 
         else:
             assert len(read_safetensors_header(tmp_path / WEIGHTS)[0]["a"].shape) == 500_001
     assert time.perf_counter() - start < 1
+
+
+# ---------------------------------------------------------------- found by review: files that are not small JSON
+
+
+@pytest.mark.parametrize("file_name", ["config.json", "generation_config.json"])
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "oversized"])
+def test_a_json_file_that_is_not_a_small_regular_file_is_refused_without_reading_it(model_dir, file_name, kind):
+    """Before: a FIFO hung the loader forever, /dev/zero ate memory, a sparse 17 MiB file was read whole."""
+    path = model_dir / file_name
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as f:
+            f.truncate(17 * 2**20)
+    start = time.perf_counter()
+    with pytest.raises(CheckpointError) as exc:
+        LLM(model_dir)
+    assert time.perf_counter() - start < 5 and file_name in str(exc.value) and "\n" not in str(exc.value)
+    assert "not a regular file of at most 16 MiB" in str(exc.value)
+
+
+def test_an_untied_config_without_lm_head_is_refused(model_dir):
+    """transformers would give such a head random numbers; before, minirt silently tied it to wte."""
+    config = json.loads((model_dir / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="no lm_head.weight, but config.json says tie_word_embeddings false"):
+        load_checkpoint(model_dir)
+    untied = FIXTURES / "untied_head"  # the positive control: an untied config with its own head loads
+    assert not load_checkpoint(untied).head_is_tied

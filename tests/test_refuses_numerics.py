@@ -149,3 +149,28 @@ def test_float16_overflow_fails_the_request_where_float32_serves_it(tmp_path):
         assert all(r.finish_reason == "length" and len(r.token_ids) == 4 for r in served)
         failed = LLM(folder, dtype="float16").generate(prompts, params)
         assert all(r.finish_reason == "error" and "not finite" in r.error and "float16" in r.error for r in failed)
+
+
+def test_inspect_on_a_nan_model_says_so_in_one_line(nan_model, capsys):
+    from minirt.inspect import main as inspect_main
+
+    code = run_command(inspect_main, [str(nan_model), "--ids", "1,2,3", "--backend", "numpy"], prog="minirt.inspect")
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "not finite" in err  # before: "logprob nan", exit 0
+
+
+def test_evaluate_reports_an_infinite_perplexity_for_a_huge_finite_loss(tiny_lm, tmp_path, capsys):
+    """A loss past 709.78 nats is finite, but exp() of it is not a float: inf, not an OverflowError traceback."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_lm, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["ln_f.weight"] *= 1e5  # finite logits in the millions: the loss is huge but finite
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    text = tmp_path / "t.txt"
+    text.write_text("To be, or not to be, that is the question. " * 3)
+    code = run_command(evaluate_main, ["--model", str(folder), "--text", str(text), "--backend", "numpy", "--json"],
+                       prog="minirt.evaluate")
+    result = strict(capsys.readouterr().out)
+    assert code == 0 and 709.8 < result["loss"] < math.inf and result["perplexity"] is None  # strict JSON: null
+    code = run_command(evaluate_main, ["--model", str(folder), "--text", str(text), "--backend", "numpy"])
+    assert code == 0 and "perplexity   inf" in capsys.readouterr().out

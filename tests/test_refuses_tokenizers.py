@@ -456,3 +456,48 @@ def test_sampling_defaults_agree_with_transformers_generation_config(model, raw)
 def test_a_number_too_big_for_numpy_is_refused_in_one_line(model, field):
     write_generation_text(model, '{"%s": 1%s}' % (field, "0" * 400))  # an integer past float's range
     assert field in refused_generation_config(model)
+
+
+# --- a tokenizer.json that loads but misbehaves on some text (found by review) -------------------------------------
+
+def edit_tokenizer_json(folder: Path, **parts) -> None:
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    raw.update(parts)
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+
+
+def test_a_tokenizer_that_panics_on_a_prompt_fails_that_request_alone(model, run_dir, capsys):
+    """An empty Replace pattern makes the Rust library panic (a PanicException, which is no Exception)."""
+    edit_tokenizer_json(model, normalizer={"type": "Replace", "pattern": {"String": ""}, "content": "aa"})
+    got = LLM(model).generate(["To be", [1, 2, 3]], SamplingParams(max_new_tokens=2))
+    assert got[0].finish_reason == "error" and "tokenizer.json failed on this prompt" in got[0].error
+    assert got[1].error is None and len(got[1].token_ids) == 2  # its peer is served
+    out = run_dir / "o.jsonl"
+    code = run_command(generate_main, ["--model", str(model), "--prompts", str(run_dir / "p.txt"), "--backend", "numpy",
+                                       "--max-new-tokens", "2", "--output", str(out), "--quiet"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert code == 1 and all(r["finish_reason"] == "error" for r in records) and len(records) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parts", [
+    {"truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0}},
+    {"truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 5}},
+    {"padding": {"strategy": {"Fixed": 20}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 5,
+                 "pad_type_id": 0, "pad_token": "x"}},
+])
+def test_truncation_and_padding_in_tokenizer_json_never_change_a_prompt(model, tiny_lm, parts):
+    """transformers feeds a prompt whole unless asked; before, minirt ran 2 of 9 tokens, or 20 with padding."""
+    prompt = "To be, or not to be, that is the question"
+    want = LLM(tiny_lm).prompt_ids(prompt)
+    edit_tokenizer_json(model, **parts)
+    assert LLM(model).prompt_ids(prompt) == want and len(want) > 2
+
+
+def test_a_token_id_prompt_is_shown_as_its_ids_beside_the_text(tiny_lm, run_dir, capsys):
+    """Before: a model with a tokenizer printed "None" in place of an id prompt."""
+    (run_dir / "ids.jsonl").write_text('{"prompt": [5, 6, 7]}\n')
+    code = run_command(generate_main, ["--model", str(tiny_lm), "--prompts", str(run_dir / "ids.jsonl"),
+                                       "--backend", "numpy", "--max-new-tokens", "2"])
+    out = capsys.readouterr().out
+    assert code == 0 and "\n[5, 6, 7] -> " in out and "None" not in out
