@@ -378,3 +378,74 @@ def test_generate_refuses_counts_that_do_not_match_the_prompts():
     for kwargs in ({"ids": ["a"]}, {"params": [SamplingParams()] * 3}):
         with pytest.raises(ValueError, match="2 prompts"):
             llm.generate([[1, 2], [3]], **kwargs)
+
+
+def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occupant(tmp_path):
+    """Issue #16's first survivor.  A request whose prompt holds a poisoned token fills its slot with NaN keys
+    and values and fails; a short request then takes that slot while a longer neighbour keeps running, so the
+    window attention reads for it reaches past its own keys into what the failed request left.  Masked, those
+    positions still meet `weights @ values` as 0 x NaN = NaN unless the slot was zeroed when it was taken."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "poisoned"
+    shutil.copytree(FIXTURES / "untied_head", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    wte = next(name for name in tensors if name.endswith("wte.weight"))
+    tensors[wte][7] = np.inf  # the head is untied: only rows that feed token 7 go non-finite
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+    failing, long_neighbour, short_next = [7, 1, 2, 3, 4, 5, 6, 8, 9, 10], list(range(11, 31)), [4, 5, 6]
+    params = SamplingParams(max_new_tokens=6)
+    llm = LLM(folder, batch_size=2, policy="continuous")
+    a, b, c = llm.generate([failing, long_neighbour, short_next], params)
+    assert a.finish_reason == "error" and a.finish_round == 1  # it wrote its NaN keys, then failed
+    assert c.first_round == 2 and c.slot == a.slot  # the short request took the failed one's slot
+    alone = LLM(folder, batch_size=1).generate([short_next], params)[0]
+    assert c.error is None and c.token_ids == alone.token_ids and len(c.token_ids) == 6
+    assert b.error is None
+
+
+def queued(index: int, prompt_len: int, max_new_tokens: int):
+    from minirt.request import Request
+
+    return Request(index=index, id=str(index), prompt=None, prompt_ids=[1] * prompt_len,
+                   params=SamplingParams(max_new_tokens=max_new_tokens))
+
+
+@settings(max_examples=60, deadline=None)
+@given(budget=st.integers(4, 40), reserved=st.integers(0, 40), prompt_len=st.integers(1, 10),
+       max_new=st.integers(1, 10), token_budget=st.one_of(st.none(), st.integers(1, 30)), tokens=st.integers(0, 30))
+def test_continuous_admission_rule_keeps_both_budgets_by_itself(budget, reserved, prompt_len, max_new, token_budget,
+                                                                tokens):
+    """Issue #16's third survivor: the rule is checked directly, not through the pool's shape, which happens to
+    keep the budget too.  A candidate fits when its KV need fits beside what is reserved, and its prompt beside
+    this round's tokens: the arithmetic by hand."""
+    from minirt.scheduler import ContinuousScheduler
+
+    scheduler = ContinuousScheduler(4, budget, 64, token_budget)
+    candidate = queued(0, prompt_len, max_new)
+    need = prompt_len + max_new - 1  # its prompt and every output token but the last
+    want = reserved + need <= budget and (token_budget is None or tokens + prompt_len <= token_budget)
+    assert scheduler.fits(candidate, reserved, tokens) == want
+
+
+def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget():
+    """Mid-run submissions go through the same rule: never more KV reserved than the budget, in any round."""
+    from minirt.scheduler import ContinuousScheduler
+
+    scheduler = ContinuousScheduler(3, 12, 64, None)
+    for i in range(3):
+        scheduler.submit(queued(i, 2, 3))  # need 4 each: the pool is 3 rows of 4
+    for round_number in range(1, 9):
+        plan = scheduler.plan(round_number)
+        assert sum(scheduler.need(r) for r in scheduler.running) <= 12
+        for request in plan.active:  # each finishes after two rounds; a new one arrives every round
+            request.token_ids.append(0)
+            if len(request.token_ids) == 2:
+                from minirt.request import Status
+
+                request.status = Status.FINISHED
+        scheduler.complete(plan)
+        scheduler.submit(queued(10 + round_number, 1 + round_number % 3, 2))

@@ -98,3 +98,75 @@ def test_softmax_attention_all_masked_has_no_nan(dtype):
     out = softmax_attention(np, q, k, v, mask, scale=1.0)
     assert np.isfinite(out).all()
     assert np.all(out[0, 0, 0] == 0) and np.allclose(out[0, 0, 1], 1.0)
+
+
+# ------------------------------------------------------------------ behaviour behind two single-test kills (#16)
+
+
+def test_a_padding_query_never_reads_past_its_rows_keys():
+    """Row 0 has 1 real token beside a row of 3, so its queries 1 and 2 are padding.  Causally they could see
+    keys 1 and 2, which are not its row's (NaN keys and huge values here); key-is-real hides them, so every
+    output, padding included, stays finite and a padding query averages only its row's real key."""
+    from minirt.backend import numpy_backend
+    from minirt.batch import Batch
+
+    batch = Batch([[5], [6, 7, 8]], numpy_backend())
+    rng = np.random.default_rng(0)
+    q, keys, values = (rng.standard_normal((2, 2, 3, 4)).astype(np.float32) for _ in range(3))  # [B, H, T|L, D]
+    keys[0, :, 1:], values[0, :, 1:] = np.nan, 1e6  # past row 0's one real key: stale (values must stay finite:
+    # a masked value still meets its zero weight in `weights @ values`, which is why a taken slot is zeroed)
+    out = softmax_attention(np, q, keys, values, batch.mask, scale=0.5)  # [B, H, T, D]
+    assert np.isfinite(out).all()
+    assert np.allclose(out[0, :, 1:], values[0, :, :1])  # one visible key: its value, for every query of row 0
+
+
+@pytest.fixture(scope="module")
+def sharp_attention_model(tmp_path_factory):
+    """The base fixture with its query and key projections scaled by 12: attention scores in the hundreds,
+    where exp() overflows float32 unless the row's maximum is subtracted first."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from conftest import FIXTURES
+
+    folder = tmp_path_factory.mktemp("sharp") / "model"
+    shutil.copytree(FIXTURES / "base", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith("attn.c_attn.weight")]:
+        C = tensors[name].shape[0]
+        tensors[name][:, : 2 * C] *= 12.0  # q and k columns
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_scores_in_the_hundreds_still_give_finite_logits(sharp_attention_model):
+    from minirt import load_model
+
+    model = load_model(sharp_attention_model)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]]
+    layer0 = model.blocks[0].attn.c_attn  # the first layer's scores, by hand in float64, to show they are large
+    x = model.wte[prompts[0]].astype(np.float64) + model.wpe[: len(prompts[0])]
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    x = x * model.blocks[0].ln_1.weight + model.blocks[0].ln_1.bias
+    C = x.shape[1]
+    qk = x @ layer0.weight[:, : 2 * C] + layer0.bias[: 2 * C]
+    assert np.abs(qk[:, :C] @ qk[:, C:].T).max() / math.sqrt(C // model.config.n_head) > 100  # per head they are big
+    assert np.isfinite(model.logits(prompts)).all()
+
+
+@requires_reference
+def test_scores_in_the_hundreds_match_transformers(sharp_attention_model):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from conftest import relative_error
+    from minirt import load_model
+
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8]]
+    reference = GPT2LMHeadModel.from_pretrained(sharp_attention_model, local_files_only=True,
+                                                torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = reference(torch.tensor(prompts)).logits.numpy()
+    got = load_model(sharp_attention_model).logits(prompts)
+    assert relative_error(got, want) < 1e-4

@@ -131,3 +131,26 @@ def test_updated_refuses_unknown_fields_and_accepts_lists():
     assert SamplingParams(stop="x").stop == ("x",)
     with pytest.raises(RequestError, match="unknown sampling field"):
         SamplingParams().updated(temprature=1.0)
+
+
+# ------------------------------------------------------------------ top-p at an exact boundary (issue #16)
+# Powers of two make every probability and partial sum exact in binary: with n equal logits, each token has
+# 1/n, and top_p = k/n is reached exactly by the k-th token.  The smallest set whose mass reaches top_p is
+# those k tokens, no more (the property test above skips cases within 1e-9 of the boundary, so it cannot tell
+# `<` from `<=` there).
+
+@pytest.mark.parametrize("n, k", [(4, 2), (4, 1), (4, 3), (8, 2), (8, 3), (8, 5), (16, 7), (2, 1)])
+def test_top_p_reached_exactly_keeps_exactly_those_tokens(n, k):
+    probs = filtered_distribution(np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n))
+    assert np.count_nonzero(probs) == k  # ties ranked by id: the first k ids, each 1/k
+    assert np.array_equal(probs, np.array([1 / k] * k + [0.0] * (n - k)))
+
+
+@pytest.mark.parametrize("n, k", [(4, 2), (8, 3), (8, 5), (16, 7)])
+def test_top_p_boundary_agrees_with_transformers(n, k):
+    torch = pytest.importorskip("torch")
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    scores = torch.zeros((1, n), dtype=torch.float32)
+    kept_by_them = torch.isfinite(warpers.TopPLogitsWarper(top_p=k / n)(None, scores)).sum().item()
+    probs = filtered_distribution(np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n))
+    assert np.count_nonzero(probs) == kept_by_them == k

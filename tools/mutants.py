@@ -1,0 +1,273 @@
+"""Mutation check: does the test suite catch plausible bugs?  A tool, not a test (a full run takes minutes).
+
+Each mutant below is one exact edit of minirt/ (file, old text, new text) that a person could plausibly make:
+a comparison off by one, a term dropped from the mask, a slot not zeroed, a stop rule skipped.  For each,
+this tool copies the repository to a temporary folder, applies the edit there (never here), runs the quick
+suite (`pytest -x -m "not slow"`, with a fixed hypothesis seed so that a run is reproducible), and reports
+the mutant as killed (with the first failing test) or survived.  A survivor is a blind spot of the suite:
+write the test that kills it, and check by hand that the test fails on the mutant.
+
+    python tools/mutants.py                  # every mutant, two at a time; exits 1 if any survived
+    python tools/mutants.py --list           # the mutants, one line each
+    python tools/mutants.py --only top_p_boundary reused_slot_not_zeroed --jobs 1
+
+When you write new code in minirt/, add mutants for it here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".hypothesis", "__pycache__", ".pytest_cache", "*.egg-info",
+                                     ".device_deps", "build", "dist")
+PYTEST = ["-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider", "--hypothesis-seed=0",
+          "-W", "ignore::RuntimeWarning"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    why: str  # the bug it stands for
+
+
+MUTANTS = [
+    # ---- the mask, attention and positions
+    Mutant("mask_not_causal_on_the_diagonal", "minirt/batch.py",
+           "causal = key_pos[None, None, :] <= query_pos[:, :, None]",
+           "causal = key_pos[None, None, :] < query_pos[:, :, None]", "a token cannot see itself"),
+    Mutant("mask_without_key_is_real", "minirt/batch.py",
+           "return (causal & key_is_real[:, None, :])[:, None, :, :]", "return causal[:, None, :, :]",
+           "padding and stale keys become visible to padding queries"),
+    Mutant("attention_scaled_by_1_over_d", "minirt/model.py",
+           "scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0",
+           "scale = 1.0 / D if config.scale_attn_weights else 1.0", "the wrong attention scale"),
+    Mutant("attention_scale_flag_ignored", "minirt/model.py",
+           "scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0",
+           "scale = 1.0 / math.sqrt(D)", "scale_attn_weights false is not honoured"),
+    Mutant("softmax_without_max_subtraction", "minirt/model.py",
+           "scores = scores - scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row",
+           "scores = scores - 0.0", "exp overflows on large scores"),
+    Mutant("softmax_normalised_off_by_one", "minirt/model.py",
+           "weights = weights / xp.maximum(total, 1.0)", "weights = weights / (total + 1.0)",
+           "the weights no longer sum to 1"),
+    Mutant("positions_ignore_history", "minirt/batch.py",
+           "self.positions = self.past_lens[rows] + cols", "self.positions = cols",
+           "every decode step is embedded at position 0"),
+    Mutant("position_embedding_by_token_id", "minirt/model.py",
+           "return wte[token_ids] + wpe[positions]  # [N, C]", "return wte[token_ids] + wpe[token_ids % wpe.shape[0]]",
+           "positions read from the wrong index"),
+    Mutant("next_token_from_first_token", "minirt/batch.py",
+           "self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]",
+           "self.last_index = self.first_index[self.new_lens > 0]", "logits taken at a row's first token"),
+    Mutant("padding_lands_on_the_wrong_row", "minirt/batch.py",
+           "        padded[self._rows, self._cols] = packed\n        return padded",
+           "        padded[self._rows[::-1], self._cols] = packed\n        return padded",
+           "packed tokens scattered to the wrong rows"),
+    # ---- the KV cache
+    Mutant("reused_slot_not_zeroed", "minirt/kv_cache.py",
+           "        self.keys[:, slot] = 0\n        self.values[:, slot] = 0\n", "",
+           "an earlier occupant's inf/NaN leaks through 0 x inf"),
+    Mutant("values_written_as_keys", "minirt/kv_cache.py",
+           "self.values[batch.token_slots, :, batch.token_positions] = new_values",
+           "self.values[batch.token_slots, :, batch.token_positions] = new_keys", "the value cache holds keys"),
+    Mutant("kv_length_not_advanced_by_history", "minirt/kv_cache.py",
+           "self.lengths[batch.slots] = batch.kv_lens", "self.lengths[batch.slots] = batch.new_lens",
+           "a slot forgets its history"),
+    Mutant("freed_slot_not_returned", "minirt/engine.py",
+           "self.free_slots = sorted(self.free_slots + [request.slot])", "self.free_slots = sorted(self.free_slots)",
+           "a finished request's slot is lost"),
+    # ---- layers
+    Mutant("gelu_constant", "minirt/model.py", "0.044715 * x * x * x", "0.04715 * x * x * x", "a typo in GELU"),
+    Mutant("gelu_form_swapped", "minirt/config.py",
+           'return "tanh" if self.activation_function in GELU_TANH_NAMES else "erf"',
+           'return "erf" if self.activation_function in GELU_TANH_NAMES else "tanh"', "the other GELU"),
+    Mutant("layer_norm_eps_outside_sqrt", "minirt/model.py", "normed = centered / xp.sqrt(variance + eps)",
+           "normed = centered / (xp.sqrt(variance) + eps)", "epsilon in the wrong place"),
+    # ---- sampling
+    Mutant("temperature_multiplies", "minirt/sampling.py",
+           "scaled = np.asarray(logits, dtype=np.float64) / params.temperature",
+           "scaled = np.asarray(logits, dtype=np.float64) * params.temperature", "temperature inverted"),
+    Mutant("top_k_drops_boundary_ties", "minirt/sampling.py",
+           "scaled = np.where(scaled >= kth_largest, scaled, -np.inf)",
+           "scaled = np.where(scaled > kth_largest, scaled, -np.inf)", "the k-th token itself is dropped"),
+    Mutant("top_p_boundary", "minirt/sampling.py", "kept_in_order = mass_before < params.top_p",
+           "kept_in_order = mass_before <= params.top_p", "one token too many at an exact boundary"),
+    Mutant("top_p_keeps_nothing_extra", "minirt/sampling.py", "mass_before = np.cumsum(probs[order]) - probs[order]",
+           "mass_before = np.cumsum(probs[order])", "the token that crosses top_p is dropped"),
+    Mutant("greedy_ties_to_highest_id", "minirt/sampling.py", "token = int(np.argmax(logits))",
+           "token = int(logits.size - 1 - np.argmax(logits[::-1]))", "ties broken the other way"),
+    Mutant("draw_side_left", "minirt/sampling.py", 'token = int(np.searchsorted(cumulative, u, side="right"))',
+           'token = int(np.searchsorted(cumulative, u, side="left"))', "a zero-probability token can be drawn"),
+    Mutant("seed_ignores_request_index", "minirt/sampling.py",
+           "np.random.SeedSequence([run_seed, index])", "np.random.SeedSequence([run_seed, 0])",
+           "every request without a seed draws the same stream"),
+    Mutant("shortcut_argmax_over_the_batch", "minirt/sampling.py",
+           "ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]",
+           "ids = backend.to_numpy(backend.xp.argmax(logits, axis=0))[: len(rows)]  # [B]",
+           "the all-greedy shortcut reduces the wrong axis"),
+    Mutant("non_finite_row_served", "minirt/sampling.py",
+           "finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool",
+           "finite = backend.to_numpy(backend.xp.isfinite(logits).any(axis=-1))  # [B] bool",
+           "a NaN row is served as garbage"),
+    # ---- stopping
+    Mutant("eos_ignores_ignore_eos", "minirt/request.py",
+           "if (token == eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:",
+           "if token == eos_token_id or token in params.stop_token_ids:", "ignore_eos has no effect"),
+    Mutant("stop_token_ids_ignored", "minirt/request.py",
+           "if (token == eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:",
+           "if token == eos_token_id and not params.ignore_eos:", "stop_token_ids never stop"),
+    Mutant("max_new_tokens_off_by_one", "minirt/request.py",
+           "elif len(request.token_ids) >= params.max_new_tokens:", "elif len(request.token_ids) > params.max_new_tokens:",
+           "one token too many"),
+    Mutant("context_full_off_by_one", "minirt/request.py",
+           "elif request.prompt_len + len(request.token_ids) >= n_positions:",
+           "elif request.prompt_len + len(request.token_ids) > n_positions:", "a position past the context"),
+    Mutant("stop_string_cannot_straddle", "minirt/request.py",
+           "search_from = max(0, before - max(len(s) for s in stops) + 1)", "search_from = before",
+           "a stop string split across tokens is missed"),
+    Mutant("stop_string_cut_at_the_last_hit", "minirt/request.py",
+           "request.text = request.decoded[: min(hits)] if hits else request.decoded",
+           "request.text = request.decoded[: max(hits)] if hits else request.decoded", "the text is cut too late"),
+    Mutant("stream_flush_not_final", "minirt/tokenizer.py", 'return self._utf8.decode(b"", final=True)',
+           'return self._utf8.decode(b"", final=False)', "an unfinished character is dropped, not U+FFFD"),
+    # ---- scheduling and rounds
+    Mutant("static_group_ignores_the_kv_budget", "minirt/scheduler.py",
+           "if members and (len(members) + 1) * max(longest, self.need(candidate)) > self.kv_budget:",
+           "if members and len(members) * max(longest, self.need(candidate)) > self.kv_budget:",
+           "a group one member over the budget"),
+    Mutant("static_group_ends_at_first_finish", "minirt/scheduler.py",
+           "if all(r.finished for r in group.members):", "if any(r.finished for r in group.members):",
+           "the next group starts before the longest member ends"),
+    Mutant("continuous_admission_ignores_kv_budget", "minirt/scheduler.py",
+           "        if reserved_positions + self.need(candidate) > self.kv_budget:\n            return False\n", "",
+           "admission relies on the pool's shape, not the rule"),
+    Mutant("kv_need_one_short", "minirt/scheduler.py",
+           "return min(max(prompt_len + request.params.max_new_tokens - 1, prompt_len), self.n_positions)",
+           "return min(max(prompt_len + request.params.max_new_tokens - 2, prompt_len), self.n_positions)",
+           "a slot one position too short"),
+    Mutant("rounds_waited_off_by_one", "minirt/scheduler.py",
+           "request.first_round, request.rounds_waited = round_number, round_number - 1",
+           "request.first_round, request.rounds_waited = round_number, round_number", "the round count is off"),
+    # ---- checkpoints and input checks
+    Mutant("shape_check_skipped", "minirt/checkpoint.py", "            if entry.shape != want:",
+           "            if False:", "a tensor of the wrong shape is accepted"),
+    Mutant("shard_dotdot_allowed", "minirt/checkpoint.py",
+           'Path(name).is_absolute() or ".." in Path(name).parts', "Path(name).is_absolute()",
+           "an index may name ../outside"),
+    Mutant("bf16_shift", "minirt/checkpoint.py", "return (words.astype(np.uint32) << 16).view(np.float32)",
+           "return (words.astype(np.uint32) << 15).view(np.float32)", "bf16 widened wrongly"),
+    Mutant("overlapping_tensors_accepted", "minirt/safetensors_header.py",
+           "if previous is not None and entry.start < previous[1].end and entry.end > entry.start:",
+           "if False:", "two tensors may share bytes"),
+    Mutant("config_size_check_skipped", "minirt/checkpoint.py", "    if 2 * config.n_weights > file_bytes:",
+           "    if False:", "an absurd config is sized before it is refused"),
+    Mutant("float_ids_accepted", "minirt/batch.py",
+           "isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items",
+           "isinstance(t, (int, float, np.integer)) and not isinstance(t, bool) for t in items",
+           "2.7 silently becomes token 2"),
+    Mutant("special_id_at_vocab_size", "minirt/tokenizer.py",
+           "return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback",
+           "return token_id if token_id is not None and 0 <= token_id <= vocab_size else fallback",
+           "an EOS id one past the vocabulary is used"),
+    Mutant("tokenizer_size_not_checked", "minirt/tokenizer.py",
+           "(n_tokens != vocab_size or top_id >= vocab_size)", "(n_tokens > vocab_size)",
+           "a tokenizer smaller than the model, or with ids past it, loads"),
+]
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    path = tree / mutant.file
+    text = path.read_text(encoding="utf-8")
+    count = text.count(mutant.old)
+    if count != 1:
+        raise SystemExit(f"mutant {mutant.name}: its old text occurs {count} times in {mutant.file}, not once; "
+                         "update the mutant to the current code")
+    path.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+
+
+def first_failure(output: str) -> str:
+    match = re.search(r"^(?:FAILED|ERROR) (\S+)", output, flags=re.MULTILINE)
+    if match:
+        return match.group(1)
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return lines[-1][:100] if lines else "(no output)"
+
+
+def run_one(mutant: Mutant, timeout: float) -> tuple[Mutant, str, str, float]:
+    """(mutant, "killed" | "survived", first failing test or note, seconds) for one mutant in its own copy."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
+        tree = Path(scratch) / "repo"
+        shutil.copytree(ROOT, tree, ignore=COPY_IGNORE, symlinks=True)
+        apply(mutant, tree)
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            done = subprocess.run([sys.executable, *PYTEST], cwd=tree, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return mutant, "killed", f"(timed out after {timeout:.0f} s)", time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if done.returncode == 0:
+        return mutant, "survived", "", seconds
+    return mutant, "killed", first_failure(done.stdout + done.stderr), seconds
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per mutant before it counts as killed")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [m.name for m in MUTANTS]
+    if len(set(names)) != len(names):
+        raise SystemExit("two mutants share a name")
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    unknown = set(args.only or ()) - set(names)
+    if unknown:
+        raise SystemExit(f"unknown mutant(s): {', '.join(sorted(unknown))}; see --list")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:42s} {m.file:30s} {m.why}")
+        return 0
+    for m in chosen:  # refuse a stale list before spending minutes on it
+        if (ROOT / m.file).read_text(encoding="utf-8").count(m.old) != 1:
+            raise SystemExit(f"mutant {m.name}: its old text does not occur exactly once in {m.file}")
+    print(f"{len(chosen)} mutants, {args.jobs} at a time, each against `pytest {' '.join(PYTEST[2:])}`",
+          file=sys.stderr)
+    start = time.perf_counter()
+    survivors = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for n, (mutant, verdict, note, seconds) in enumerate(
+                pool.map(lambda m: run_one(m, args.timeout), chosen), start=1):
+            print(f"[{n:2d}/{len(chosen)}] {verdict:8s} {mutant.name:42s} {seconds:5.1f} s  {note}", flush=True)
+            if verdict == "survived":
+                survivors.append(mutant)
+    killed = len(chosen) - len(survivors)
+    print(f"\nkilled {killed} of {len(chosen)} ({100 * killed / len(chosen):.0f}%) in "
+          f"{time.perf_counter() - start:.0f} s" + (f"; survived: {', '.join(m.name for m in survivors)}"
+                                                     if survivors else ""))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
