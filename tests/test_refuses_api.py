@@ -161,3 +161,15 @@ def test_generate_checks_ids_and_logprobs(llm, kwargs):
 def test_a_huge_id_is_shown_short(llm):
     got = llm.generate([[1, 10**100]])[0]
     assert got.finish_reason == "error" and "100000000000..." in got.error and len(got.error) < 120
+
+
+def test_float_ids_are_refused_wherever_ids_enter(llm):
+    """generate checks types first; scoring and make_request (the command line's way in) go through
+    check_token_ids, which must refuse a float too, not truncate it."""
+    from minirt.errors import InputError
+
+    with pytest.raises(InputError, match="not a list of integer token ids"):
+        llm.model.logits([[1, 2.0]])
+    request = llm.make_request(0, [1, 2.5])
+    assert request.finish_reason == "error" and "not a list of integer token ids" in request.error
+    assert llm.make_request(1, [1, np.int64(2)]).error is None  # NumPy integers are ids

@@ -184,3 +184,13 @@ def test_non_byte_level_tokenizer_streams_by_redecoding(tmp_path):
     assert ids == [1, 2, 3, 4]
     stream = tok.stream()
     assert "".join(stream.push(i) for i in ids) + stream.flush() == tok.decode(ids)
+
+
+@pytest.mark.parametrize("vocab_size", [1, 5, 50257])
+def test_a_special_id_is_used_only_inside_the_vocabulary(vocab_size):
+    """The last id is an id; one past it is not (a tiny model that kept GPT-2's 50256 falls back)."""
+    from minirt.tokenizer import special_ids
+
+    assert special_ids(vocab_size - 1, None, vocab_size) == (vocab_size - 1, vocab_size - 1)
+    assert special_ids(vocab_size, vocab_size, vocab_size) == (None, None)
+    assert special_ids(vocab_size, None, vocab_size, endoftext=0) == (0, 0)

@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -207,17 +208,25 @@ def first_failure(output: str) -> str:
     return lines[-1][:100] if lines else "(no output)"
 
 
-def run_one(mutant: Mutant, timeout: float) -> tuple[Mutant, str, str, float]:
-    """(mutant, "killed" | "survived", first failing test or note, seconds) for one mutant in its own copy."""
+def default_signals() -> None:
+    """In the child, before pytest starts: Ctrl-C as in a terminal, even when this tool runs in the background
+    (`cmd &` starts with SIGINT ignored, which the suite's signal tests would otherwise inherit)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_one(mutant: Mutant | None, timeout: float) -> tuple[Mutant | None, str, str, float]:
+    """(mutant, "killed" | "survived", first failing test or note, seconds) for one mutant in its own copy;
+    None runs the unmutated suite, the baseline every verdict rests on."""
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name if mutant else 'baseline'}-") as scratch:
         tree = Path(scratch) / "repo"
         shutil.copytree(ROOT, tree, ignore=COPY_IGNORE, symlinks=True)
-        apply(mutant, tree)
+        if mutant is not None:
+            apply(mutant, tree)
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             done = subprocess.run([sys.executable, *PYTEST], cwd=tree, env=env, capture_output=True, text=True,
-                                  timeout=timeout)
+                                  timeout=timeout, preexec_fn=default_signals)
         except subprocess.TimeoutExpired:
             return mutant, "killed", f"(timed out after {timeout:.0f} s)", time.perf_counter() - start
     seconds = time.perf_counter() - start
@@ -255,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(chosen)} mutants, {args.jobs} at a time, each against `pytest {' '.join(PYTEST[2:])}`",
           file=sys.stderr)
     start = time.perf_counter()
+    _, verdict, note, seconds = run_one(None, args.timeout)  # a kill means something only if this passes
+    if verdict != "survived":
+        print(f"the suite fails with no mutant at all ({note}); fix that first", file=sys.stderr)
+        return 2
+    print(f"[baseline] the unmutated suite passes ({seconds:.1f} s)", flush=True)
     survivors = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for n, (mutant, verdict, note, seconds) in enumerate(
