@@ -449,3 +449,13 @@ def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget()
                 request.status = Status.FINISHED
         scheduler.complete(plan)
         scheduler.submit(queued(10 + round_number, 1 + round_number % 3, 2))
+
+
+def test_two_stop_strings_in_one_piece_of_text_cut_before_the_earlier():
+    """By hand: "xyz" starts at 13 and "ab" at 6, in the text that arrives in one step: the cut is at 6."""
+    from minirt.request import Request, found_stop_string
+
+    for stops in (("xyz", "ab"), ("ab", "xyz")):
+        request = Request(index=0, id="0", prompt="p", prompt_ids=[1], params=SamplingParams(stop=stops))
+        assert found_stop_string(request, "hello ab then xyz")
+        assert request.text == "hello "

@@ -174,3 +174,22 @@ def test_evaluate_reports_an_infinite_perplexity_for_a_huge_finite_loss(tiny_lm,
     assert code == 0 and 709.8 < result["loss"] < math.inf and result["perplexity"] is None  # strict JSON: null
     code = run_command(evaluate_main, ["--model", str(folder), "--text", str(text), "--backend", "numpy"])
     assert code == 0 and "perplexity   inf" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_one_non_finite_logit_is_enough_to_fail_a_row(tmp_path, value, temperature):
+    """One head row poisoned: every row has a single non-finite logit among finite ones.  Greedy argmax would
+    pick it (NaN compares as the largest) and sampling would draw from garbage; the row must fail instead."""
+    from conftest import FIXTURES
+    from minirt import LLM
+
+    folder = tmp_path / "model"
+    shutil.copytree(FIXTURES / "untied_head", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["lm_head.weight"][5] = value
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    logits = LLM(folder).model.logits([[1, 2, 3]])[0, -1]
+    assert np.isfinite(logits).sum() == logits.size - 1  # exactly one logit is not finite
+    got = LLM(folder).generate([[1, 2, 3], [4]], SamplingParams(max_new_tokens=3, temperature=temperature, seed=0))
+    assert all(r.finish_reason == "error" and "not finite" in r.error and r.token_ids == [] for r in got)

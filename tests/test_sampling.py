@@ -154,3 +154,23 @@ def test_top_p_boundary_agrees_with_transformers(n, k):
     kept_by_them = torch.isfinite(warpers.TopPLogitsWarper(top_p=k / n)(None, scores)).sum().item()
     probs = filtered_distribution(np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n))
     assert np.count_nonzero(probs) == kept_by_them == k
+
+
+class FixedDraw:
+    """A random stream that always returns the same uniform number: the draw's boundaries, by hand."""
+
+    def __init__(self, u: float):
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize("u, want", [(0.0, 1), (0.1, 1), (0.25, 2), (0.5, 3), (0.75, 4), (0.999, 4)])
+def test_a_draw_maps_u_to_the_token_whose_interval_holds_it(u, want):
+    """Token i is drawn when cumulative[i-1] <= u < cumulative[i] (inverse CDF, in id order).  top_k=4 over
+    logits [0, 1, 1, 1, 1] keeps tokens 1-4 at exactly 1/4 each, cumulative [0, .25, .5, .75, 1]: token 0 has
+    probability 0 and u = 0 must not draw it, and a u exactly on a boundary belongs to the next token up."""
+    logits = np.array([0.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)
+    token, _ = choose_token(logits, SamplingParams(temperature=1.0, top_k=4), FixedDraw(u))
+    assert token == want
