@@ -39,10 +39,11 @@ def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
     return ids
 
 
-def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int):
+def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int, first_query: int = 0):
     """Which keys each query may see: query t of row b (position past_lens[b] + t) sees key j when
-    j <= its position (causal) and j < kv_lens[b] (key-is-real: this row's token, not padding or stale)."""
-    query_pos = past_lens[:, None] + xp.arange(seq_len)[None, :]  # [B, T]
+    j <= its position (causal) and j < kv_lens[b] (key-is-real: this row's token, not padding or stale).
+    `first_query` > 0 gives the mask of the queries first_query, first_query + 1, ... (one tile of them)."""
+    query_pos = past_lens[:, None] + (first_query + xp.arange(seq_len))[None, :]  # [B, T]
     key_pos = xp.arange(max_kv_len)  # [L]
     causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, L]
     key_is_real = key_pos[None, :] < kv_lens[:, None]  # [B, L]
@@ -79,8 +80,27 @@ class Batch:
         self.token_positions = backend.asarray(self.positions)  # [N]
         self.token_slots = backend.asarray(self.slots[rows])  # [N] the KV slot of each token's row
         self.row_slots = backend.asarray(self.slots)  # [B]
-        self.mask = attention_mask(backend.xp, backend.asarray(self.past_lens), backend.asarray(self.kv_lens),
-                                   self.seq_len, self.max_kv_len)  # [B, 1, T, L]
+        self._past_lens, self._kv_lens = backend.asarray(self.past_lens), backend.asarray(self.kv_lens)  # [B], [B]
+
+    @property
+    def mask(self):
+        """The whole round's mask [B, 1, T, L] (attention itself builds it a tile at a time: `query_tiles`)."""
+        return self.mask_tile(0, self.seq_len, self.max_kv_len)
+
+    def mask_tile(self, first: int, end: int, n_keys: int):
+        """The mask [B, 1, end - first, n_keys] of queries first..end-1 against keys 0..n_keys-1, on the backend."""
+        return attention_mask(self.backend.xp, self._past_lens, self._kv_lens, end - first, n_keys, first)
+
+    def query_tiles(self, n_head: int, scratch_bytes: int):
+        """(first, end, n_keys) for each tile of queries: as many as keep one fp32 score tile [B, H, queries, L]
+        within `scratch_bytes`, each with only the keys some query of the tile may see (min(kv_lens,
+        past_lens + end) at most): a tile never computes the scores wholly above the causal diagonal."""
+        per_query = max(1, self.batch_size * n_head * self.max_kv_len * 4)  # fp32 bytes of one query's scores
+        size = max(1, min(self.seq_len, scratch_bytes // per_query))
+        for first in range(0, self.seq_len, size):
+            end = min(self.seq_len, first + size)
+            n_keys = int(np.minimum(self.kv_lens, self.past_lens + end).max(initial=0))
+            yield first, end, max(n_keys, min(1, self.max_kv_len))
 
     def padded(self, packed):
         """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""
@@ -99,6 +119,8 @@ class Batch:
 
     def unpack_on_host(self, packed: np.ndarray) -> np.ndarray:
         """Host rows [N, ...] in packed order -> NumPy [B, T, ...] (padding zero), for results handed to users."""
+        if self.all_real:  # no padding: the same numbers, viewed [B, T, ...] (no second copy of big logits)
+            return packed.reshape(self.batch_size, self.seq_len, *packed.shape[1:])
         rows, cols = self.backend.to_numpy(self._rows), self.backend.to_numpy(self._cols)
         padded = np.zeros((self.batch_size, self.seq_len, *packed.shape[1:]), dtype=packed.dtype)  # [B, T, ...]
         padded[rows, cols] = packed

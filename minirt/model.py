@@ -38,6 +38,10 @@ from .config import GPT2Config
 from .errors import InputError
 from .kv_cache import KVCache, LayerKV
 
+# Attention's scratch: one query tile's fp32 scores [B, H, queries, keys] stay within this, however long the
+# prompt (a tile is at least one query, so only a batch whose single query row of scores exceeds it goes past).
+ATTENTION_SCRATCH_BYTES = 32 * 2**20
+
 # ---------------------------------------------------------------------------- weights, by the checkpoint's names
 
 
@@ -124,19 +128,35 @@ def gelu(xp, x, form: str = "tanh"):
 
 
 def softmax_attention(xp, q, keys, values, mask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v, in fp32 whatever the dtype, with no NaN: masked scores
-    are set with `where` to the most negative finite float (never -inf arithmetic) and their weights zeroed
-    with `where` again, so a query that sees no key gets all-zero weights and a zero output."""
-    q32 = q.astype(xp.float32, copy=False)  # [B, H, T, D]; fp16 dot products can overflow 65504
+    """softmax(q k^T * scale, over visible keys) @ v, in fp32 whatever the dtype, with no NaN and few passes over
+    the [B, H, T, L] scores (in place: fill, subtract, exp, sum).  Masked scores are set to the most negative
+    finite float (never -inf arithmetic), so after subtracting a visible row's maximum their exp is exactly 0;
+    the normalisation divides the [B, H, T, D] output, not the scores; a query that sees no key gets zeros."""
+    if keys.shape[2] == 0:  # no keys at all (rows with nothing in them): nothing to see
+        return xp.zeros_like(q)
+    q32 = q.astype(xp.float32) * xp.float32(scale)  # [B, H, T, D] fp32 (fp16 dot products can overflow 65504)
     keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D] (no copy when already fp32)
-    scores = (q32 @ keys32.transpose(0, 1, 3, 2)) * scale  # [B, H, T, L] fp32
-    scores = xp.where(mask, scores, xp.finfo(xp.float32).min)  # [B, H, T, L]
-    scores = scores - scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row
-    weights = xp.where(mask, xp.exp(scores), 0.0)  # [B, H, T, L]
-    total = weights.sum(axis=-1, keepdims=True)  # [B, H, T, 1]; >= 1 if any key is visible
-    weights = weights / xp.maximum(total, 1.0)  # [B, H, T, L]; rows with no key stay 0
+    scores = q32 @ keys32.transpose(0, 1, 3, 2)  # [B, H, T, L] fp32, a new array we may overwrite
+    xp.copyto(scores, xp.finfo(xp.float32).min, where=~mask)  # [B, H, T, L] hidden keys at the lowest finite
+    scores -= scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row
+    xp.exp(scores, out=scores)  # [B, H, T, L] unnormalised weights; a hidden key's is exactly 0
+    total = scores.sum(axis=-1, keepdims=True)  # [B, H, T, 1]; >= 1 if any key is visible
     values32 = values.astype(xp.float32, copy=False)  # [B, H, L, D]; no 4-D fp16 matmul (slow GEMVs on CuPy)
-    return (weights @ values32).astype(q.dtype, copy=False)  # [B, H, T, D]
+    out = (scores @ values32) / total  # [B, H, T, D]
+    return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(q.dtype, copy=False)  # [B, H, T, D]
+
+
+def tiled_attention(xp, q, keys, values, batch: Batch, scale: float):
+    """`softmax_attention` a tile of queries at a time (`Batch.query_tiles`), each against only the keys its
+    queries may see: scratch stays within ATTENTION_SCRATCH_BYTES, and tiles above the diagonal cost nothing."""
+    if batch.seq_len == 1:  # decode: one query per row, one tile
+        return softmax_attention(xp, q, keys, values, batch.mask, scale)
+    out = xp.empty_like(q)  # [B, H, T, D]
+    for first, end, n_keys in batch.query_tiles(q.shape[1], ATTENTION_SCRATCH_BYTES):
+        mask = batch.mask_tile(first, end, n_keys)  # [B, 1, end - first, n_keys]
+        out[:, :, first:end] = softmax_attention(xp, q[:, :, first:end], keys[:, :, :n_keys], values[:, :, :n_keys],
+                                                 mask, scale)  # [B, H, end - first, D]
+    return out
 
 
 def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: LayerKV | None):
@@ -151,7 +171,7 @@ def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: Laye
         keys, values = kv.read(batch)  # each [B, H, L, D]: the rows' histories plus this round
     q = batch.padded(q).transpose(0, 2, 1, 3)  # [B, H, T, D]
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
-    out = softmax_attention(xp, q, keys, values, batch.mask, scale)  # [B, H, T, D]
+    out = tiled_attention(xp, q, keys, values, batch, scale)  # [B, H, T, D]
     out = batch.packed(out.transpose(0, 2, 1, 3)).reshape(N, C)  # [N, C] heads side by side again
     return linear(out, attn.c_proj)  # [N, C]
 

@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import requires_reference
 from minirt.batch import attention_mask
@@ -170,3 +172,57 @@ def test_scores_in_the_hundreds_match_transformers(sharp_attention_model):
         want = reference(torch.tensor(prompts)).logits.numpy()
     got = load_model(sharp_attention_model).logits(prompts)
     assert relative_error(got, want) < 1e-4
+
+
+# ------------------------------------------------------------------ attention a tile of queries at a time (#11)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9)), min_size=1, max_size=4),
+       scratch=st.integers(1, 4000), seed=st.integers(0, 2**16))
+def test_tiled_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, scratch, seed):
+    """For any rows (past keys, new tokens), any scratch budget (so any tiling), every query's output is the
+    softmax over exactly its visible keys, j <= its position and j < its row's key count, computed here in
+    float64 by a plain loop; a query that sees nothing gets zeros.  Stale keys past a row's end hold NaN keys
+    and huge values, and must not matter."""
+    from minirt.backend import numpy_backend
+    from minirt.batch import Batch
+    from minirt.model import tiled_attention
+
+    past = [p for p, _ in rows]
+    batch = Batch([[1] * n for _, n in rows], numpy_backend(), past_lens=past)
+    B, H, T, L, D = len(rows), 2, batch.seq_len, max(batch.max_kv_len, 1), 3
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, T, D)).astype(np.float32)
+    keys, values = (rng.standard_normal((B, H, L, D)).astype(np.float32) for _ in range(2))
+    for b in range(B):
+        keys[b, :, batch.kv_lens[b]:], values[b, :, batch.kv_lens[b]:] = np.nan, 1e6
+    import minirt.model
+
+    budget, minirt.model.ATTENTION_SCRATCH_BYTES = minirt.model.ATTENTION_SCRATCH_BYTES, scratch
+    try:
+        got = tiled_attention(np, q, keys[:, :, : batch.max_kv_len], values[:, :, : batch.max_kv_len], batch, 0.5)
+    finally:
+        minirt.model.ATTENTION_SCRATCH_BYTES = budget
+    for b in range(B):
+        for t in range(T):
+            visible = [j for j in range(batch.max_kv_len) if j <= past[b] + t and j < batch.kv_lens[b]]
+            for h in range(H):
+                if not visible:
+                    assert np.all(got[b, h, t] == 0)
+                    continue
+                scores = np.array([0.5 * float(q[b, h, t].astype(np.float64) @ keys[b, h, j]) for j in visible])
+                weights = np.exp(scores - scores.max())
+                want = (weights[:, None] * values[b, h, visible].astype(np.float64)).sum(0) / weights.sum()
+                assert np.allclose(got[b, h, t], want, rtol=1e-5, atol=1e-6)
+
+
+def test_query_tiles_skip_what_lies_above_the_diagonal():
+    """A fresh 10-token row at one query a tile: tile t needs keys 0..t only, never the other 9 - t."""
+    from minirt.backend import numpy_backend
+    from minirt.batch import Batch
+
+    batch = Batch([list(range(10))], numpy_backend())
+    assert list(batch.query_tiles(n_head=1, scratch_bytes=40)) == [(t, t + 1, t + 1) for t in range(10)]
+    resumed = Batch([[1, 2], [3]], numpy_backend(), past_lens=[5, 1])  # kv_lens 7 and 2
+    assert list(resumed.query_tiles(n_head=1, scratch_bytes=2 * 7 * 4)) == [(0, 1, 6), (1, 2, 7)]
