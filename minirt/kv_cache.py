@@ -34,6 +34,7 @@ class KVCache:
         self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
         self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
         self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S] host-side: keys held per slot
+        self.written = np.zeros(n_slots, dtype=bool)  # [S] host-side: has any request written to this slot?
 
     @staticmethod
     def bytes_needed(n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype) -> int:
@@ -42,17 +43,22 @@ class KVCache:
 
     def reset_slot(self, slot: int) -> None:
         """Give a slot to a new request: length 0 and zeroed storage (the mask hides old entries, but attention
-        still multiplies them by a zero weight, and 0 x inf is NaN: an earlier occupant's overflow must not leak)."""
-        self.keys[:, slot] = 0
-        self.values[:, slot] = 0
-        self.lengths[slot] = 0
+        still multiplies them by a zero weight, and 0 x inf is NaN: an earlier occupant's overflow must not leak).
+        A slot nobody has written is zero already (fresh `zeros`), and is not touched: zeroing it again would
+        only fault in pages of memory that the request may never use."""
+        if self.written[slot]:
+            self.keys[:, slot] = 0
+            self.values[:, slot] = 0
+        self.lengths[slot], self.written[slot] = 0, False
 
-    def check_room(self, batch: Batch) -> None:
-        """Refuse a round that would write past a slot's capacity."""
+    def prepare_round(self, batch: Batch) -> None:
+        """Before a round writes: refuse one that would write past a slot's capacity, and note every slot it
+        writes (from now on a new occupant must get it zeroed, even if the round then fails part-way)."""
         if (over := batch.kv_lens > self.capacity).any():
             row = int(np.argmax(over))
             raise ValueError(f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
                              f"but the cache was allocated with capacity {self.capacity}")
+        self.written[batch.slots] = True
 
     def layer(self, i: int) -> LayerKV:
         """Layer i's part of the pool, which is what one attention layer reads and writes."""

@@ -107,8 +107,10 @@ def layer_norm(xp, x, ln: LayerNorm, eps: float):
 
 
 def linear(x, fc: Linear):
-    """A 2-D weight GEMM, [tokens, in] @ [in, out]."""
-    return x @ fc.weight + fc.bias  # [N, out]
+    """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second [N, out] array)."""
+    out = x @ fc.weight  # [N, out]
+    out += fc.bias  # [N, out]
+    return out
 
 
 def erf(xp, x):
@@ -121,9 +123,17 @@ def erf(xp, x):
 
 def gelu(xp, x, form: str = "tanh"):
     """GELU.  GPT-2 uses the tanh approximation; 'erf' is the exact form."""
-    if form == "tanh":
-        inner = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)  # [N, I]
-        return 0.5 * x * (1.0 + xp.tanh(inner))  # [N, I]
+    if form == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place in one array, same rounding
+        out = 0.044715 * x  # [N, I]
+        out *= x
+        out *= x
+        out += x
+        out *= math.sqrt(2.0 / math.pi)
+        xp.tanh(out, out=out)
+        out += 1.0
+        out *= x
+        out *= 0.5  # [N, I] (a power of two: the same number as 0.5 x times the rest)
+        return out
     return 0.5 * x * (1.0 + erf(xp, x * (1.0 / math.sqrt(2.0))))  # [N, I]
 
 
@@ -241,7 +251,7 @@ class GPT2:
         if int(batch.positions.max(initial=0)) >= c.n_positions:
             raise InputError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
         if kv_cache is not None:
-            kv_cache.check_room(batch)
+            kv_cache.prepare_round(batch)
         with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf weights, float16 overflow: callers check
             x = embed(self.wte, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
             for i, block in enumerate(self.blocks):

@@ -32,9 +32,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def workload(vocab_size: int, n_prompts: int, seed: int) -> list[list[int]]:
+def workload(vocab_size: int, n_prompts: int, seed: int, lengths: tuple[int, int] = (8, 32)) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, size=int(rng.integers(8, 33))).tolist() for _ in range(n_prompts)]
+    return [rng.integers(0, vocab_size, size=int(rng.integers(lengths[0], lengths[1] + 1))).tolist()
+            for _ in range(n_prompts)]
 
 
 def run_minirt(llms, prompts, new_tokens: int, batch_size: int) -> tuple[float, list[list[int]]]:
@@ -75,6 +76,8 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpt2-124m-random"), help="where the random checkpoint lives")
     parser.add_argument("--prompts", type=int, default=8, help="number of prompts (default 8)")
     parser.add_argument("--new-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
+    parser.add_argument("--prompt-lengths", type=int, nargs=2, default=[8, 32], metavar=("MIN", "MAX"),
+                        help="prompt lengths, drawn uniformly (default 8 32; long prompts: 600 950)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 1], help="batch sizes to measure (default 8 1)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side (default 3)")
     parser.add_argument("--dtype", default="float32")
@@ -97,7 +100,7 @@ def main() -> int:
     llm = llms[1]
     folder = llm.model.folder
     reference = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32).eval()
-    prompts = workload(llm.model.config.vocab_size, args.prompts, args.seed)
+    prompts = workload(llm.model.config.vocab_size, args.prompts, args.seed, tuple(args.prompt_lengths))
     pad_id = llm.tokenizer.eos_token_id if llm.tokenizer is not None and llm.tokenizer.eos_token_id is not None else 0
     print(f"model {args.model}: {llm.model.n_params / 1e6:.0f}M parameters, {args.dtype}; "
           f"{args.prompts} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.new_tokens} new each, greedy; "
@@ -105,7 +108,8 @@ def main() -> int:
 
     run_minirt(llms, prompts[:1], 2, 1)  # warm both sides up once
     run_transformers(reference, prompts[:1], 2, 1, pad_id)
-    print(f"{'batch':>5s} {'minirt tok/s':>13s} {'transformers tok/s':>19s} {'ratio':>7s}  greedy tokens equal")
+    print(f"{'batch':>5s} {'minirt tok/s':>13s} {'transformers tok/s':>19s} {'ratio':>7s} {'ratio range':>13s}  "
+          "greedy tokens equal")
     for batch_size in args.batch_sizes:
         ours, theirs, same = [], [], None
         for _ in range(args.repeats):
@@ -115,7 +119,9 @@ def main() -> int:
             theirs.append(rate)
             same = sum(a == b for a, b in zip(our_tokens, their_tokens))
         a, b = statistics.median(ours), statistics.median(theirs)
-        print(f"{batch_size:5d} {a:13.1f} {b:19.1f} {a / b:6.2f}x  {same}/{len(prompts)}")
+        ratios = [x / y for x, y in zip(ours, theirs)]  # each pair measured back to back
+        print(f"{batch_size:5d} {a:13.1f} {b:19.1f} {a / b:6.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x  "
+              f"{same}/{len(prompts)}")
     return 0
 
 

@@ -88,8 +88,10 @@ MUTANTS = [
            "packed tokens scattered to the wrong rows"),
     # ---- the KV cache
     Mutant("reused_slot_not_zeroed", "minirt/kv_cache.py",
-           "        self.keys[:, slot] = 0\n        self.values[:, slot] = 0\n", "",
+           "            self.keys[:, slot] = 0\n            self.values[:, slot] = 0\n", "            pass\n",
            "an earlier occupant's inf/NaN leaks through 0 x inf"),
+    Mutant("written_slot_not_noted", "minirt/kv_cache.py", "        self.written[batch.slots] = True\n", "",
+           "a reused slot is taken as never written, and not zeroed"),
     Mutant("values_written_as_keys", "minirt/kv_cache.py",
            "self.values[batch.token_slots, :, batch.token_positions] = new_values",
            "self.values[batch.token_slots, :, batch.token_positions] = new_keys", "the value cache holds keys"),
@@ -100,7 +102,8 @@ MUTANTS = [
            "self.free_slots = sorted(self.free_slots + [request.slot])", "self.free_slots = sorted(self.free_slots)",
            "a finished request's slot is lost"),
     # ---- layers
-    Mutant("gelu_constant", "minirt/model.py", "0.044715 * x * x * x", "0.04715 * x * x * x", "a typo in GELU"),
+    Mutant("gelu_constant", "minirt/model.py", "out = 0.044715 * x  # [N, I]", "out = 0.04715 * x  # [N, I]",
+           "a typo in GELU"),
     Mutant("gelu_form_swapped", "minirt/config.py",
            'return "tanh" if self.activation_function in GELU_TANH_NAMES else "erf"',
            'return "erf" if self.activation_function in GELU_TANH_NAMES else "tanh"', "the other GELU"),
