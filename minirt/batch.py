@@ -19,6 +19,7 @@ Must not know: weights, layers, requests, sampling or scheduling.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -82,9 +83,10 @@ class Batch:
         self.row_slots = backend.asarray(self.slots)  # [B]
         self._past_lens, self._kv_lens = backend.asarray(self.past_lens), backend.asarray(self.kv_lens)  # [B], [B]
 
-    @property
+    @cached_property
     def mask(self):
-        """The whole round's mask [B, 1, T, L] (attention itself builds it a tile at a time: `query_tiles`)."""
+        """The whole round's mask [B, 1, T, L], built once (every layer of a decode step reads it); a prompt's
+        attention builds it a tile at a time instead (`query_tiles`, `mask_tile`)."""
         return self.mask_tile(0, self.seq_len, self.max_kv_len)
 
     def mask_tile(self, first: int, end: int, n_keys: int):

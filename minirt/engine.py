@@ -72,7 +72,7 @@ class Engine:
                  round_token_budget: int = DEFAULT_ROUND_TOKENS):
         if policy not in POLICIES:
             raise RequestError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
-        if not isinstance(kv_budget_mib, (int, float)) or not 0 < kv_budget_mib < 2**40:  # a number, inf refused
+        if not isinstance(kv_budget_mib, (int, float, np.number)) or not 0 < kv_budget_mib < 2**40:  # inf refused
             raise RequestError(f"the KV budget must be a positive number of MiB below 2**40, got {kv_budget_mib!r}")
         self.batch_size = require_at_least_one(batch_size, "batch size")
         self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
