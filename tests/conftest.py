@@ -1,10 +1,18 @@
-"""Shared test helpers: fixture paths, random numpy-only models, reference availability."""
+"""Shared test helpers: fixture paths, random numpy-only models, reference availability, and `bounded`, the guard
+that turns a runaway allocation or a hang into a test failure."""
 
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+try:
+    import resource  # POSIX only: `bounded` guards nothing without it
+except ImportError:
+    resource = None
 
 import os
 
@@ -111,3 +119,31 @@ def fake_hub_cache(root: Path, model: Path, repo_name: str = "models--someone--t
 @pytest.fixture(scope="session")
 def tiny_lm(tmp_path_factory) -> Path:
     return write_tiny_lm(tmp_path_factory.mktemp("tiny_lm"))
+
+
+@contextmanager
+def bounded(seconds: float, extra_bytes: int = 2**30):
+    """Fail a test, instead of exhausting the machine, if the loader starts allocating or looping by an absurd
+    size: the address space is capped at what the process has now plus `extra_bytes` (MemoryError past it), and
+    a timer raises TimeoutError after `seconds`.  Linux only; elsewhere it guards nothing."""
+    statm = Path("/proc/self/statm")
+    if resource is None or not statm.is_file() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    old_limit = resource.getrlimit(resource.RLIMIT_AS)
+    cap = int(statm.read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE") + extra_bytes
+    if old_limit[1] != resource.RLIM_INFINITY:
+        cap = min(cap, old_limit[1])
+
+    def on_timer(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old_handler = signal.signal(signal.SIGALRM, on_timer)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, old_limit[1]))
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        resource.setrlimit(resource.RLIMIT_AS, old_limit)

@@ -25,12 +25,9 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import re
 import shutil
-import signal
 import struct
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,15 +36,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES
+from conftest import FIXTURES, bounded
 from minirt.checkpoint import load_checkpoint
 from minirt.errors import MinirtError
 from minirt.safetensors_header import read_safetensors_header
 
-try:
-    import resource  # POSIX only: `bounded` guards nothing without it
-except ImportError:
-    resource = None
 
 BASE = FIXTURES / "base"
 WEIGHTS = "model.safetensors"
@@ -100,34 +93,6 @@ def assert_consistent(blob: bytes, entries: dict, data_offset: int) -> None:
     for i, (start, end, name) in enumerate(spans):
         for other_start, other_end, other in spans[i + 1:]:
             assert end <= other_start or other_end <= start, f"{name} and {other} share bytes"
-
-
-@contextmanager
-def bounded(seconds: float, extra_bytes: int = 2**30):
-    """Fail the example, instead of exhausting the machine, if the loader allocates or loops by an absurd size:
-    address space capped at what the process has plus `extra_bytes`, and a timer that raises TimeoutError.
-    Linux only; elsewhere it guards nothing."""
-    statm = Path("/proc/self/statm")
-    if resource is None or not statm.is_file() or not hasattr(signal, "setitimer"):
-        yield
-        return
-    old_limit = resource.getrlimit(resource.RLIMIT_AS)
-    cap = int(statm.read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE") + extra_bytes
-    if old_limit[1] != resource.RLIM_INFINITY:
-        cap = min(cap, old_limit[1])
-
-    def on_timer(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old_handler = signal.signal(signal.SIGALRM, on_timer)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, old_limit[1]))
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
-        resource.setrlimit(resource.RLIMIT_AS, old_limit)
 
 
 # ---------------------------------------------------------------- strategies: headers

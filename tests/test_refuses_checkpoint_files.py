@@ -19,20 +19,19 @@ import json
 import math
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
 import time
 import tracemalloc
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, bounded
 from minirt import LLM
 from minirt.checkpoint import load_checkpoint
 from minirt.cli import EXIT_USAGE, run_command
@@ -40,10 +39,6 @@ from minirt.errors import CheckpointError
 from minirt.generate import main as generate_main
 from minirt.safetensors_header import read_safetensors_header
 
-try:
-    import resource  # POSIX only: `bounded` guards nothing without it
-except ImportError:
-    resource = None
 
 BASE = FIXTURES / "base"
 WEIGHTS = "model.safetensors"
@@ -95,34 +90,6 @@ def same_size_pair(header: dict) -> tuple[str, str]:
                 return seen[key], name
             seen[key] = name
     raise AssertionError("no two tensors of the same size")
-
-
-@contextmanager
-def bounded(seconds: float, extra_bytes: int = 2**30):
-    """Fail the test, instead of exhausting the machine, if the loader starts allocating or looping by an absurd
-    size: the address space is capped at what the process has now plus `extra_bytes` (MemoryError past it), and
-    a timer raises TimeoutError after `seconds`.  Linux only; elsewhere it guards nothing."""
-    statm = Path("/proc/self/statm")
-    if resource is None or not statm.is_file() or not hasattr(signal, "setitimer"):
-        yield
-        return
-    old_limit = resource.getrlimit(resource.RLIMIT_AS)
-    cap = int(statm.read_text().split()[0]) * os.sysconf("SC_PAGE_SIZE") + extra_bytes
-    if old_limit[1] != resource.RLIM_INFINITY:
-        cap = min(cap, old_limit[1])
-
-    def on_timer(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old_handler = signal.signal(signal.SIGALRM, on_timer)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, old_limit[1]))
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
-        resource.setrlimit(resource.RLIMIT_AS, old_limit)
 
 
 @pytest.fixture
