@@ -101,8 +101,7 @@ class Batch:
         size = max(1, min(self.seq_len, scratch_bytes // per_query))
         for first in range(0, self.seq_len, size):
             end = min(self.seq_len, first + size)
-            n_keys = int(np.minimum(self.kv_lens, self.past_lens + end).max(initial=0))
-            yield first, end, max(n_keys, min(1, self.max_kv_len))
+            yield first, end, int(np.minimum(self.kv_lens, self.past_lens + end).max(initial=0))
 
     def padded(self, packed):
         """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""

@@ -207,8 +207,8 @@ class Engine:
         for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active)):
             if token is None:  # its own failure: the peers' rows are untouched and go on
                 refuse(request, f"the model's logits for its token {len(request.token_ids) + 1} are not finite "
-                                "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)")
-                request.finish_round, request.decoder = round_number, None
+                                "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)",
+                       round_number)
             else:
                 add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
                 added += 1

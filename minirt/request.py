@@ -66,9 +66,11 @@ class Request:
         return self.status is Status.FINISHED
 
 
-def refuse(request: Request, message: str) -> None:
-    """Finish without running: the request gets an error of its own; its peers are untouched."""
+def refuse(request: Request, message: str, round_number: int | None = None) -> None:
+    """Finish with an error of its own: before it runs, or in `round_number` (its logits were not finite).
+    Its peers are untouched; the tokens it had are kept, and no more text comes."""
     request.status, request.finish_reason, request.error = Status.FINISHED, "error", message
+    request.finish_round, request.decoder = round_number, None
 
 
 def add_token(request: Request, token: int, logprob: float | None, round_number: int,

@@ -31,7 +31,7 @@ from minirt.errors import CheckpointError, TokenizerError
 from minirt.generate import main as generate_main
 from minirt.llm import LLM, generation_defaults
 from minirt.sampling import SamplingParams
-from tiny_random_model import CORPUS
+from tiny_random_model import train_tokenizer
 
 OLD = b'{"an": "existing record"}\n'
 FIELDS = ("temperature", "top_k", "top_p", "max_new_tokens")  # what minirt reads from generation_config.json
@@ -92,16 +92,8 @@ def refused_by_the_command_line(folder: Path, run_dir: Path, file_name: str) -> 
 
 
 def trained_tokenizer(target: int):
-    """A byte-level BPE made as tools/tiny_random_model.py makes the tiny model's, with about `target` tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=target, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([CORPUS], trainer=trainer)
-    return tok
+    """A byte-level BPE made as the tiny model's is, with about `target` tokens."""
+    return train_tokenizer(target)
 
 
 # --- tokenizer.json that cannot be read -------------------------------------------------------------------------

@@ -47,19 +47,26 @@ def random_tensors(config: GPT2Config, seed: int) -> dict[str, np.ndarray]:
     return tensors
 
 
-def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_target: int = 300) -> Path:
-    """A model folder: config.json, model.safetensors, tokenizer.json.  Its EOS is the tokenizer's <|endoftext|>."""
-    from safetensors.numpy import save_file
+def train_tokenizer(vocab_target: int = 300):
+    """A byte-level BPE (GPT-2's kind) trained on CORPUS, with about `vocab_target` tokens and <|endoftext|>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_target, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator([CORPUS], trainer=trainer)
+    return tok
+
+
+def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_target: int = 300) -> Path:
+    """A model folder: config.json, model.safetensors, tokenizer.json.  Its EOS is the tokenizer's <|endoftext|>."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(vocab_target)
     tok.save(str(folder / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": tok.get_vocab_size(),
