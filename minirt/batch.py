@@ -85,23 +85,25 @@ class Batch:
 
     @cached_property
     def mask(self):
-        """The whole round's mask [B, 1, T, L], built once (every layer of a decode step reads it); a prompt's
-        attention builds it a tile at a time instead (`query_tiles`, `mask_tile`)."""
-        return self.mask_tile(0, self.seq_len, self.max_kv_len)
+        """The whole round's mask [B, 1, T, L], built once: every layer of a decode step reads it."""
+        return attention_mask(self.backend.xp, self._past_lens, self._kv_lens, self.seq_len, self.max_kv_len)
 
-    def mask_tile(self, first: int, end: int, n_keys: int):
-        """The mask [B, 1, end - first, n_keys] of queries first..end-1 against keys 0..n_keys-1, on the backend."""
-        return attention_mask(self.backend.xp, self._past_lens, self._kv_lens, end - first, n_keys, first)
+    def mask_tile(self, row: int, first: int, end: int, n_keys: int):
+        """One row's mask [1, end - first, n_keys]: its queries first..end-1 against its keys 0..n_keys-1."""
+        one = slice(row, row + 1)
+        return attention_mask(self.backend.xp, self._past_lens[one], self._kv_lens[one], end - first, n_keys, first)[0]
 
     def query_tiles(self, n_head: int, scratch_bytes: int):
-        """(first, end, n_keys) for each tile of queries: as many as keep one fp32 score tile [B, H, queries, L]
-        within `scratch_bytes`, each with only the keys some query of the tile may see (min(kv_lens,
-        past_lens + end) at most): a tile never computes the scores wholly above the causal diagonal."""
-        per_query = max(1, self.batch_size * n_head * self.max_kv_len * 4)  # fp32 bytes of one query's scores
-        size = max(1, min(self.seq_len, scratch_bytes // per_query))
-        for first in range(0, self.seq_len, size):
-            end = min(self.seq_len, first + size)
-            yield first, end, int(np.minimum(self.kv_lens, self.past_lens + end).max(initial=0))
+        """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as many queries as
+        keep one fp32 score tile [H, queries, n_keys] within `scratch_bytes`, against only the keys the tile may
+        see, 0..past_len + end - 1.  Each row goes alone, so no score is spent on padding, and no tile computes
+        the scores wholly above the causal diagonal."""
+        for row in range(self.batch_size):
+            new_len, past_len = int(self.new_lens[row]), int(self.past_lens[row])
+            size = max(1, scratch_bytes // max(1, n_head * (past_len + new_len) * 4))  # queries per tile
+            for first in range(0, new_len, size):
+                end = min(new_len, first + size)
+                yield row, first, end, past_len + end
 
     def padded(self, packed):
         """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""

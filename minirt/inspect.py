@@ -103,7 +103,7 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
           f"eps {c.layer_norm_epsilon:g}")
     print(f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
           f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}")
-    weights = "memory-mapped, not copied" if mapped else "converted on load"
+    weights = ("memory-mapped, not copied (the head: one [C, V] fp32 copy)" if mapped else "converted on load")
     print(f"compute    {model.backend.name}, {dtype.name}; weights {weights}")
     print(f"loaded in  {load_seconds:.3f} s")
     if tokenizer is not None:

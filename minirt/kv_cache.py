@@ -81,6 +81,10 @@ class LayerKV:
         self.keys[batch.token_slots, :, batch.token_positions] = new_keys  # [N, H, D]
         self.values[batch.token_slots, :, batch.token_positions] = new_values  # [N, H, D]
 
+    def read_row(self, slot: int, n_keys: int):
+        """The first n_keys keys and values [H, n_keys, D] of one slot: views, no copy."""
+        return self.keys[slot, :, :n_keys], self.values[slot, :, :n_keys]
+
     def read(self, batch: Batch):
         """Keys and values [B, H, L, D] of the round's rows: a view when their slots are contiguous, else a gather."""
         span, L = batch.slot_span, batch.max_kv_len

@@ -13,11 +13,11 @@ letters:
     C  n_embd                     H  n_head      D  head_dim = C // H
     I  n_inner (MLP width)        V  vocab_size  M  positions whose logits are asked for
 
-Real tokens travel packed, [N, C], so every weight GEMM is 2-D and none runs on padding; only attention lays
-the rows out padded (minirt/batch.py says how, and builds the mask).  With a KV cache the keys are each
-row's history plus this round's; scoring whole sequences needs no cache.  Functions that need the array
-module take `xp` (numpy or cupy), so the GPU runs this same code; layer-norm statistics, softmax and logits
-are fp32 whatever the dtype.
+Real tokens travel packed, [N, C], so every weight GEMM is 2-D and none runs on padding.  A prompt's attention
+takes each row alone; a decode step's lays the rows out padded [B, H, 1, L] (minirt/batch.py builds the masks).
+With a KV cache the keys are each row's history plus this round's; scoring whole sequences needs none.  Layers
+take `xp` (numpy or cupy), so the GPU runs this same code; layer-norm statistics, softmax and logits are fp32.
+Long prompts run in tiles whose scratch is bounded (the two budgets below), however long the prompt.
 
 Must not know: files, tokenizers, requests, sampling or scheduling.
 """
@@ -38,9 +38,9 @@ from .config import GPT2Config
 from .errors import InputError
 from .kv_cache import KVCache, LayerKV
 
-# Attention's scratch: one query tile's fp32 scores [B, H, queries, keys] stay within this, however long the
-# prompt (a tile is at least one query, so only a batch whose single query row of scores exceeds it goes past).
-ATTENTION_SCRATCH_BYTES = 32 * 2**20
+# Scratch per tile of a prompt, however long: attention's fp32 scores [H, queries, keys] (a tile is at least one
+# query), and the MLP's hidden activations [tokens, I] (so [N, I] never exists).  8 MiB each measured fastest.
+ATTENTION_SCRATCH_BYTES = MLP_SCRATCH_BYTES = 8 * 2**20
 
 # ---------------------------------------------------------------------------- weights, by the checkpoint's names
 
@@ -91,19 +91,20 @@ def block_weights(params: dict[str, Any], i: int) -> Block:
 # ---------------------------------------------------------------------------- layers
 
 
-def embed(wte, wpe, token_ids, positions):
-    """Token embedding plus position embedding, for the round's real tokens."""
-    return wte[token_ids] + wpe[positions]  # [N, C]
+def embed(wte_t, wpe, token_ids, positions):
+    """Token plus position embedding of the round's real tokens; a token's is a column of the [C, V] table."""
+    return wte_t[:, token_ids].T.astype(wpe.dtype, copy=False) + wpe[positions]  # [N, C]
 
 
 def layer_norm(xp, x, ln: LayerNorm, eps: float):
     """Normalise each token's features to mean 0, variance 1, then scale and shift."""
     x32 = x.astype(xp.float32, copy=False)  # [N, C] statistics in fp32
-    mean = x32.mean(axis=-1, keepdims=True)  # [N, 1]
-    centered = x32 - mean  # [N, C]
-    variance = (centered * centered).mean(axis=-1, keepdims=True)  # [N, 1]
-    normed = centered / xp.sqrt(variance + eps)  # [N, C]
-    return (normed * ln.weight + ln.bias).astype(x.dtype, copy=False)  # [N, C]
+    centered = x32 - x32.sum(axis=-1, keepdims=True) / x.shape[-1]  # [N, C] mean 0
+    variance = xp.square(centered).sum(axis=-1, keepdims=True) / x.shape[-1] + eps  # [N, 1] (+ eps)
+    centered /= xp.sqrt(variance)  # [N, C] variance 1; then, in place, scale and shift
+    centered *= ln.weight
+    centered += ln.bias
+    return centered.astype(x.dtype, copy=False)  # [N, C]
 
 
 def linear(x, fc: Linear):
@@ -138,15 +139,15 @@ def gelu(xp, x, form: str = "tanh"):
 
 
 def softmax_attention(xp, q, keys, values, mask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v, in fp32 whatever the dtype, with no NaN and few passes over
-    the [B, H, T, L] scores (in place: fill, subtract, exp, sum).  Masked scores are set to the most negative
-    finite float (never -inf arithmetic), so after subtracting a visible row's maximum their exp is exactly 0;
-    the normalisation divides the [B, H, T, D] output, not the scores; a query that sees no key gets zeros."""
-    if keys.shape[2] == 0:  # no keys at all (rows with nothing in them): nothing to see
+    """softmax(q k^T * scale, over visible keys) @ v in fp32, [B, H, T, D] or [H, T, D]: few passes over the scores
+    (in place: fill, subtract, exp, sum).  A hidden score is set to the lowest finite float (no -inf arithmetic),
+    so after subtracting a visible row's max its exp is exactly 0; the [.., T, D] output is what gets divided,
+    not the scores; a query that sees no key gets zeros."""
+    if keys.shape[-2] == 0:  # no keys at all (rows with nothing in them): nothing to see
         return xp.zeros_like(q)
     q32 = q.astype(xp.float32) * xp.float32(scale)  # [B, H, T, D] fp32 (fp16 dot products can overflow 65504)
     keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D] (no copy when already fp32)
-    scores = q32 @ keys32.transpose(0, 1, 3, 2)  # [B, H, T, L] fp32, a new array we may overwrite
+    scores = q32 @ xp.swapaxes(keys32, -1, -2)  # [B, H, T, L] fp32, a new array we may overwrite
     xp.copyto(scores, xp.finfo(xp.float32).min, where=~mask)  # [B, H, T, L] hidden keys at the lowest finite
     scores -= scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row
     xp.exp(scores, out=scores)  # [B, H, T, L] unnormalised weights; a hidden key's is exactly 0
@@ -156,16 +157,21 @@ def softmax_attention(xp, q, keys, values, mask, scale: float):
     return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(q.dtype, copy=False)  # [B, H, T, D]
 
 
-def tiled_attention(xp, q, keys, values, batch: Batch, scale: float):
-    """`softmax_attention` a tile of queries at a time (`Batch.query_tiles`), each against only the keys its
-    queries may see: scratch stays within ATTENTION_SCRATCH_BYTES, and tiles above the diagonal cost nothing."""
-    if batch.seq_len == 1:  # decode: one query per row, one tile
-        return softmax_attention(xp, q, keys, values, batch.mask, scale)
-    out = xp.empty_like(q)  # [B, H, T, D]
-    for first, end, n_keys in batch.query_tiles(q.shape[1], ATTENTION_SCRATCH_BYTES):
-        mask = batch.mask_tile(first, end, n_keys)  # [B, 1, end - first, n_keys]
-        out[:, :, first:end] = softmax_attention(xp, q[:, :, first:end], keys[:, :, :n_keys], values[:, :, :n_keys],
-                                                 mask, scale)  # [B, H, end - first, D]
+def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float):
+    """Attention for prompts, packed [N, H, D] in and out: each row alone (no score spent on padding), a tile of
+    its queries at a time (`Batch.query_tiles`), so scratch stays within ATTENTION_SCRATCH_BYTES and tiles
+    wholly above the causal diagonal cost nothing.  Keys come from the row's KV slot, or else this round."""
+    out = xp.empty_like(q)  # [N, H, D]
+    for row, first, end, n_keys in batch.query_tiles(q.shape[1], ATTENTION_SCRATCH_BYTES):
+        start = int(batch.first_index[row])  # the row's first token in the packed order
+        if kv is None:  # scoring whole sequences: the row's keys are this round's tokens
+            keys, values = k[start:start + n_keys].transpose(1, 0, 2), v[start:start + n_keys].transpose(1, 0, 2)
+        else:
+            keys, values = kv.read_row(int(batch.slots[row]), n_keys)  # [H, n_keys, D] history + this round
+        queries = q[start + first:start + end].transpose(1, 0, 2)  # [H, end - first, D]
+        mask = batch.mask_tile(row, first, end, n_keys)  # [1, end - first, n_keys]
+        tile = softmax_attention(xp, queries, keys, values, mask, scale)  # [H, end - first, D]
+        out[start + first:start + end] = tile.transpose(1, 0, 2)  # [end - first, H, D]
     return out
 
 
@@ -174,22 +180,27 @@ def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: Laye
     N, H, D, C = x.shape[0], config.n_head, config.head_dim, config.n_embd
     qkv = linear(x, attn.c_attn).reshape(N, 3, H, D)  # [N, 3, H, D]
     q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # each [N, H, D]
-    if kv is None:  # scoring whole sequences: this round's keys are every key there is
-        keys, values = batch.padded(k).transpose(0, 2, 1, 3), batch.padded(v).transpose(0, 2, 1, 3)  # [B, H, T, D]
-    else:
+    if kv is not None:
         kv.write(k, v, batch)  # each token into its row's slot, at its own position
-        keys, values = kv.read(batch)  # each [B, H, L, D]: the rows' histories plus this round
-    q = batch.padded(q).transpose(0, 2, 1, 3)  # [B, H, T, D]
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
-    out = tiled_attention(xp, q, keys, values, batch, scale)  # [B, H, T, D]
-    out = batch.packed(out.transpose(0, 2, 1, 3)).reshape(N, C)  # [N, C] heads side by side again
-    return linear(out, attn.c_proj)  # [N, C]
+    if kv is None or batch.seq_len > 1:
+        out = prompt_attention(xp, q, k, v, batch, kv, scale)  # [N, H, D]
+    else:  # a decode step: one query per row, all rows in one softmax, against the rows' whole histories
+        keys, values = kv.read(batch)  # each [B, H, L, D]
+        out = softmax_attention(xp, batch.padded(q).transpose(0, 2, 1, 3), keys, values, batch.mask, scale)
+        out = batch.packed(out.transpose(0, 2, 1, 3))  # [N, H, D]
+    return linear(out.reshape(N, C), attn.c_proj)  # [N, C] heads side by side again
 
 
 def mlp(xp, x, weights: MLP, gelu_form: str):
-    """Expand to n_inner, GELU, project back."""
-    hidden = gelu(xp, linear(x, weights.c_fc), gelu_form)  # [N, I]
-    return linear(hidden, weights.c_proj)  # [N, C]
+    """Expand to n_inner, GELU, project back, a tile of tokens at a time: the hidden [tokens, I] stays within
+    MLP_SCRATCH_BYTES (in a CPU's cache, where GELU's passes over it are cheap), however long the prompt."""
+    out = xp.empty_like(x)  # [N, C]
+    rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize))  # tokens per tile
+    for first in range(0, x.shape[0], rows):
+        hidden = gelu(xp, linear(x[first:first + rows], weights.c_fc), gelu_form)  # [rows, I]
+        out[first:first + rows] = linear(hidden, weights.c_proj)  # [rows, C]
+    return out
 
 
 def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None):
@@ -200,9 +211,9 @@ def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv:
 
 
 def lm_head(hidden, head_weight):
-    """Hidden states -> next-token logits in fp32.  `head_weight` stays fp32 even for fp16 compute:
+    """Hidden states -> next-token logits in fp32.  `head_weight` [C, V] stays fp32 even for fp16 compute:
     logits of tens are only resolved to ~0.03 in fp16, enough to flip a greedy choice."""
-    return hidden.astype(np.float32, copy=False) @ head_weight.T  # [M, V] fp32
+    return hidden.astype(np.float32, copy=False) @ head_weight  # [M, V] fp32
 
 
 # ---------------------------------------------------------------------------- the model
@@ -214,26 +225,26 @@ class GPT2:
     def __init__(self, checkpoint: Checkpoint, backend: Backend, dtype):
         self.config, self.folder, self.backend, self.xp = checkpoint.config, checkpoint.folder, backend, backend.xp
         self.dtype = np.dtype(dtype)
-        converted = {}  # id(host array) -> backend array: the tied head is converted once
-        self.params = {}  # checkpoint name -> backend array
-        for name, host in checkpoint.tensors.items():
-            if id(host) not in converted:
-                # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped file.
-                with np.errstate(over="ignore"):  # a weight past float16's range becomes inf: forward checks
-                    converted[id(host)] = backend.asarray(host).astype(self.dtype, copy=False)
-            self.params[name] = converted[id(host)]
+        with np.errstate(over="ignore"):  # a weight past float16's range becomes inf: forward checks
+            # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped file.
+            self.params = {name: backend.asarray(host).astype(self.dtype, copy=False)
+                           for name, host in checkpoint.tensors.items() if name not in ("wte.weight", "lm_head.weight")}
+            # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a contiguous [C, V]
+            # than on the file's [V, C] transposed: stored once so, fp32; a tied model's embeddings are its columns.
+            def columns(name, dtype):  # the file's [V, C] -> a contiguous [C, V] copy on the backend
+                return self.xp.ascontiguousarray(backend.asarray(checkpoint.tensors[name]).T, dtype=dtype)
+            self.head_weight = columns("lm_head.weight", np.float32)  # [C, V] fp32 for fp32 logits
+            self.wte_t = self.head_weight if checkpoint.head_is_tied else columns("wte.weight", self.dtype)  # [C, V]
         p = self.params
-        self.wte, self.wpe = p["wte.weight"], p["wpe.weight"]  # [V, C], [P, C]
+        self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
         self.ln_f = LayerNorm(p["ln_f.weight"], p["ln_f.bias"])
-        head = checkpoint.tensors["lm_head.weight"]  # [V, C], file precision
-        self.head_weight = (p["lm_head.weight"] if self.dtype == np.float32
-                            else backend.asarray(head).astype(np.float32))  # [V, C] fp32 for fp32 logits
 
     @property
     def n_params(self) -> int:
         """Learned numbers, counting a tied head once."""
-        return sum(int(array.size) for array in {id(a): a for a in self.params.values()}.values())
+        tables = {id(a): a for a in (self.head_weight, self.wte_t)}.values()
+        return sum(int(array.size) for array in [*self.params.values(), *tables])
 
     def new_kv_cache(self, n_slots: int, capacity: int) -> KVCache:
         """Preallocate KV buffers for n_slots requests of up to `capacity` positions each."""
@@ -253,7 +264,7 @@ class GPT2:
         if kv_cache is not None:
             kv_cache.prepare_round(batch)
         with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf weights, float16 overflow: callers check
-            x = embed(self.wte, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
+            x = embed(self.wte_t, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
             for i, block in enumerate(self.blocks):
                 kv = None if kv_cache is None else kv_cache.layer(i)
                 x = transformer_block(xp, x, block, c, batch, kv)  # [N, C]

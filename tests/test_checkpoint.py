@@ -160,7 +160,23 @@ def test_fp32_weights_are_memory_mapped_not_copied():
     model = minirt.load_model(FIXTURES / "base")
     for name, array in model.params.items():  # fp32 file, fp32 compute: the model holds the mapped bytes
         assert not array.flags.owndata and not array.flags.writeable, name
-    assert model.params["lm_head.weight"] is model.params["wte.weight"]  # tied once, not copied
+    assert "wte.weight" not in model.params and "lm_head.weight" not in model.params
+    assert model.wte_t is model.head_weight  # tied: one [C, V] array is both the head and the embeddings
+    assert model.head_weight.flags.c_contiguous and model.head_weight.dtype == np.float32
+    np.testing.assert_array_equal(model.head_weight, ckpt.tensors["wte.weight"].T)
+
+
+def test_an_untied_head_and_its_embeddings_are_two_arrays():
+    ckpt = load_checkpoint(FIXTURES / "untied_head")
+    wte, head = ckpt.tensors["wte.weight"], ckpt.tensors["lm_head.weight"]
+    assert not np.array_equal(wte, head)  # the fixture's head really differs from its embeddings
+    for dtype in ("float32", "float16"):
+        model = minirt.load_model(ckpt, dtype=dtype)
+        assert model.wte_t is not model.head_weight and model.wte_t.dtype == np.dtype(dtype)
+        assert model.head_weight.dtype == np.float32 and model.head_weight.flags.c_contiguous
+        np.testing.assert_array_equal(model.head_weight, head.T.astype(np.float32))
+        np.testing.assert_array_equal(model.wte_t, wte.T.astype(dtype))
+        assert model.n_params == sum(a.size for a in ckpt.tensors.values()), dtype  # both tables counted
 
 
 def test_loaded_values_equal_the_safetensors_library():

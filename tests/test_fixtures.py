@@ -66,7 +66,7 @@ def test_half_precision_files_are_what_they_claim(name, code):
     ckpt = minirt.load_checkpoint(FIXTURES / name)
     assert set(ckpt.file_dtypes.values()) == {code}
     model = minirt.load_model(FIXTURES / name)
-    assert model.params["wte.weight"].dtype == np.float32  # computed in fp32 by default
+    assert model.params["wpe.weight"].dtype == model.wte_t.dtype == np.float32  # computed in fp32 by default
 
 
 def test_sharded_fixture_is_sharded():

@@ -148,7 +148,7 @@ def test_scores_in_the_hundreds_still_give_finite_logits(sharp_attention_model):
     model = load_model(sharp_attention_model)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]]
     layer0 = model.blocks[0].attn.c_attn  # the first layer's scores, by hand in float64, to show they are large
-    x = model.wte[prompts[0]].astype(np.float64) + model.wpe[: len(prompts[0])]
+    x = model.wte_t[:, prompts[0]].T.astype(np.float64) + model.wpe[: len(prompts[0])]
     x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     x = x * model.blocks[0].ln_1.weight + model.blocks[0].ln_1.bias
     C = x.shape[1]
@@ -179,50 +179,62 @@ def test_scores_in_the_hundreds_match_transformers(sharp_attention_model):
 
 @settings(max_examples=80, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9)), min_size=1, max_size=4),
-       scratch=st.integers(1, 4000), seed=st.integers(0, 2**16))
-def test_tiled_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, scratch, seed):
+       scratch=st.integers(1, 4000), seed=st.integers(0, 2**16), cached=st.booleans())
+def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, scratch, seed, cached):
     """For any rows (past keys, new tokens), any scratch budget (so any tiling), every query's output is the
-    softmax over exactly its visible keys, j <= its position and j < its row's key count, computed here in
-    float64 by a plain loop; a query that sees nothing gets zeros.  Stale keys past a row's end hold NaN keys
-    and huge values, and must not matter."""
+    softmax over exactly its visible keys, j <= its position (its own row's keys only), computed here in
+    float64 by a plain loop.  With a KV cache the keys are the slot's history plus this round; the slots are
+    shuffled, and what lies past a row's end (stale keys: NaN, huge values) must not matter.  Without one
+    (scoring whole sequences, no history), they are the round's own tokens."""
     from minirt.backend import numpy_backend
     from minirt.batch import Batch
-    from minirt.model import tiled_attention
+    from minirt.kv_cache import LayerKV
+    from minirt.model import prompt_attention
 
-    past = [p for p, _ in rows]
-    batch = Batch([[1] * n for _, n in rows], numpy_backend(), past_lens=past)
-    B, H, T, L, D = len(rows), 2, batch.seq_len, max(batch.max_kv_len, 1), 3
+    if not cached:
+        rows = [(0, n) for _, n in rows]
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, H, T, D)).astype(np.float32)
-    keys, values = (rng.standard_normal((B, H, L, D)).astype(np.float32) for _ in range(2))
-    for b in range(B):
-        keys[b, :, batch.kv_lens[b]:], values[b, :, batch.kv_lens[b]:] = np.nan, 1e6
+    past, slots = [p for p, _ in rows], rng.permutation(len(rows)).tolist()
+    batch = Batch([[1] * n for _, n in rows], numpy_backend(), slots=slots, past_lens=past)
+    N, H, D, capacity = batch.n_tokens, 2, 3, 16
+    q, k, v = (rng.standard_normal((N, H, D)).astype(np.float32) for _ in range(3))
+    cache = LayerKV(np.full((len(rows), H, capacity, D), np.nan, np.float32),
+                    np.full((len(rows), H, capacity, D), 1e6, np.float32))
+    for b, slot in enumerate(slots):  # each slot's history: random keys and values at 0..past-1
+        cache.keys[slot, :, :past[b]] = rng.standard_normal((H, past[b], D))
+        cache.values[slot, :, :past[b]] = rng.standard_normal((H, past[b], D))
+    if cached:
+        cache.write(k, v, batch)
     import minirt.model
 
     budget, minirt.model.ATTENTION_SCRATCH_BYTES = minirt.model.ATTENTION_SCRATCH_BYTES, scratch
     try:
-        got = tiled_attention(np, q, keys[:, :, : batch.max_kv_len], values[:, :, : batch.max_kv_len], batch, 0.5)
+        got = prompt_attention(np, q, k, v, batch, cache if cached else None, 0.5)  # [N, H, D]
     finally:
         minirt.model.ATTENTION_SCRATCH_BYTES = budget
-    for b in range(B):
-        for t in range(T):
-            visible = [j for j in range(batch.max_kv_len) if j <= past[b] + t and j < batch.kv_lens[b]]
+    for b, slot in enumerate(slots):
+        first = int(batch.first_index[b])
+        keys = cache.keys[slot] if cached else k[first:first + rows[b][1]].transpose(1, 0, 2)  # [H, *, D]
+        values = cache.values[slot] if cached else v[first:first + rows[b][1]].transpose(1, 0, 2)
+        for t in range(rows[b][1]):
+            visible = list(range(past[b] + t + 1))
             for h in range(H):
-                if not visible:
-                    assert np.all(got[b, h, t] == 0)
-                    continue
-                scores = np.array([0.5 * float(q[b, h, t].astype(np.float64) @ keys[b, h, j]) for j in visible])
+                scores = np.array([0.5 * float(q[first + t, h].astype(np.float64) @ keys[h, j]) for j in visible])
                 weights = np.exp(scores - scores.max())
-                want = (weights[:, None] * values[b, h, visible].astype(np.float64)).sum(0) / weights.sum()
-                assert np.allclose(got[b, h, t], want, rtol=1e-5, atol=1e-6)
+                want = (weights[:, None] * values[h, visible].astype(np.float64)).sum(0) / weights.sum()
+                assert np.allclose(got[first + t, h], want, rtol=1e-5, atol=1e-6)
 
 
-def test_query_tiles_skip_what_lies_above_the_diagonal():
-    """A fresh 10-token row at one query a tile: tile t needs keys 0..t only, never the other 9 - t."""
+def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
+    """A fresh 10-token row at one query a tile: tile t needs keys 0..t only, never the other 9 - t; rows go
+    one at a time, each with its own key count (no padding to the longest row)."""
     from minirt.backend import numpy_backend
     from minirt.batch import Batch
 
     batch = Batch([list(range(10))], numpy_backend())
-    assert list(batch.query_tiles(n_head=1, scratch_bytes=40)) == [(t, t + 1, t + 1) for t in range(10)]
-    resumed = Batch([[1, 2], [3]], numpy_backend(), past_lens=[5, 1])  # kv_lens 7 and 2
-    assert list(resumed.query_tiles(n_head=1, scratch_bytes=2 * 7 * 4)) == [(0, 1, 6), (1, 2, 7)]
+    assert list(batch.query_tiles(n_head=1, scratch_bytes=40)) == [(0, t, t + 1, t + 1) for t in range(10)]
+    resumed = Batch([[1, 2], [3], []], numpy_backend(), past_lens=[5, 1, 4])  # kv_lens 7, 2 and 4
+    assert list(resumed.query_tiles(n_head=1, scratch_bytes=7 * 4)) == [(0, 0, 1, 6), (0, 1, 2, 7), (1, 0, 1, 2)]
+    assert list(resumed.query_tiles(n_head=2, scratch_bytes=10**6)) == [(0, 0, 2, 7), (1, 0, 1, 2)]
+
+

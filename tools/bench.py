@@ -1,28 +1,45 @@
-"""Generated tokens per second: minirt beside transformers' `generate`, same checkpoint, same workload, one run.
+"""minirt beside transformers on the same checkpoint: a matrix of workloads, each side in fresh processes.
 
-The workload (issue #3): 8 prompts of 8-32 random tokens, 32 new tokens each,
-greedy, every request forced to its full 32 tokens (ignore_eos for minirt,
-min_new_tokens for transformers), so both do exactly the same work.
+Workloads (fp32 by default, greedy, every request forced to its full length: ignore_eos for minirt,
+min_new_tokens for transformers, so both sides do exactly the same work):
 
-  batch 8   minirt serves the 8 prompts as one static group; transformers runs
-            one left-padded `generate` call with an attention mask.
-  batch 1   each prompt alone, one after another, on both sides.
+  short-b1    8 prompts of 8-32 random tokens, 32 new each, one request at a time
+  short-b8    the same 8 prompts as one batch (minirt: one static group; transformers: one left-padded
+              `generate` call with an attention mask)
+  long-b8     8 prompts of 600-950 tokens, 32 new each, as one batch
+  score-8x1024  the logits of 8 sequences of 1024 tokens (minirt: `model.logits`; transformers: one forward)
+  decode-b32  32 prompts of 16 tokens: decode-only speed, 32 x (33 - 1) tokens / (t(33 new) - t(1 new)),
+              i.e. the prefill (and the first token it gives) is subtracted on both sides
 
-The two sides run alternately, `--repeats` times each, in this one process;
-the table shows medians and the ratio.  Both use the machine's cores (OpenBLAS
-threads for NumPy, intra-op threads for torch).  The greedy tokens of the two
-sides are compared as a sanity check.
+Every measurement runs in a fresh Python process (this script, `--child SIDE WORKLOAD`), which loads the
+model, warms up once on a small piece of the workload, times the workload once, and reports its peak RSS
+(`ru_maxrss`: load, warm-up and run together).  The parent runs the two sides alternately, `--repeats`
+times each, and prints medians, the min-max range of each side, and the ratio's range over the pairs
+run back to back.  The minirt child never imports torch, so its RSS is minirt's own.  The greedy tokens
+(for scoring: the argmax at every position) of the two sides are compared as a sanity check.
 
-Usage (needs the `reference` extra):
+`--decode-floor` measures, in one minirt process, a decode step (`model.forward` of one token per row
+after 40 cached positions, Batch metadata included; sampling is not) against the time of that step's weight GEMMs
+alone (4 per layer and the head, on random inputs of the same shapes), alternating, at batch 1, 8, 32;
+and the same step with the head multiplied as the file's [V, C] transposed (the layout before #11).
 
-    python tools/bench.py                               # a random gpt2-124M made once in /tmp
-    python tools/bench.py --model gpt2 --repeats 5      # a real one from the local HF cache
+Usage (needs the `reference` extra; the default model is a random gpt2-124M made once in /tmp):
+
+    python tools/bench.py                                  # the whole matrix, 3 repeats
+    python tools/bench.py --workloads long-b8 score-8x1024 --repeats 5
+    python tools/bench.py --decode-floor                   # decode step against its GEMMs
+    python tools/bench.py --model gpt2                     # a real checkpoint from the local HF cache
+
+Other work on the machine skews every figure: run it alone (or under `flock /tmp/bench.lock`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,98 +47,224 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# name -> (prompts, (min, max) prompt length, new tokens, batch size)
+WORKLOADS = {
+    "short-b1": (8, (8, 32), 32, 1),
+    "short-b8": (8, (8, 32), 32, 8),
+    "long-b8": (8, (600, 950), 32, 8),
+    "score-8x1024": (8, (1024, 1024), 0, 8),
+    "decode-b32": (32, (16, 16), 33, 32),
+}
 
 
-def workload(vocab_size: int, n_prompts: int, seed: int, lengths: tuple[int, int] = (8, 32)) -> list[list[int]]:
+def workload_prompts(name: str, vocab_size: int, seed: int) -> list[list[int]]:
+    n, (low, high), _, _ = WORKLOADS[name]
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, size=int(rng.integers(lengths[0], lengths[1] + 1))).tolist()
-            for _ in range(n_prompts)]
+    return [rng.integers(0, vocab_size, size=int(rng.integers(low, high + 1))).tolist() for _ in range(n)]
 
 
-def run_minirt(llms, prompts, new_tokens: int, batch_size: int) -> tuple[float, list[list[int]]]:
-    """`llms` maps each batch size to its LLM (one per batch size, all sharing one loaded checkpoint)."""
-    from minirt import SamplingParams
-
-    llm = llms[batch_size]
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - start
-    assert all(len(o.token_ids) == new_tokens for o in outputs)
-    return len(prompts) * new_tokens / seconds, [o.token_ids for o in outputs]
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def run_transformers(model, prompts, new_tokens: int, batch_size: int, pad_id: int) -> tuple[float, list[list[int]]]:
-    import torch
-
-    tokens = []
-    start = time.perf_counter()
-    for first in range(0, len(prompts), batch_size):
-        chunk = prompts[first:first + batch_size]
-        width = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, pad_token_id=pad_id)
-        tokens += out[:, width:].tolist()
-    seconds = time.perf_counter() - start
-    return len(prompts) * new_tokens / seconds, tokens
+# ---------------------------------------------------------------------------- the two sides, in a child
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="minirt vs transformers generate: generated tokens per second, side by side.",
-                                     epilog="example: python tools/bench.py --repeats 3 --batch-sizes 8 1")
-    parser.add_argument("--model", help="checkpoint folder or hub id (default: a random gpt2-124M written to --scratch)")
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpt2-124m-random"), help="where the random checkpoint lives")
-    parser.add_argument("--prompts", type=int, default=8, help="number of prompts (default 8)")
-    parser.add_argument("--new-tokens", type=int, default=32, help="new tokens per prompt (default 32)")
-    parser.add_argument("--prompt-lengths", type=int, nargs=2, default=[8, 32], metavar=("MIN", "MAX"),
-                        help="prompt lengths, drawn uniformly (default 8 32; long prompts: 600 950)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 1], help="batch sizes to measure (default 8 1)")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side (default 3)")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+def minirt_side(model_dir: str, dtype: str, batch_size: int):
+    """(generate(prompts, new_tokens) -> token lists, score(sequences) -> argmax lists)"""
+    from minirt import LLM, SamplingParams
 
+    llm = LLM(model_dir, backend="numpy", dtype=dtype, batch_size=batch_size)
+
+    def generate(prompts, new_tokens):
+        outputs = llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+        assert all(len(o.token_ids) == new_tokens for o in outputs)
+        return [o.token_ids for o in outputs]
+
+    def score(sequences):
+        logits = llm.model.logits(sequences)  # [B, T, V] fp32 NumPy
+        return logits.argmax(-1).tolist(), logits.nbytes
+
+    return generate, score
+
+
+def transformers_side(model_dir: str, dtype: str, batch_size: int):
     import torch
     from transformers import GPT2LMHeadModel
     from transformers.utils import logging
 
-    from minirt import LLM, load_checkpoint
-
     logging.set_verbosity_error()
+    model = GPT2LMHeadModel.from_pretrained(model_dir, local_files_only=True,
+                                            torch_dtype=getattr(torch, dtype)).eval()
+    pad_id = model.config.eos_token_id if model.config.eos_token_id is not None else 0
+
+    def generate(prompts, new_tokens):
+        tokens = []
+        for first in range(0, len(prompts), batch_size):
+            chunk = prompts[first:first + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])  # left padding
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                                     min_new_tokens=new_tokens, pad_token_id=pad_id)
+            tokens += out[:, width:].tolist()
+        return tokens
+
+    def score(sequences):
+        with torch.no_grad():
+            logits = model(torch.tensor(sequences)).logits  # [B, T, V]
+        return logits.argmax(-1).tolist(), logits.numel() * logits.element_size()
+
+    return generate, score
+
+
+def child(side: str, name: str, model_dir: str, dtype: str, seed: int) -> dict:
+    """Load one side, warm it up, time one workload; the result as one JSON-able dict."""
+    from minirt import load_checkpoint
+
+    n_prompts, _, new_tokens, batch_size = WORKLOADS[name]
+    vocab_size = load_checkpoint(model_dir).config.vocab_size
+    prompts = workload_prompts(name, vocab_size, seed)
+    generate, score = (minirt_side if side == "minirt" else transformers_side)(model_dir, dtype, batch_size)
+    result = {}
+    if name.startswith("score"):
+        score([p[:16] for p in prompts[:2]])  # warm-up
+        start = time.perf_counter()
+        result["tokens"], result["logits_mb"] = score(prompts)
+        seconds = time.perf_counter() - start
+        result["logits_mb"] /= 2**20
+        result["rate"] = sum(map(len, prompts)) / seconds  # tokens scored per second
+    elif name.startswith("decode"):
+        generate(prompts[:2], 2)  # warm-up
+        start = time.perf_counter()
+        generate(prompts, 1)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        result["tokens"] = generate(prompts, new_tokens)
+        seconds = time.perf_counter() - start
+        result["rate"] = n_prompts * (new_tokens - 1) / (seconds - prefill)  # decode tokens per second
+    else:
+        generate(prompts[:1], 2)  # warm-up
+        start = time.perf_counter()
+        result["tokens"] = generate(prompts, new_tokens)
+        seconds = time.perf_counter() - start
+        result["rate"] = n_prompts * new_tokens / seconds  # generated tokens per second
+    result["seconds"], result["peak_rss_mb"] = seconds, peak_rss_mb()
+    return result
+
+
+def run_child(side: str, name: str, args) -> dict:
+    command = [sys.executable, __file__, "--child", side, name, "--model", args.model, "--dtype", args.dtype,
+               "--seed", str(args.seed)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"bench: the {side} child for {name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------- the matrix, in the parent
+
+
+def spread(values) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def matrix(args) -> None:
+    print(f"model {args.model}, {args.dtype}; {args.repeats} alternating runs per side, each in a fresh process; "
+          "rates are medians (min-max)")
+    print("| workload | minirt tok/s | transformers tok/s | ratio (pair range) | peak RSS MB minirt / transformers "
+          "| same tokens |")
+    print("|---|---|---|---|---|---|")
+    for name in args.workloads:
+        ours, theirs = [], []
+        for _ in range(args.repeats):
+            ours.append(run_child("minirt", name, args))
+            theirs.append(run_child("transformers", name, args))
+        ratios = [a["rate"] / b["rate"] for a, b in zip(ours, theirs)]
+        rate = statistics.median(a["rate"] for a in ours) / statistics.median(b["rate"] for b in theirs)
+        rss = [statistics.median(r["peak_rss_mb"] for r in side) for side in (ours, theirs)]
+        same = sum(x == y for x, y in zip(ours[-1]["tokens"], theirs[-1]["tokens"]))
+        extra = ""
+        if "logits_mb" in ours[-1]:
+            extra = f"; minirt RSS above its logits {rss[0] - ours[-1]['logits_mb']:.0f} MB"
+        print(f"| {name} | {spread([a['rate'] for a in ours])} | {spread([b['rate'] for b in theirs])} "
+              f"| **{rate:.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) | {rss[0]:.0f} / {rss[1]:.0f}{extra} "
+              f"| {same}/{len(ours[-1]['tokens'])} rows |", flush=True)
+
+
+def decode_floor(args) -> None:
+    """A decode step against its own weight GEMMs, at batch 1, 8 and 32 (see the module docstring)."""
+    import minirt
+    from minirt.batch import Batch
+
+    model, kv_len, steps = minirt.load_model(args.model, dtype=args.dtype), 40, 21
+    c, rng = model.config, np.random.default_rng(args.seed)
+    head_cv, head_vc_t = model.head_weight, np.ascontiguousarray(model.head_weight.T).T  # same numbers
+
+    def gemms(x):
+        for block in model.blocks:
+            x @ block.attn.c_attn.weight, x @ block.attn.c_proj.weight
+            (x @ block.mlp.c_fc.weight) @ block.mlp.c_proj.weight
+        return x @ model.head_weight
+
+    print(f"decode step (model.forward, KV {kv_len}) against its weight GEMMs; medians of {steps} alternating steps")
+    print("| batch | step ms | GEMMs ms | step / GEMMs | step with the head as [V, C]^T ms | saving |")
+    print("|---|---|---|---|---|---|")
+    for batch_size in (1, 8, 32):
+        cache = model.new_kv_cache(batch_size, kv_len + 1)
+        slots = list(range(batch_size))
+        prompts = [rng.integers(0, c.vocab_size, kv_len).tolist() for _ in slots]
+        model.forward(Batch(prompts, model.backend, slots=slots, past_lens=[0] * batch_size), cache)
+        x = rng.standard_normal((batch_size, c.n_embd)).astype(model.dtype)
+        times = {"step": [], "gemms": [], "old head": []}
+        for step in range(steps):
+            for key in ("step", "gemms", "old head"):
+                model.head_weight = head_vc_t if key == "old head" else head_cv
+                start = time.perf_counter()
+                if key == "gemms":
+                    gemms(x)
+                else:
+                    tokens = rng.integers(0, c.vocab_size, (batch_size, 1)).tolist()  # every step at KV 40 + 1
+                    model.forward(Batch(tokens, model.backend, slots=slots, past_lens=[kv_len] * batch_size), cache)
+                times[key].append(time.perf_counter() - start)
+        model.head_weight = head_cv
+        step, gemm, old = (1e3 * statistics.median(times[k]) for k in ("step", "gemms", "old head"))
+        print(f"| {batch_size} | {step:.2f} | {gemm:.2f} | {step / gemm:.2f}x | {old:.2f} | {old / step:.2f}x |",
+              flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="minirt beside transformers: a matrix of workloads, fresh processes.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n  python tools/bench.py --repeats 3\n"
+                                            "  python tools/bench.py --workloads long-b8 --repeats 5\n"
+                                            "  python tools/bench.py --decode-floor")
+    parser.add_argument("--model", help="checkpoint folder or hub id (default: a random gpt2-124M in --scratch)")
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpt2-124m-random"),
+                        help="where the random checkpoint lives (made on first use)")
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
+                        help="rows of the matrix (default: all)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side (default 3)")
+    parser.add_argument("--decode-floor", action="store_true", help="measure the decode step against its GEMMs")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one child may run (default 900)")
+    parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKLOAD"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, args.model, args.dtype, args.seed)))
+        return 0
     if args.model is None:
         from reference import make_gpt2_124m
 
         args.model = str(make_gpt2_124m(args.scratch))
-    checkpoint = load_checkpoint(args.model)  # one set of (memory-mapped) weights for every batch size's LLM
-    llms = {b: LLM(checkpoint, backend="numpy", dtype=args.dtype, batch_size=b) for b in {1, *args.batch_sizes}}
-    llm = llms[1]
-    folder = llm.model.folder
-    reference = GPT2LMHeadModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.float32).eval()
-    prompts = workload(llm.model.config.vocab_size, args.prompts, args.seed, tuple(args.prompt_lengths))
-    pad_id = llm.tokenizer.eos_token_id if llm.tokenizer is not None and llm.tokenizer.eos_token_id is not None else 0
-    print(f"model {args.model}: {llm.model.n_params / 1e6:.0f}M parameters, {args.dtype}; "
-          f"{args.prompts} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.new_tokens} new each, greedy; "
-          f"torch threads {torch.get_num_threads()}")
-
-    run_minirt(llms, prompts[:1], 2, 1)  # warm both sides up once
-    run_transformers(reference, prompts[:1], 2, 1, pad_id)
-    print(f"{'batch':>5s} {'minirt tok/s':>13s} {'transformers tok/s':>19s} {'ratio':>7s} {'ratio range':>13s}  "
-          "greedy tokens equal")
-    for batch_size in args.batch_sizes:
-        ours, theirs, same = [], [], None
-        for _ in range(args.repeats):
-            rate, our_tokens = run_minirt(llms, prompts, args.new_tokens, batch_size)
-            ours.append(rate)
-            rate, their_tokens = run_transformers(reference, prompts, args.new_tokens, batch_size, pad_id)
-            theirs.append(rate)
-            same = sum(a == b for a, b in zip(our_tokens, their_tokens))
-        a, b = statistics.median(ours), statistics.median(theirs)
-        ratios = [x / y for x, y in zip(ours, theirs)]  # each pair measured back to back
-        print(f"{batch_size:5d} {a:13.1f} {b:19.1f} {a / b:6.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x  "
-              f"{same}/{len(prompts)}")
+    if args.decode_floor:
+        decode_floor(args)
+    else:
+        matrix(args)
     return 0
 
 
