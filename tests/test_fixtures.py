@@ -22,11 +22,12 @@ def test_every_fixture_kind_is_present():
     }
 
 
-@pytest.mark.parametrize("scratch", [None, 1, 3000], ids=["one tile", "a query a tile", "a few queries a tile"])
+@pytest.mark.parametrize("scratch", [None, 1, 3000], ids=["one tile", "a token a tile", "a few tokens a tile"])
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_padded_batch_logits_match_transformers(name, scratch, monkeypatch):
-    if scratch is not None:  # attention's scratch budget shrunk until a prompt spans many query tiles
+    if scratch is not None:  # scratch budgets shrunk until a prompt spans many attention and MLP tiles
         monkeypatch.setattr(minirt.model, "ATTENTION_SCRATCH_BYTES", scratch)
+        monkeypatch.setattr(minirt.model, "MLP_SCRATCH_BYTES", scratch)
     expected = load_expected(name)
     sequences = [expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))]
     assert len({len(s) for s in sequences}) > 2, "the fixture must mix lengths, or padding goes untested"

@@ -73,7 +73,7 @@ def peak_rss_mb() -> float:
 
 
 def minirt_side(model_dir: str, dtype: str, batch_size: int):
-    """(generate(prompts, new_tokens) -> token lists, score(sequences) -> argmax lists)"""
+    """(generate(prompts, new_tokens) -> token lists, score(sequences) -> logits [B, T, V])"""
     from minirt import LLM, SamplingParams
 
     llm = LLM(model_dir, backend="numpy", dtype=dtype, batch_size=batch_size)
@@ -84,8 +84,7 @@ def minirt_side(model_dir: str, dtype: str, batch_size: int):
         return [o.token_ids for o in outputs]
 
     def score(sequences):
-        logits = llm.model.logits(sequences)  # [B, T, V] fp32 NumPy
-        return logits.argmax(-1).tolist(), logits.nbytes
+        return llm.model.logits(sequences)  # [B, T, V] fp32 NumPy
 
     return generate, score
 
@@ -115,8 +114,7 @@ def transformers_side(model_dir: str, dtype: str, batch_size: int):
 
     def score(sequences):
         with torch.no_grad():
-            logits = model(torch.tensor(sequences)).logits  # [B, T, V]
-        return logits.argmax(-1).tolist(), logits.numel() * logits.element_size()
+            return model(torch.tensor(sequences)).logits  # [B, T, V]
 
     return generate, score
 
@@ -133,9 +131,9 @@ def child(side: str, name: str, model_dir: str, dtype: str, seed: int) -> dict:
     if name.startswith("score"):
         score([p[:16] for p in prompts[:2]])  # warm-up
         start = time.perf_counter()
-        result["tokens"], result["logits_mb"] = score(prompts)
+        logits = score(prompts)
         seconds = time.perf_counter() - start
-        result["logits_mb"] /= 2**20
+        result["tokens"], result["logits_mb"] = logits.argmax(-1).tolist(), logits.nbytes / 2**20  # after the clock
         result["rate"] = sum(map(len, prompts)) / seconds  # tokens scored per second
     elif name.startswith("decode"):
         generate(prompts[:2], 2)  # warm-up
