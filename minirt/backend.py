@@ -46,6 +46,15 @@ class Backend:
             return np.asarray(host_array, dtype=dtype)
         return self.xp.asarray(np.asarray(host_array), dtype=dtype)
 
+    def transposed(self, host_rows: Any, dtype: Any) -> Any:
+        """A host [V, C] array as a contiguous [C, V] backend copy in `dtype`, 256 rows at a time: a blocked
+        transpose (GPT-2's 154 MB head: 0.06 s here, against 0.45 s for one strided copy)."""
+        rows = self.asarray(host_rows)  # [V, C]
+        out = self.xp.empty(rows.shape[::-1], dtype=dtype)  # [C, V]
+        for first in range(0, rows.shape[0], 256):
+            out[:, first:first + 256] = rows[first:first + 256].T
+        return out
+
     def to_numpy(self, array: Any) -> np.ndarray:
         """Backend array -> NumPy array (a device-to-host copy on CuPy)."""
         if self.name == "numpy":
