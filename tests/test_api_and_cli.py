@@ -102,3 +102,19 @@ def test_inspect_as_a_module_subprocess():
     bad = subprocess.run([sys.executable, "-m", "minirt.inspect", "/no/such/folder"],
                          capture_output=True, text=True, cwd=ROOT, check=False)
     assert bad.returncode == EXIT_USAGE and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_a_decode_round_with_an_empty_row_leaves_the_others_alone():
+    """A decode round may carry a row with no new token (padded [B, H, 1, L] with a hole): the other rows'
+    logits equal those of the same round without that row, so padding lands on the right rows."""
+    model = random_model(seed=5)
+    prompts, slots = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], [2, 0, 1]
+    caches = [model.new_kv_cache(n_slots=3, capacity=8) for _ in range(2)]
+    for cache in caches:
+        model.forward(Batch(prompts, model.backend, slots=slots), cache)
+    past = [len(p) for p in prompts]
+    with_hole = model.forward(Batch([[10], [], [11]], model.backend, slots=slots, past_lens=past), caches[0])
+    without = model.forward(Batch([[10], [11]], model.backend, slots=[2, 1], past_lens=[3, 4]), caches[1])
+    assert with_hole.shape == without.shape == (2, model.config.vocab_size)
+    np.testing.assert_allclose(with_hole, without, rtol=1e-5, atol=1e-6)
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [2, 5, 4]
