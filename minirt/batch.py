@@ -9,8 +9,9 @@ Row b brings `new_lens[b]` new tokens (its whole prompt at prefill, one per deco
 
   * positions: row b's tokens sit at past_lens[b] + 0, 1, ..., where its own history ends, whatever its
     neighbours;
-  * the packed layout: only real tokens go through the weight GEMMs, as N = sum(new_lens) rows; attention
-    alone lays them out padded, [B, T, ...] with T = max(new_lens), and `padded` / `packed` convert;
+  * the packed layout: only real tokens go through the weight GEMMs, as N = sum(new_lens) rows; a decode
+    step's attention alone lays them out padded, [B, T, ...] with T = max(new_lens) (`padded` / `packed`
+    convert), while a prompt's attends row by row (`query_tiles`, `mask_tile`);
   * kv_lens = past_lens + new_lens, from which the mask "causal AND key-is-real" is built.
 
 Must not know: weights, layers, requests, sampling or scheduling.
@@ -27,8 +28,9 @@ from .backend import Backend
 from .errors import InputError
 
 
-def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
-    """`seq` as a list of plain ints inside the vocabulary, or an InputError that names `subject`."""
+def check_token_ids(seq, vocab_size: int, subject: str, max_len: int | None = None) -> list[int]:
+    """`seq` as a list of plain ints inside the vocabulary (and at most `max_len` of them, if given), or an
+    InputError that names `subject`."""
     items = list(seq) if hasattr(seq, "__iter__") and not isinstance(seq, (str, bytes)) else None
     if items is None or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items):
         raise InputError(f"{subject} is not a list of integer token ids")  # 2.0 and true are not ids either
@@ -37,6 +39,8 @@ def check_token_ids(seq, vocab_size: int, subject: str) -> list[int]:
     if bad:
         shown = bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."  # 10**100 is not worth 101 digits
         raise InputError(f"{subject} token id {shown} is outside the vocabulary [0, {vocab_size})")
+    if max_len is not None and len(ids) > max_len:
+        raise InputError(f"{subject} has {len(ids)} tokens, more than the model's context of {max_len}")
     return ids
 
 

@@ -157,9 +157,9 @@ def softmax_attention(xp, q, keys, values, mask, scale: float):
 
 
 def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float):
-    """Attention for prompts, packed [N, H, D] in and out: each row alone (no score spent on padding), a tile of
-    its queries at a time (`Batch.query_tiles`), so scratch stays within ATTENTION_SCRATCH_BYTES and tiles
-    wholly above the causal diagonal cost nothing.  Keys come from the row's KV slot, or else this round."""
+    """Attention of a round with prompts (or of whole sequences scored), packed [N, H, D] in and out: each row
+    alone (no score spent on padding), a tile of its queries at a time (`Batch.query_tiles`): scratch stays within
+    ATTENTION_SCRATCH_BYTES, and no tile lies above the causal diagonal.  Keys: the row's slot, or this round."""
     out = xp.empty_like(q)  # [N, H, D]
     for row, first, end, n_keys in batch.query_tiles(q.shape[1], ATTENTION_SCRATCH_BYTES):
         start = int(batch.first_index[row])  # the row's first token in the packed order
@@ -190,8 +190,8 @@ def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: Laye
 
 
 def mlp(xp, x, weights: MLP, gelu_form: str):
-    """Expand to n_inner, GELU, project back, a tile of tokens at a time: the hidden [tokens, I] stays within
-    MLP_SCRATCH_BYTES (in a CPU's cache, where GELU's passes over it are cheap), however long the prompt."""
+    """Expand to n_inner, GELU, project back, a tile of tokens at a time: each hidden [tokens, I] array stays
+    within MLP_SCRATCH_BYTES (GELU makes a second one; in a CPU's cache its passes are cheap), however long."""
     out = xp.empty_like(x)  # [N, C]
     rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize))  # tokens per tile
     for first in range(0, x.shape[0], rows):
@@ -230,11 +230,12 @@ class GPT2:
             self.params = {name: backend.asarray(host).astype(self.dtype, copy=False)
                            for name, host in checkpoint.tensors.items() if name not in ("wte.weight", "lm_head.weight")}
             # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a contiguous [C, V]
-            # than on the file's [V, C] transposed: stored once so, fp32; a tied model's embeddings are its columns.
+            # than on the file's [V, C] transposed: stored once so, fp32.  A tied model's embeddings are its
+            # columns; an untied model's are a [C, V] view of its own table (no copy on NumPy).
             tensors = checkpoint.tensors
             self.head_weight = backend.transposed(tensors["lm_head.weight"], np.float32)  # [C, V] fp32 logits
             self.wte_t = (self.head_weight if checkpoint.head_is_tied
-                          else backend.transposed(tensors["wte.weight"], self.dtype))  # [C, V]
+                          else backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False).T)  # [C, V]
         p = self.params
         self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
@@ -261,6 +262,8 @@ class GPT2:
         xp, c = self.xp, self.config
         if int(batch.positions.max(initial=0)) >= c.n_positions:
             raise InputError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
+        if kv_cache is None and batch.past_lens.any():  # without a cache there is no history to attend to
+            raise InputError("a round with past keys (past_lens > 0) needs the KV cache that holds them")
         if kv_cache is not None:
             kv_cache.prepare_round(batch)
         with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf weights, float16 overflow: callers check
@@ -282,10 +285,7 @@ class GPT2:
         if isinstance(token_ids, np.ndarray) or not isinstance(token_ids, (list, tuple)):
             raise InputError("token_ids must be a list of token-id lists, one per sequence")
         V, P = self.config.vocab_size, self.config.n_positions
-        rows = [check_token_ids(seq, V, f"sequence {b}") for b, seq in enumerate(token_ids)]
-        for b, ids in enumerate(rows):
-            if len(ids) > P:
-                raise InputError(f"sequence {b} has {len(ids)} tokens, more than the model's context of {P}")
+        rows = [check_token_ids(seq, V, f"sequence {b}", max_len=P) for b, seq in enumerate(token_ids)]
         if not any(rows):  # nothing to score
             return np.zeros((len(rows), 0, V), dtype=np.float32)
         batch = Batch(rows, self.backend)

@@ -128,9 +128,14 @@ def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
     assert got == [choose_token(row, SamplingParams(), None, want_logprob=False) for row in host]
 
 
-def test_fixture_logits_on_the_gpu_match_transformers():
+@pytest.mark.parametrize("scratch", [None, 3000], ids=["one tile", "a few tokens a tile"])
+def test_fixture_logits_on_the_gpu_match_transformers(scratch, monkeypatch):
     import minirt
     from conftest import load_expected
+
+    if scratch is not None:  # many attention and MLP tiles, as in test_fixtures, on the device this time
+        monkeypatch.setattr(minirt.model, "ATTENTION_SCRATCH_BYTES", scratch)
+        monkeypatch.setattr(minirt.model, "MLP_SCRATCH_BYTES", scratch)
 
     expected = load_expected("base")
     seqs = [expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))]

@@ -238,3 +238,54 @@ def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
     assert list(resumed.query_tiles(n_head=2, scratch_bytes=10**6)) == [(0, 0, 2, 7), (1, 0, 1, 2)]
 
 
+# ------------------------------------------------------------------ the [C, V] head and its block loops (#11)
+
+
+def test_a_blocked_transpose_equals_the_transpose_across_many_blocks():
+    """`Backend.transposed` copies 256 rows at a time: 1000 rows span four blocks, the last one partial."""
+    from minirt.backend import numpy_backend
+
+    rows = np.random.default_rng(0).standard_normal((1000, 7)).astype(np.float32)
+    for dtype in (np.float32, np.float16):
+        got = numpy_backend().transposed(rows, dtype)
+        assert got.flags.c_contiguous and got.dtype == dtype
+        np.testing.assert_array_equal(got, rows.T.astype(dtype))
+
+
+def test_the_head_in_row_chunks_equals_one_product():
+    """`lm_head` writes 1024 rows at a time: 2500 rows span three chunks, the last one partial."""
+    from minirt.model import lm_head
+
+    rng = np.random.default_rng(1)
+    hidden, head = rng.standard_normal((2500, 8)).astype(np.float16), rng.standard_normal((8, 11)).astype(np.float32)
+    got = lm_head(np, hidden, head)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, hidden.astype(np.float64) @ head, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fixture", ["fp16_file", "untied_head"])
+def test_float16_embeddings_stay_float16(fixture):
+    """A tied model gathers its embeddings from the fp32 head: they must be cast to the compute dtype, so the
+    activations of an fp16 model stay fp16 (an untied model's come from its own fp16 table)."""
+    from conftest import FIXTURES
+    from minirt import load_model
+    from minirt.model import embed
+
+    model = load_model(FIXTURES / fixture, dtype="float16")
+    ids, positions = np.array([1, 2, 3]), np.array([0, 1, 2])
+    x = embed(model.wte_t, model.wpe, ids, positions)
+    assert x.dtype == np.float16
+    want = model.wte_t[:, ids].T.astype(np.float32) + model.wpe[positions].astype(np.float32)
+    np.testing.assert_allclose(x.astype(np.float32), want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_round_with_history_but_no_cache_is_refused():
+    """Without a KV cache there are no past keys to attend to: a round that claims some is an error, not a
+    silent read of another row's tokens."""
+    from conftest import random_model
+    from minirt.batch import Batch
+    from minirt.errors import InputError
+
+    model = random_model(seed=0)
+    with pytest.raises(InputError, match="needs the KV cache"):
+        model.forward(Batch([[1, 2], [3, 4, 5]], model.backend, past_lens=[2, 0]))
