@@ -138,10 +138,9 @@ def gelu(xp, x, form: str = "tanh"):
 
 
 def softmax_attention(xp, q, keys, values, mask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v in fp32, [B, H, T, D] or [H, T, D]: few passes over the scores
-    (in place: fill, subtract, exp, sum).  A hidden score is set to the lowest finite float (no -inf arithmetic),
-    so after subtracting a visible row's max its exp is exactly 0; the [.., T, D] output is what gets divided,
-    not the scores; a query that sees no key gets zeros."""
+    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D], in place (fill, subtract,
+    exp, sum): a hidden score is the lowest finite float (no -inf arithmetic), so its exp is exactly 0 once the
+    row's max is subtracted; the output is divided, not the scores; a query that sees no key gets zeros."""
     if keys.shape[-2] == 0:  # no keys at all (rows with nothing in them): nothing to see
         return xp.zeros_like(q)
     q32 = q.astype(xp.float32) * xp.float32(scale)  # [B, H, T, D] fp32 (fp16 dot products can overflow 65504)
@@ -184,7 +183,8 @@ def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: Laye
         out = prompt_attention(xp, q, k, v, batch, kv, scale)  # [N, H, D]
     else:  # a decode step: one query per row, all rows in one softmax, against the rows' whole histories
         keys, values = kv.read(batch)  # each [B, H, L, D]
-        out = softmax_attention(xp, batch.padded(q).transpose(0, 2, 1, 3), keys, values, batch.mask, scale)
+        queries = batch.padded(q).transpose(0, 2, 1, 3)  # [B, H, 1, D]
+        out = softmax_attention(xp, queries, keys, values, batch.mask, scale)  # [B, H, 1, D]
         out = batch.packed(out.transpose(0, 2, 1, 3))  # [N, H, D]
     return linear(out.reshape(N, C), attn.c_proj)  # [N, C] heads side by side again
 
