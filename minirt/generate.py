@@ -56,7 +56,8 @@ prompts files:
           a backslash as \\; blank lines are skipped
   .jsonl  one object per line: {"prompt": "...", "id": "q1", "max_new_tokens": 20, "stop": ["\n"]}
           any sampling field may be set per request: max_new_tokens, temperature,
-          top_k, top_p, seed, stop, stop_token_ids, ignore_eos
+          top_k, top_p, seed, stop, stop_token_ids, ignore_eos; "prompt" may be a
+          list of token ids: {"prompt": [464, 3290, 318]}
   -       standard input (JSONL if the first line starts with "{", text otherwise)
   a bad line (invalid JSON or UTF-8, an unknown field or bad value, over 1 MiB) fails alone
 
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 records.discard()  # the run never started: an existing --output stays as it was
             raise
         output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, records, color=sys.stdout.isatty(),
-                               hold=signals.held)
+                               hold=signals.held, tokenizer=llm.tokenizer)
         stats = None
         try:
             stats = serve(llm, requests, args, output)

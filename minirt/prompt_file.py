@@ -16,6 +16,7 @@ nothing runs) from a bad line (that request alone gets an error).
 A line ends at "\n", "\r\n" or "\r" and nowhere else, so its number is the one an editor shows: U+2028,
 U+2029, U+0085, a form feed, a vertical tab and \x1c-\x1e (where `str.splitlines` also ends a line) stay inside
 it, as a .txt prompt or raw inside a JSON string (where JSON allows them, and `json.dumps` writes them).
+A UTF-8 byte-order mark at the very start (as some Windows editors write) is skipped, not read as text.
 
 Lines are read and decoded one at a time, so these fail their own line alone (its record says why, with the
 line number) while the others run: a line that is not UTF-8, a line longer than MAX_LINE_BYTES (1 MiB, read
@@ -42,6 +43,7 @@ from .sampling import FIELD_NAMES
 FORMATS = ("auto", "txt", "jsonl")
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: a longer line fails alone, read past without being held whole
 READ_CHUNK = 1 << 16  # bytes read at a time
+UTF8_BOM = b"\xef\xbb\xbf"  # what some editors write before the first line of a UTF-8 file
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, so any left is alone
 
 
@@ -112,6 +114,8 @@ def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
     offset, first_bad = 0, None
     for raw, size in byte_lines(stream):
         number = len(lines) + 1
+        if number == 1 and raw is not None and raw.startswith(UTF8_BOM):  # a byte-order mark is no part of line 1
+            raw = raw[len(UTF8_BOM):]
         if raw is None:
             lines.append(Line(number, None, f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line "
                                             "may hold; shorten it"))

@@ -28,6 +28,7 @@ from .errors import OutputError
 from .engine import RunStats
 from .scheduler import GroupRecord
 from .request import Request
+from .tokenizer import Tokenizer
 
 
 def request_label(request: Request) -> str:
@@ -35,22 +36,32 @@ def request_label(request: Request) -> str:
     return f"[{request.index}]" if request.id == str(request.index) else f"[{request.index}] {request.id}"
 
 
-def record(request: Request) -> dict:
-    """The JSON-ready record of a finished request (one line of --output)."""
+def prompt_text(request: Request, tokenizer: Tokenizer | None) -> str | None:
+    """The prompt as text: as given, or a token-id prompt decoded (None when there is no tokenizer, or no valid ids)."""
+    if request.prompt is not None or tokenizer is None or not request.prompt_ids:
+        return request.prompt
+    return tokenizer.decode(request.prompt_ids)
+
+
+def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
+    """The JSON-ready record of a finished request (one line of --output).  A token-id prompt is recorded as its
+    decoded text, with its ids in "prompt_token_ids"."""
     out = {
-        "index": request.index, "id": request.id, "prompt": request.prompt, "text": request.text,
+        "index": request.index, "id": request.id, "prompt": prompt_text(request, tokenizer), "text": request.text,
         "token_ids": list(request.token_ids), "finish_reason": request.finish_reason,
         "group": request.group, "rounds_waited": request.rounds_waited,
         "first_round": request.first_round, "finish_round": request.finish_round,
         "prompt_tokens": request.prompt_len if request.error is None else None,
         "error": request.error,
     }
+    if request.prompt is None:  # the prompt came as token ids
+        out["prompt_token_ids"] = list(request.prompt_ids)
     if request.want_logprobs:
         out["logprobs"] = [round(lp, 6) if math.isfinite(lp) else None for lp in request.logprobs]  # strict JSON
     return out
 
 
-def completion_block(request: Request, color: bool = False) -> str:
+def completion_block(request: Request, color: bool = False, tokenizer: Tokenizer | None = None) -> str:
     """One request, readably: a header line, then the prompt and its completion (bold on a terminal)."""
     if request.error is not None:
         return f"### {request_label(request)}: error: {request.error}\n"
@@ -59,7 +70,8 @@ def completion_block(request: Request, color: bool = False) -> str:
     if request.text is None:  # no tokenizer: show ids
         return f"{header}\n{request.prompt_ids} -> {request.token_ids}\n"
     completion = f"\033[1m{request.text}\033[0m" if color else request.text
-    prompt = request.prompt if request.prompt is not None else f"{request.prompt_ids} -> "  # ids with a tokenizer
+    prompt = prompt_text(request, tokenizer)
+    prompt = f"{request.prompt_ids} -> " if prompt is None else prompt  # a token-id prompt, no tokenizer given
     return f"{header}\n{prompt}{completion}\n"
 
 
@@ -69,8 +81,8 @@ class OrderedOutput:
     standard output never is, so that Ctrl-C and SIGTERM are not held off by a reader that does not read."""
 
     def __init__(self, total: int, stdout: IO | None, jsonl: OutputFile | None, color: bool = False,
-                 hold: Callable[[], ContextManager] = nullcontext):
-        self.total, self.color, self.hold = total, color, hold
+                 hold: Callable[[], ContextManager] = nullcontext, tokenizer: Tokenizer | None = None):
+        self.total, self.color, self.hold, self.tokenizer = total, color, hold, tokenizer  # tokenizer: id prompts
         self.stdout, self.jsonl = stdout, jsonl
         self.ready: dict[int, Request] = {}  # final, and not yet written to --output
         self.next_index = 0
@@ -116,14 +128,14 @@ class OrderedOutput:
 
     def _write_record(self, request: Request) -> None:
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(record(request), ensure_ascii=False, allow_nan=False) + "\n")
+            self.jsonl.write(json.dumps(record(request, self.tokenizer), ensure_ascii=False, allow_nan=False) + "\n")
 
     def _show(self, request: Request) -> None:
         """A completion on standard output.  If that fails (its reader has gone, a full disk), standard output
         is given up, and the run stops unless --output still wants records."""
         self.showing = True
         try:
-            self.stdout.write(completion_block(request, self.color) + "\n")
+            self.stdout.write(completion_block(request, self.color, self.tokenizer) + "\n")
             self.stdout.flush()
         except OSError as exc:
             self._drop_stdout()

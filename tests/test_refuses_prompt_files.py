@@ -298,3 +298,19 @@ def test_a_prompt_holding_u2028_runs_as_one_request_and_later_lines_keep_their_n
 def test_a_text_stdin_without_bytes_beneath_still_works(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("To be\n\nAll the world\n"))
     assert [(e.line, e.prompt) for e in read_prompts("-")] == [(1, "To be"), (3, "All the world")]
+
+
+@pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".txt"])
+def test_a_byte_order_mark_at_the_start_is_skipped(tiny_lm, suffix, stdin):
+    """Some Windows editors start a UTF-8 file with EF BB BF.  Before, it broke line 1 of a .jsonl file ("not
+    valid JSON") and stayed as U+FEFF at the start of a .txt prompt.  Only the very first one is a mark: a
+    U+FEFF inside a later line is that line's text and stays."""
+    bom = b"\xef\xbb\xbf"
+    lines = ([b'{"prompt": "To be"}', b'{"prompt": "\xef\xbb\xbfShall I"}'] if suffix == ".jsonl"
+             else [b"To be", b"\xef\xbb\xbfShall I"])
+    code, records, _ = generate(tiny_lm, bom + b"\n".join(lines) + b"\n", suffix=suffix, stdin=stdin)
+    assert code == 0 and [r["error"] for r in records] == [None, None]
+    assert [r["prompt"] for r in records] == ["To be", "\ufeffShall I"]
+    _, plain, _ = generate(tiny_lm, b"\n".join(lines) + b"\n", suffix=suffix, stdin=stdin)
+    assert [r["token_ids"] for r in records] == [r["token_ids"] for r in plain]  # as if the mark were not there

@@ -486,10 +486,17 @@ def test_truncation_and_padding_in_tokenizer_json_never_change_a_prompt(model, t
     assert LLM(model).prompt_ids(prompt) == want and len(want) > 2
 
 
-def test_a_token_id_prompt_is_shown_as_its_ids_beside_the_text(tiny_lm, run_dir, capsys):
-    """Before: a model with a tokenizer printed "None" in place of an id prompt."""
-    (run_dir / "ids.jsonl").write_text('{"prompt": [5, 6, 7]}\n')
+def test_a_token_id_prompt_is_shown_and_recorded_as_its_decoded_text(tiny_lm, run_dir, capsys):
+    """Before: a model with a tokenizer printed "None" in place of an id prompt, and recorded "prompt": null.
+    Now it shows the prompt's text (decoded by the tokenizers library itself, here) and records its ids too."""
+    from tokenizers import Tokenizer as Reference
+
+    want = Reference.from_file(str(tiny_lm / "tokenizer.json")).decode([5, 6, 7])
+    (run_dir / "ids.jsonl").write_text('{"prompt": [5, 6, 7]}\n{"prompt": "To be"}\n')
     code = run_command(generate_main, ["--model", str(tiny_lm), "--prompts", str(run_dir / "ids.jsonl"),
-                                       "--backend", "numpy", "--max-new-tokens", "2"])
+                                       "--backend", "numpy", "--max-new-tokens", "2", "--output", str(run_dir / "o.jsonl")])
     out = capsys.readouterr().out
-    assert code == 0 and "\n[5, 6, 7] -> " in out and "None" not in out
+    assert code == 0 and f"\n{want}" in out and "None" not in out and want.strip()
+    ids_record, text_record = (json.loads(line) for line in (run_dir / "o.jsonl").read_text().splitlines())
+    assert ids_record["prompt"] == want and ids_record["prompt_token_ids"] == [5, 6, 7]
+    assert text_record["prompt"] == "To be" and "prompt_token_ids" not in text_record  # a text prompt: as given
