@@ -247,6 +247,12 @@ def flush_stdout() -> None:
         raise stdout_error(exc, "before everything was written") from None
 
 
+def add_version_flag(parser) -> None:
+    """`--version` on a command's parser: prints `minirt X.Y.Z` and exits 0."""
+    from . import __version__  # here, not at the top: the package is whole by the time a parser is built
+    parser.add_argument("--version", action="version", version=f"minirt {__version__}")
+
+
 def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "minirt") -> int:
     """Run `main(argv)`, mapping user-fixable problems to one line and an exit code."""
     try:

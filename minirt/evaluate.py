@@ -26,7 +26,7 @@ import numpy as np
 
 from .backend import BACKEND_NAMES
 from .batch import Batch
-from .cli import EXIT_OK, run_command
+from .cli import EXIT_OK, add_version_flag, run_command
 from .errors import MinirtError
 from .generate import default_model
 from .llm import LLM
@@ -96,6 +96,7 @@ is predicted once.  Loss is in nats per token; perplexity = exp(loss).""",
     p.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto)")
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_version_flag(p)
     return p
 
 

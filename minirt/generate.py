@@ -32,7 +32,7 @@ from pathlib import Path
 from .backend import BACKEND_NAMES
 from .checkpoint import resolve_model_folder
 from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
-                  run_command, writing_changes)
+                  add_version_flag, run_command, writing_changes)
 from .errors import MinirtError, RequestError, Terminated, require_at_least_one
 from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
 from .prompt_file import FORMATS, PromptEntry, read_prompts
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_KV_BUDGET_MIB})")
     add_sampling_flags(p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)"))
     add_output_flags(p.add_argument_group("output"))
+    add_version_flag(p)
     return p
 
 

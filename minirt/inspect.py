@@ -18,7 +18,7 @@ import numpy as np
 
 from .backend import BACKEND_NAMES, resolve_dtype
 from .checkpoint import load_checkpoint
-from .cli import EXIT_OK, run_command
+from .cli import EXIT_OK, add_version_flag, run_command
 from .errors import MinirtError, require_at_least_one
 from .llm import LLM
 from .sampling import log_softmax
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how many next tokens to show per prompt (default 5)")
     parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy", help="array backend (default numpy)")
     parser.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64")
+    add_version_flag(parser)
     return parser
 
 

@@ -1,8 +1,7 @@
 """`python -m minirt.rounds`: static groups beside continuous batching, counted in rounds, without a model.
 
-Owns: the simulation (requests that finish after known output lengths, run
-through the engine's own schedulers, `Request` records and stop rule), its
-text and JSON reports, long-tailed workloads, and the SVG of a round grid.
+Owns: the simulation (requests that finish after known output lengths, run through the engine's own
+schedulers, `Request` records and stop rule), its text and JSON reports, long-tailed workloads, and the SVG.
 
     python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
     python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
@@ -24,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cli import EXIT_OK, run_command
+from .cli import EXIT_OK, add_version_flag, run_command
 from .engine import DEFAULT_ROUND_TOKENS
 from .errors import MinirtError, require_at_least_one
 from .report import cell_mark, grid_lines
@@ -232,6 +231,7 @@ python -m minirt.generate --policy static|continuous runs real requests through 
                    help=f"continuous: tokens per round, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})")
     p.add_argument("--json", action="store_true", help='print {"policies": {"static": {...}, "continuous": {...}}}')
     p.add_argument("--svg", metavar="FILE", help="also draw the round grids of both policies into an SVG file")
+    add_version_flag(p)
     return p
 
 

@@ -107,6 +107,8 @@ MUTANTS = [
     Mutant("id_prompt_not_decoded", "minirt/report.py",
            "if request.prompt is not None or tokenizer is None or not request.prompt_ids:",
            "if True:", "a token-id prompt is recorded and shown as null"),
+    Mutant("subcommand_errors_unnamed", "minirt/__main__.py", 'prog=f"minirt {args[0]}"', 'prog="minirt"',
+           "`minirt generate`'s errors do not say which command failed"),
     Mutant("transpose_drops_the_partial_block", "minirt/backend.py", "for first in range(0, rows.shape[0], 256):",
            "for first in range(0, rows.shape[0] - rows.shape[0] % 256, 256):", "a partial last block is never copied"),
     Mutant("tile_mask_from_query_zero", "minirt/batch.py", "(first_query + xp.arange(seq_len))[None, :]",

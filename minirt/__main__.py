@@ -1,0 +1,52 @@
+"""`minirt` (or `python -m minirt`): one command for the four tools, `minirt SUBCOMMAND [options]`.
+
+Owns: the list of subcommands, dispatching to the module that owns each, and `minirt --version`.
+Each subcommand is exactly `python -m minirt.SUBCOMMAND`, which keeps working on its own.
+
+Must not know: what any subcommand does (its module's `main` and `--help` say).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from . import __version__
+from .cli import EXIT_OK, EXIT_USAGE, run_command
+
+SUBCOMMANDS = {
+    "generate": "serve a file of prompts (or standard input) in static groups or with continuous batching",
+    "evaluate": "sliding-window loss and perplexity of a text",
+    "rounds": "static groups beside continuous batching, counted in rounds (no model needed)",
+    "inspect": "describe a checkpoint and show its next-token guesses for a prompt",
+}
+USAGE = "usage: minirt {generate,evaluate,rounds,inspect} [options]   (minirt SUBCOMMAND --help for each)\n\n" + \
+    "\n".join(f"  {name:9s} {what}" for name, what in SUBCOMMANDS.items()) + """
+
+examples:
+  minirt generate --prompts prompts.txt            # the model shipped in weights/
+  minirt generate --model gpt2 --prompts prompts.jsonl --output out.jsonl
+  minirt rounds --lengths 2,5,8,4 --batch-size 3
+  minirt --version"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] in (["-h"], ["--help"], ["--version"]):
+        text = f"minirt {__version__}" if args[0] == "--version" else USAGE
+        return run_command(lambda _: print(text) or EXIT_OK, prog="minirt")  # `| head` gets one line, not a traceback
+    if not args or args[0] not in SUBCOMMANDS:
+        what = "a subcommand is missing" if not args else f"unknown subcommand {args[0]!r}"
+        print(f"minirt: error: {what}; choose one of {', '.join(SUBCOMMANDS)} (minirt --help)", file=sys.stderr)
+        return EXIT_USAGE
+    module = importlib.import_module(f"minirt.{args[0]}")
+    return run_command(module.main, args[1:], prog=f"minirt {args[0]}")
+
+
+def entry() -> None:
+    """The `minirt` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,73 @@
+"""One `minirt` command (the console script, or `python -m minirt`) for the four tools, and `--version` on each.
+
+The version printed is checked against pyproject.toml (an independent source), and each subcommand against
+running its own module, which stays the documented entry point (`python -m minirt.generate`)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from minirt.__main__ import SUBCOMMANDS, main
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+: reads pyproject.toml, the version's other source
+
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_the_console_script_is_this_main():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = scripts["minirt"].partition(":")
+    assert module == "minirt.__main__" and callable(getattr(sys.modules[module], function))
+
+
+def test_python_dash_m_minirt_prints_the_packages_version():
+    done = subprocess.run([sys.executable, "-m", "minirt", "--version"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == f"minirt {VERSION}\n" and done.stderr == ""
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_every_subcommand_has_version_and_help(name, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"minirt {VERSION}\n"
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--help"])
+    assert exit_.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in SUBCOMMANDS) and "examples:" in out
+
+
+@pytest.mark.parametrize("argv, what", [([], "a subcommand is missing"), (["serve"], "unknown subcommand 'serve'"),
+                                        (["--prompts", "p.txt"], "unknown subcommand '--prompts'")])
+def test_a_missing_or_unknown_subcommand_is_one_line_and_exit_2(argv, what, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and what in err and "generate, evaluate, rounds, inspect" in err
+
+
+def test_minirt_generate_is_python_dash_m_minirt_generate(tmp_path):
+    """The same run through both entry points (the shipped model, greedy): identical records."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Once upon a time\nThe king\n")
+    records = []
+    for entry in (["-m", "minirt", "generate"], ["-m", "minirt.generate"]):
+        out = tmp_path / f"out{len(records)}.jsonl"
+        done = subprocess.run([sys.executable, *entry, "--prompts", str(prompts), "--max-new-tokens", "5",
+                               "--temperature", "0", "--backend", "numpy", "--output", str(out)],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        records.append([json.loads(line)["token_ids"] for line in out.read_text().splitlines()])
+    assert records[0] == records[1] and all(len(ids) == 5 for ids in records[0])
+
+
+def test_a_subcommands_errors_name_the_command_it_was_run_as(capsys):
+    assert main(["generate", "--prompts", "/no/such/file.txt", "--backend", "numpy"]) == 2
+    assert capsys.readouterr().err.startswith("minirt generate: error: prompts file /no/such/file.txt does not exist")
