@@ -74,6 +74,21 @@ def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
     return None, looked
 
 
+PACKAGE = Path(__file__).resolve().parent
+SHIPPED_WEIGHTS = [PACKAGE / "weights", PACKAGE.parent / "weights"]  # installed (the build copies it), or a clone
+
+
+def shipped_model_folder() -> Path:
+    """The one model shipped with minirt, the default when none is given: weights/ inside the installed package,
+    or the repository's weights/ when minirt runs from a clone."""
+    for weights in SHIPPED_WEIGHTS:
+        if found := sorted(p.parent for p in weights.glob("*/config.json")):
+            if len(found) == 1:
+                return found[0]
+    raise CheckpointError("no model given (--model), and no single model is shipped in weights/; "
+                          "pass a model folder or a hub id such as gpt2")
+
+
 def resolve_model_folder(model: str | os.PathLike) -> Path:
     """A folder path or a hub id -> the folder holding config.json and the weights."""
     text = str(model)

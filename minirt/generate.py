@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from .backend import BACKEND_NAMES
-from .checkpoint import resolve_model_folder
+from .checkpoint import resolve_model_folder, shipped_model_folder
 from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
                   add_version_flag, run_command, writing_changes)
 from .errors import MinirtError, RequestError, Terminated, require_at_least_one
@@ -41,7 +41,6 @@ from .request import Request
 from .sampling import SamplingParams
 from .scheduler import POLICIES
 
-SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "weights"
 
 EPILOG = r"""
 examples:
@@ -137,12 +136,8 @@ def add_output_flags(o) -> None:
 
 
 def default_model() -> str:
-    """The model shipped in weights/, if there is exactly one."""
-    shipped = sorted(p.parent for p in SHIPPED_MODELS.glob("*/config.json")) if SHIPPED_MODELS.is_dir() else []
-    if len(shipped) == 1:
-        return str(shipped[0])
-    raise MinirtError("no --model given, and no single model is shipped in weights/; "
-                      "pass --model FOLDER or a hub id such as gpt2")
+    """The model shipped with minirt (inside the installed package, or weights/ in a clone)."""
+    return str(shipped_model_folder())
 
 
 def flag_overrides(args) -> dict:

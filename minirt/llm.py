@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .backend import get_backend, resolve_dtype
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, shipped_model_folder
 from .config import read_json_file
 from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
 from .errors import CheckpointError, RequestError
@@ -71,11 +71,12 @@ def check_prompts(prompts) -> list:
 class LLM:
     """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by default)."""
 
-    def __init__(self, model: str | Path | Checkpoint, backend: str = "numpy", dtype: str = "float32",
+    def __init__(self, model: str | Path | Checkpoint | None = None, backend: str = "numpy", dtype: str = "float32",
                  batch_size: int = 8, kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0,
                  policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
+        model = shipped_model_folder() if model is None else model  # no model: the one shipped with minirt
         if not isinstance(model, (str, Path, Checkpoint)):
             raise TypeError(f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}")
         chosen, self.backend_note = get_backend(backend)  # the note says what "auto" chose, for the user

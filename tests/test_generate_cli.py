@@ -145,12 +145,12 @@ def test_interrupt_keeps_every_final_record(tiny_lm, tmp_path, capsys, monkeypat
 
 
 def test_no_model_and_nothing_shipped(tmp_path, capsys, monkeypatch):
-    import minirt.generate as generate
+    import minirt.checkpoint as checkpoint
 
-    monkeypatch.setattr(generate, "SHIPPED_MODELS", tmp_path / "weights")
+    monkeypatch.setattr(checkpoint, "SHIPPED_WEIGHTS", [tmp_path / "weights", tmp_path / "elsewhere"])
     (tmp_path / "p.txt").write_text("hi\n")
     code, _, err = run(["--prompts", str(tmp_path / "p.txt")], capsys)
-    assert code == EXIT_USAGE and "no --model given" in err
+    assert code == EXIT_USAGE and "no model given (--model)" in err
 
 
 def test_help_has_examples_and_exit_codes():

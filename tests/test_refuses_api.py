@@ -147,9 +147,14 @@ def test_llm_names_a_bad_argument_as_a_value_error(kwargs, error, fragment):
     assert fragment in str(exc.value)
 
 
-def test_llm_of_none_is_a_type_error_not_a_hub_lookup():
-    with pytest.raises(TypeError, match="model must be a folder, a hub id or a Checkpoint"):
-        LLM(None)
+def test_llm_of_none_is_the_shipped_model_and_a_wrong_type_is_a_type_error():
+    """#10: LLM(None) must never become a hub lookup of "None".  #12: no model means the shipped one."""
+    from conftest import ROOT
+
+    assert LLM(None).model.folder == LLM().model.folder == ROOT / "weights" / "shakespeare-gpt2-tiny"
+    for wrong in (5, 2.5, ["gpt2"]):
+        with pytest.raises(TypeError, match="model must be a folder, a hub id or a Checkpoint"):
+            LLM(wrong)
 
 
 @pytest.mark.parametrize("kwargs", [{"ids": 5}, {"ids": (i for i in "ab")}, {"ids": "xy"}, {"logprobs": "yes"}])
