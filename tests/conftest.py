@@ -48,7 +48,13 @@ def reference_available() -> bool:
     return True
 
 
-requires_reference = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (pip install -e .[reference])")
+_skip_without_reference = pytest.mark.skipif(not reference_available(),
+                                             reason="torch/transformers not installed (pip install -e .[reference])")
+
+
+def requires_reference(test):
+    """Marks a test `reference` (so `pytest -m reference` selects it) and skips it without torch/transformers."""
+    return pytest.mark.reference(_skip_without_reference(test))
 
 
 def relative_error(got: np.ndarray, ref: np.ndarray) -> float:

@@ -421,6 +421,7 @@ def test_no_generation_config_is_greedy_with_minirts_own_defaults(model):
     assert LLM(model).defaults == SamplingParams(temperature=1.0, top_k=50, top_p=1.0)  # what LLM serves with
 
 
+@pytest.mark.reference
 @settings(max_examples=25, **FIXTURE_SCOPED)
 @given(raw=generation_configs())
 def test_sampling_defaults_agree_with_transformers_generation_config(model, raw):

@@ -146,6 +146,7 @@ def test_top_p_reached_exactly_keeps_exactly_those_tokens(n, k):
     assert np.array_equal(probs, np.array([1 / k] * k + [0.0] * (n - k)))
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("n, k", [(4, 2), (8, 3), (8, 5), (16, 7)])
 def test_top_p_boundary_agrees_with_transformers(n, k):
     torch = pytest.importorskip("torch")

@@ -18,7 +18,7 @@ The validation loss on the card is the mean token loss over validation.txt
 with a sliding window (window 256, stride 128), the same definition
 `python -m minirt.evaluate` uses, computed here with transformers.
 
-Needs the `train` extra (CPU torch first: pip install torch==2.13.0).
+Needs the `reference` extra (CPU-only torch first: see the README's "CPU-only PyTorch").
 
     python tools/train_tiny.py --out weights/shakespeare-gpt2-tiny            # the shipped run
     python tools/train_tiny.py --out /tmp/trial --steps 50 --eval-every 25    # a quick trial
