@@ -206,8 +206,10 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> Run
             print(group_grid(group, waiting), file=sys.stderr)
 
     try:
-        return llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
-                         on_group_end=on_group_end)
+        stats = llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
+                          on_group_end=on_group_end)
+        progress.update(stats, output.done, force=True)  # the final state (the last records come after the last round)
+        return stats
     except KeyboardInterrupt as interruption:
         output.flush_out_of_order([r for r in requests if r.finished])  # kept, even out of order
         return interruption

@@ -65,8 +65,9 @@ def completion_block(request: Request, color: bool = False, tokenizer: Tokenizer
     """One request, readably: a header line, then the prompt and its completion (bold on a terminal)."""
     if request.error is not None:
         return f"### {request_label(request)}: error: {request.error}\n"
+    group = "" if request.group is None else f"group {request.group}, "  # no groups under continuous batching
     header = (f"### {request_label(request)}: {request.finish_reason}, {len(request.token_ids)} new tokens, "
-              f"group {request.group}, rounds {request.first_round}-{request.finish_round}")
+              f"{group}rounds {request.first_round}-{request.finish_round}")
     if request.text is None:  # no tokenizer: show ids
         return f"{header}\n{request.prompt_ids} -> {request.token_ids}\n"
     completion = f"\033[1m{request.text}\033[0m" if color else request.text
@@ -174,7 +175,10 @@ class Progress:
         self.last_draw = now
         filled = int(self.width * done / self.total) if self.total else self.width
         bar = "#" * filled + "-" * (self.width - filled)
-        where = f"group {len(stats.groups)}" if stats.policy == "static" else "continuous"
+        if stats.policy != "static":
+            where = "continuous"
+        else:  # a group is recorded when it starts: the last one is the one running
+            where = f"{len(stats.groups)} groups" if done == self.total else f"group {len(stats.groups)}"
         line = (f"\rgenerating [{bar}] {done}/{self.total} requests | {where} | "
                 f"round {stats.rounds} | {stats.generated_tokens} tokens | {tokens_per_second(stats):.1f} tok/s")
         self.stream.write(line)

@@ -183,3 +183,47 @@ def test_continuous_policy_gives_the_same_records_sooner(tiny_lm, tmp_path, caps
     assert [r["first_round"] for r in records["continuous"]] == [1, 1, 1, 3]
     assert [r["group"] for r in records["continuous"]] == [None] * 4
     assert "continuous batching: 4 requests in up to 3 rows, rounds 1-8" in err and "policy       continuous" in err
+
+
+def draws(line_source: str) -> list[str]:
+    """The states a progress bar drew, one per carriage return."""
+    return [state for state in line_source.replace("\n", "").split("\r") if state]
+
+
+def test_the_progress_bar_names_the_running_group_and_draws_its_final_state(tiny_lm, tmp_path, capsys, monkeypatch):
+    """5 requests in static groups of 2: three groups.  Before, the bar never drew its final state (the last
+    records come after the last round), so it stopped short of 5/5."""
+    import minirt.generate as generate
+    from minirt.report import Progress
+
+    stream = io.StringIO()
+
+    class Drawn(Progress):
+        def __init__(self, total, **_):
+            super().__init__(total, stream=stream, enabled=True)
+
+        def update(self, stats, done, force=False):  # every round (not ten a second), except that the last
+            if force or done < self.total:            # round's draw is skipped, as the rate limit may skip it:
+                super().update(stats, done, force=True)  # only the final forced update can show 5/5
+
+    monkeypatch.setattr(generate, "Progress", Drawn)
+    (tmp_path / "p.txt").write_text("a\nb\nc\nd\ne\n")
+    code, _, _ = run(["--model", str(tiny_lm), "--prompts", str(tmp_path / "p.txt"), "--batch-size", "2",
+                      "--max-new-tokens", "3", "--ignore-eos"], capsys)
+    states = draws(stream.getvalue())
+    assert code == EXIT_OK and len(states) == 3 + 3 + 2 + 1  # groups of 3, 3 and 3 rounds, the last skipped; final
+    groups = [state.split(" | ")[1] for state in states]
+    assert groups == ["group 1"] * 3 + ["group 2"] * 3 + ["group 3"] * 2 + ["3 groups"]
+    assert states[-1].startswith("generating [" + "#" * 24 + "] 5/5 requests")
+
+
+def test_a_continuous_run_prints_no_group_in_its_headers(tiny_lm, tmp_path, capsys):
+    """Before: "group None" in every completion's header under continuous batching."""
+    (tmp_path / "p.txt").write_text("a\nb\n")
+    code, out, _ = run(["--model", str(tiny_lm), "--prompts", str(tmp_path / "p.txt"), "--policy", "continuous",
+                        "--max-new-tokens", "2", "--ignore-eos"], capsys)
+    headers = [line for line in out.splitlines() if line.startswith("### ")]
+    assert code == EXIT_OK and len(headers) == 2
+    assert all("group" not in h and ", rounds " in h for h in headers), headers
+    code, out, _ = run(["--model", str(tiny_lm), "--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "2"], capsys)
+    assert all(", group 1, rounds " in line for line in out.splitlines() if line.startswith("### "))  # static: kept
