@@ -27,6 +27,7 @@ import math
 import os
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 from .backend import BACKEND_NAMES
@@ -34,7 +35,7 @@ from .checkpoint import resolve_model_folder, shipped_model_folder
 from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
                   add_version_flag, run_command, writing_changes)
 from .errors import MinirtError, RequestError, Terminated, require_at_least_one
-from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
+from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats, generation_defaults
 from .prompt_file import FORMATS, PromptEntry, read_prompts
 from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
 from .request import Request
@@ -60,9 +61,9 @@ prompts files:
   -       standard input (JSONL if the first line starts with "{", text otherwise)
   a bad line (invalid JSON or UTF-8, an unknown field or bad value, over 1 MiB) fails alone
 
-sampling defaults: greedy (temperature 0), 64 new tokens, unless the model folder's
-generation_config.json says otherwise; flags override those, and a JSONL line's own
-fields override the flags for that request.
+sampling defaults: the model folder's generation_config.json (the shipped model's samples:
+temperature 0.8, top-k 40, 100 new tokens), else greedy (temperature 0) and 64 new tokens;
+flags override those, and a JSONL line's own fields override the flags for that request.
 
 exit status:
   0    every request succeeded
@@ -108,12 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def shipped_default(field: str) -> str:
+    """'; the shipped model's: X' for --help, from its generation_config.json ('' if it cannot be read)."""
+    with suppress(MinirtError):
+        return f"; the shipped model's: {getattr(generation_defaults(shipped_model_folder()), field)}"
+    return ""
+
+
 def add_sampling_flags(g) -> None:
-    g.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate at most (default 64)")
-    g.add_argument("--temperature", type=float, metavar="T", help="0 is greedy (default); higher is more random")
-    g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens (0: off)")
-    g.add_argument("--top-p", type=float, metavar="P",
-                   help="sample from the smallest set with probability >= P (1: off)")
+    where = "default: the model's generation_config.json, else"
+    g.add_argument("--max-new-tokens", type=int, metavar="N",
+                   help=f"tokens to generate at most ({where} 64{shipped_default('max_new_tokens')})")
+    g.add_argument("--temperature", type=float, metavar="T",
+                   help=f"0 is greedy, higher is more random ({where} 0{shipped_default('temperature')})")
+    g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens, 0: off "
+                   f"({where} 0{shipped_default('top_k')})")
+    g.add_argument("--top-p", type=float, metavar="P", help=f"sample the smallest set of mass >= P, 1: off ({where} 1)")
     g.add_argument("--seed", type=int, default=0, metavar="S",
                    help="the run's seed; a request without its own seed gets one derived from S and its line "
                         "(default 0)")

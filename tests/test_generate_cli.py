@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import subprocess
 import sys
 
@@ -227,3 +228,17 @@ def test_a_continuous_run_prints_no_group_in_its_headers(tiny_lm, tmp_path, caps
     assert all("group" not in h and ", rounds " in h for h in headers), headers
     code, out, _ = run(["--model", str(tiny_lm), "--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "2"], capsys)
     assert all(", group 1, rounds " in line for line in out.splitlines() if line.startswith("### "))  # static: kept
+
+
+def test_help_shows_the_real_defaults_and_where_they_come_from():
+    """Before, --help said greedy and 64 tokens, while the shipped model (the default) samples 100 tokens at
+    temperature 0.8: its generation_config.json, read here with json, is what --help must show."""
+    shipped = json.loads((ROOT / "weights" / "shakespeare-gpt2-tiny" / "generation_config.json").read_text())
+    assert shipped["do_sample"] is True
+    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--help"], capture_output=True, text=True,
+                            cwd=ROOT, env={**os.environ, "COLUMNS": "400"}, check=False)
+    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip().startswith("--")}
+    for flag, field, fallback in [("--max-new-tokens", "max_new_tokens", "64"), ("--temperature", "temperature", "0"),
+                                  ("--top-k", "top_k", "0")]:
+        line = " ".join(lines[flag].split())
+        assert f"generation_config.json, else {fallback}; the shipped model's: {shipped[field]})" in line, line
