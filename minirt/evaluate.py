@@ -28,7 +28,7 @@ from .backend import BACKEND_NAMES
 from .batch import Batch
 from .cli import EXIT_OK, add_version_flag, run_command
 from .errors import MinirtError
-from .generate import default_model
+from .checkpoint import shipped_model_folder
 from .llm import LLM
 from .model import GPT2
 from .sampling import log_softmax
@@ -117,7 +117,7 @@ def read_text(path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     text = read_text(args.text)
-    llm = LLM(args.model or default_model(), backend=args.backend, dtype=args.dtype)
+    llm = LLM(args.model or shipped_model_folder(), backend=args.backend, dtype=args.dtype)
     if llm.tokenizer is None:
         raise MinirtError(f"{llm.model.folder} has no tokenizer, so it cannot score text")
     n_positions = llm.model.config.n_positions

@@ -46,6 +46,7 @@ from .scheduler import POLICIES
 EPILOG = r"""
 examples:
   python -m minirt.generate --prompts prompts.txt
+  python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-new-tokens 30
   python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
   python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
   python -m minirt.generate --model /path/to/gpt2-folder --prompts - --temperature 0.8 --top-p 0.95 --seed 1
@@ -85,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(or with continuous batching, --policy continuous).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prompts", required=True, metavar="FILE",
-                   help="a .txt or .jsonl prompts file, or - for standard input")
+    p.add_argument("--prompts", metavar="FILE", help="a .txt or .jsonl prompts file, or - for standard input")
+    p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt itself (repeatable), not --prompts")
     p.add_argument("--format", choices=FORMATS, default="auto",
                    help="prompts file format (default: from the file name)")
     p.add_argument("--model", help="a model folder or a hub id in the local Hugging Face cache "
@@ -146,11 +147,6 @@ def add_output_flags(o) -> None:
                    help="print no completions on standard output (records still go to --output)")
 
 
-def default_model() -> str:
-    """The model shipped with minirt (inside the installed package, or weights/ in a clone)."""
-    return str(shipped_model_folder())
-
-
 def flag_overrides(args) -> dict:
     """Sampling fields given on the command line."""
     given = {
@@ -170,7 +166,10 @@ def check_flags(args) -> None:
         raise MinirtError(f"--kv-budget-mib must be a positive, finite number of MiB, got {args.kv_budget_mib}")
     if args.seed < 0:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
-    if args.output and args.prompts != "-" and os.path.realpath(args.output) == os.path.realpath(args.prompts):
+    if (args.prompts is None) == (args.prompt is None):
+        raise MinirtError("give the prompts one way: --prompts FILE (- for standard input), or --prompt TEXT")
+    if args.output and args.prompts not in (None, "-") and \
+            os.path.realpath(args.output) == os.path.realpath(args.prompts):
         raise MinirtError(f"--output {args.output} is the prompts file; write the records somewhere else")
 
 
@@ -231,7 +230,7 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> Run
 def model_folder(args) -> Path:
     """The folder the model is loaded from; --output is refused (before it is opened) if writing it could change
     a file there: a path inside it, a link to one of its files, anywhere in a hub-cache entry's repo folder."""
-    folder = resolve_model_folder(args.model or default_model())
+    folder = resolve_model_folder(args.model or shipped_model_folder())  # no --model: the one minirt ships
     why = writing_changes(args.output, folder) if args.output else None
     if why:
         raise MinirtError(f"--output {args.output} {why} the model folder {folder}; write the records somewhere else")
@@ -257,7 +256,8 @@ def load(args, folder: Path) -> tuple[LLM, float]:
 def main(argv: list[str] | None = None) -> int:
     with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
         args = parse_args(argv)
-        entries = read_prompts(args.prompts, args.format)  # a bad prompts file stops here, before loading
+        entries = ([PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)] if args.prompt  # as given, or
+                   else read_prompts(args.prompts, args.format))  # a bad prompts file stops here, before loading
         folder = model_folder(args)  # and an --output in the model folder
         records = OutputFile(args.output) if args.output else None  # and a bad --output path
         try:

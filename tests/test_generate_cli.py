@@ -242,3 +242,23 @@ def test_help_shows_the_real_defaults_and_where_they_come_from():
                                   ("--top-k", "top_k", "0")]:
         line = " ".join(lines[flag].split())
         assert f"generation_config.json, else {fallback}; the shipped model's: {shipped[field]})" in line, line
+
+
+def test_prompts_given_on_the_command_line_run_as_a_file_of_them_would(tiny_lm, tmp_path, capsys):
+    """--prompt TEXT, repeatable: the same records as a .txt file holding those prompts (text with a backslash
+    or a tab is taken as it is: no .txt escapes on the command line)."""
+    texts = ["To be", "Shall I\tcompare", "a \\n b"]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    common = ["--model", str(tiny_lm), "--max-new-tokens", "3", "--ignore-eos", "--backend", "numpy"]
+    flags = [arg for text in texts for arg in ("--prompt", text)]
+    assert run([*common, *flags, "--output", str(tmp_path / "a.jsonl")], capsys)[0] == EXIT_OK
+    assert run([*common, "--prompts", str(tmp_path / "p.jsonl"), "--output", str(tmp_path / "b.jsonl")], capsys)[0] == 0
+    given, from_file = read_records(tmp_path / "a.jsonl"), read_records(tmp_path / "b.jsonl")
+    assert [r["prompt"] for r in given] == texts
+    assert [r["token_ids"] for r in given] == [r["token_ids"] for r in from_file]
+
+
+@pytest.mark.parametrize("argv", [[], ["--prompt", "hi", "--prompts", "p.txt"]], ids=["neither", "both"])
+def test_prompts_come_one_way(tiny_lm, argv, capsys):
+    code, _, err = run(["--model", str(tiny_lm), *argv], capsys)
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "give the prompts one way" in err

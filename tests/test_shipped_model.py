@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, requires_reference
 from minirt import LLM, SamplingParams
 from minirt.evaluate import text_loss
-from minirt.generate import default_model
+from minirt.checkpoint import shipped_model_folder
 
 SHIPPED = ROOT / "weights" / "shakespeare-gpt2-tiny"
 PROMPTS = ["ROMEO:\n", "To be, or not to be", "KING LEAR.\n", "Shall I compare thee to a summer's day?",
@@ -34,7 +34,7 @@ def test_folder_is_complete_small_and_documented():
 
 
 def test_it_is_the_default_model():
-    assert default_model() == str(SHIPPED)
+    assert shipped_model_folder() == SHIPPED
 
 
 def test_generate_with_no_model_flag_prints_text(tmp_path):

@@ -114,6 +114,8 @@ MUTANTS = [
     Mutant("continuous_header_says_group_none", "minirt/report.py",
            'group = "" if request.group is None else f"group {request.group}, "', 'group = f"group {request.group}, "',
            '"group None" in every header under continuous batching'),
+    Mutant("prompt_flags_ignored", "minirt/generate.py", "if args.prompt  # as given, or", "if False  # as given, or",
+           "--prompt texts are dropped for a prompts file that is not there"),
     Mutant("transpose_drops_the_partial_block", "minirt/backend.py", "for first in range(0, rows.shape[0], 256):",
            "for first in range(0, rows.shape[0] - rows.shape[0] % 256, 256):", "a partial last block is never copied"),
     Mutant("tile_mask_from_query_zero", "minirt/batch.py", "(first_query + xp.arange(seq_len))[None, :]",
