@@ -110,25 +110,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def shipped_default(field: str) -> str:
-    """'; the shipped model's: X' for --help, from its generation_config.json ('' if it cannot be read)."""
+def shipped_defaults() -> dict[str, str]:
+    """'; the shipped model's: X' per field --help names, from its generation_config.json read once ({}: unreadable)."""
     with suppress(MinirtError):
-        return f"; the shipped model's: {getattr(generation_defaults(shipped_model_folder()), field)}"
-    return ""
+        params = generation_defaults(shipped_model_folder())
+        return {f: f"; the shipped model's: {getattr(params, f)}" for f in ("max_new_tokens", "temperature", "top_k")}
+    return {}
 
 
 def add_sampling_flags(g) -> None:
-    where = "default: the model's generation_config.json, else"
+    where, shipped = "default: the model's generation_config.json, else", shipped_defaults()
     g.add_argument("--max-new-tokens", type=int, metavar="N",
-                   help=f"tokens to generate at most ({where} 64{shipped_default('max_new_tokens')})")
+                   help=f"tokens to generate at most ({where} 64{shipped.get('max_new_tokens', '')})")
     g.add_argument("--temperature", type=float, metavar="T",
-                   help=f"0 is greedy, higher is more random ({where} 0{shipped_default('temperature')})")
+                   help=f"0 is greedy, higher is more random ({where} 0{shipped.get('temperature', '')})")
     g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens, 0: off "
-                   f"({where} 0{shipped_default('top_k')})")
+                   f"({where} 0{shipped.get('top_k', '')})")
     g.add_argument("--top-p", type=float, metavar="P", help=f"sample the smallest set of mass >= P, 1: off ({where} 1)")
     g.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="the run's seed; a request without its own seed gets one derived from S and its line "
-                        "(default 0)")
+                   help="the run's seed; a request without a seed gets one derived from S and its line (default 0)")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop when this text appears (repeatable; \\n for newline)")
     g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
