@@ -13,9 +13,10 @@ nothing runs) from a bad line (that request alone gets an error).
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.
 
-A line ends at "\n", "\r\n" or "\r" and nowhere else, so its number is the one an editor shows: U+2028,
-U+2029, U+0085, a form feed, a vertical tab and \x1c-\x1e (where `str.splitlines` also ends a line) stay inside
-it, as a .txt prompt or raw inside a JSON string (where JSON allows them, and `json.dumps` writes them).
+A line ends at "\n" (or "\r\n", whose "\r" is dropped) and nowhere else, as JSON Lines defines it.  So a
+lone "\r", U+2028, U+2029, U+0085, a form feed, a vertical tab and \x1c-\x1e (where `str.splitlines` also ends
+a line) stay inside it, as part of a .txt prompt or raw inside a JSON string (where JSON allows them, and
+`json.dumps` writes them); in JSONL a lone "\r" between values is whitespace, as JSON says.
 A UTF-8 byte-order mark at the very start (as some Windows editors write) is skipped, not read as text.
 
 Lines are read and decoded one at a time, so these fail their own line alone (its record says why, with the
@@ -85,14 +86,14 @@ def unescape_txt(line: str) -> str:
 
 
 def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
-    """(line, size) for each line of a binary stream, split where `bytes.splitlines` splits: at \\n, \\r\\n and \\r,
-    the only line endings (a decoded line is never split again).  The line comes without its ending, or as None
-    when it is longer than MAX_LINE_BYTES (read past, never held whole); its size in the stream counts the ending."""
+    """(line, size) for each line of a binary stream, split at \\n, the only line ending (a decoded line is never
+    split again).  The line comes without its ending (\\n, or \\r\\n), or as None when it is longer than
+    MAX_LINE_BYTES (read past, never held whole); its size in the stream counts the ending."""
     pending, dropped = b"", 0  # the line read so far (its last byte alone once it is too long); bytes dropped
     for chunk in iter(lambda: stream.read(READ_CHUNK), b""):
-        *complete, pending = (pending + chunk).splitlines(keepends=True)
+        *complete, pending = (pending + chunk).split(b"\n")
         for line in complete:
-            yield sized(line, dropped)
+            yield sized(line + b"\n", dropped)
             dropped = 0
         # Surely too long (an ending takes 2 bytes at most): keep only its last byte, a \r that a \n may follow.
         if dropped or len(pending) > MAX_LINE_BYTES + 2:
@@ -103,12 +104,12 @@ def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
 
 def sized(line: bytes, dropped: int) -> tuple[bytes | None, int]:
     """A line as `byte_lines` yields it, from what was kept of it (ending included) and the bytes dropped."""
-    content = line.rstrip(b"\r\n")
+    content = line[:-1].removesuffix(b"\r") if line.endswith(b"\n") else line  # any other \r is text
     return (None if dropped + len(content) > MAX_LINE_BYTES else content), dropped + len(line)
 
 
 def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
-    """Every line, decoded and numbered (a line ends at \\n, \\r\\n or \\r alone), and the offset in the stream of
+    """Every line, decoded and numbered (a line ends at \\n, or \\r\\n), and the offset in the stream of
     the first byte that is not UTF-8 (None when there is none)."""
     lines: list[Line] = []
     offset, first_bad = 0, None
