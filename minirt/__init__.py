@@ -10,12 +10,14 @@ from .checkpoint import load_checkpoint
 from .config import GPT2Config
 from .errors import BackendError, CheckpointError, InputError, MinirtError, RequestError, TokenizerError
 from .llm import LLM
+from .output import RequestOutput, TokenEvent
 from .model import GPT2, load_model
 from .sampling import SamplingParams
 from .tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
-    "LLM", "SamplingParams", "GPT2", "GPT2Config", "Tokenizer", "get_backend", "load_checkpoint", "load_model",
-    "load_tokenizer", "MinirtError", "CheckpointError", "BackendError", "TokenizerError", "RequestError", "InputError",
+    "LLM", "SamplingParams", "RequestOutput", "TokenEvent", "GPT2", "GPT2Config", "Tokenizer", "get_backend",
+    "load_checkpoint", "load_model", "load_tokenizer",
+    "MinirtError", "CheckpointError", "BackendError", "TokenizerError", "RequestError", "InputError",
 ]
 __version__ = "0.1.0"

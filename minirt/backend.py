@@ -75,7 +75,7 @@ def cupy_backend() -> Backend:
     """CuPy on the current GPU, or a one-line BackendError saying why not."""
     try:
         import cupy  # noqa: PLC0415  (optional dependency, imported on demand)
-    except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+    except Exception as exc:  # noqa: BLE001 (ImportError, or a broken CUDA install raising anything at import)
         raise BackendError(f"--backend cupy needs CuPy, which did not import ({type(exc).__name__}: {exc}); "
                            "install it with `pip install cupy-cuda12x` (or the build for your CUDA), "
                            "or use --backend numpy") from None
@@ -86,7 +86,7 @@ def cupy_backend() -> Backend:
         probe = cupy.arange(4, dtype=cupy.float32) * 2
         if float(probe.sum()) != 12.0:
             raise RuntimeError("a test kernel returned a wrong result")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (any CUDA failure means: no usable GPU)
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise BackendError(f"--backend cupy needs a usable NVIDIA GPU, and none was found ({message}); "
                            "use --backend numpy") from None

@@ -38,7 +38,7 @@ HUB_ALIASES = {
 }
 
 # safetensors dtype code -> the little-endian NumPy dtype holding its bytes (BF16: raw words, see `bf16_to_float32`).
-WEIGHT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+WEIGHT_DTYPES: dict[str, np.dtype] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # old checkpoints' causal-mask buffers: not learned
 
 
@@ -55,7 +55,7 @@ def hub_cache_roots() -> list[Path]:
 
 def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
     """Return (snapshot folder or None, every place looked at, for the error message)."""
-    looked = []
+    looked: list[str] = []
     other_name = HUB_ALIASES.get(hub_id) or {long: short for short, long in HUB_ALIASES.items()}.get(hub_id)
     for root in hub_cache_roots():
         for candidate in [hub_id] + ([other_name] if other_name else []):  # 'gpt2' and 'openai-community/gpt2'
@@ -126,7 +126,7 @@ def map_tensor(file_map: np.ndarray, data_offset: int, entry: TensorEntry) -> np
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     """Every learned tensor of GPT2LMHeadModel, with the shape the config implies."""
-    V, P, C, I = config.vocab_size, config.n_positions, config.n_embd, config.n_inner
+    V, P, C, I = config.vocab_size, config.n_positions, config.n_embd, config.n_inner  # noqa: E741 (I: inner width)
     # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]: `x @ weight`, no transpose.
     block = {
         "ln_1.weight": (C,), "ln_1.bias": (C,),
@@ -244,6 +244,7 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
             if entry.dtype not in WEIGHT_DTYPES:
                 raise CheckpointError(f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
                                       "minirt reads F32, F16 and BF16 weights")
+            assert file_map is not None  # a file with tensor entries is mapped
             tensors[name] = map_tensor(file_map, data_offset, entry)
             file_dtypes[name] = entry.dtype
     if unexpected:  # the whole folder has been read: now what is wrong with it as a whole

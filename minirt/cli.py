@@ -45,9 +45,9 @@ class StopSignals:
     `held()` a signal waits until the block is done, so a record is never half written.  The handlers that
     were there before come back when the `with` block ends."""
 
-    RAISES = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
+    RAISES: dict[int, type[BaseException]] = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.previous: dict = {}
         self.pending: int | None = None
         self.holding = False
@@ -180,7 +180,9 @@ def stat_or_none(path: str) -> os.stat_result | None:
 
 def standard_stream(st: os.stat_result | None) -> int | None:
     """1 or 2 when `st` is the file (pipe, terminal, redirect target) standard output or error writes to."""
-    for fd in (1, 2) if st is not None else ():
+    if st is None:
+        return None
+    for fd in (1, 2):
         with suppress(OSError):
             if same_file(os.fstat(fd), st):
                 return fd
@@ -249,7 +251,7 @@ def flush_stdout() -> None:
 
 def add_version_flag(parser) -> None:
     """`--version` on a command's parser: prints `minirt X.Y.Z` and exits 0."""
-    from . import __version__  # here, not at the top: the package is whole by the time a parser is built
+    from . import __version__  # noqa: PLC0415 (here: the package is whole by the time a parser is built)
     parser.add_argument("--version", action="version", version=f"minirt {__version__}")
 
 

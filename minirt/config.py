@@ -61,7 +61,7 @@ class GPT2Config:
     @property
     def n_weights(self) -> int:
         """How many numbers the checkpoint holds (a tied head counted once): Python integers, so never overflows."""
-        C, I = self.n_embd, self.n_inner
+        C, I = self.n_embd, self.n_inner  # noqa: E741 (I: the MLP's inner width, as in model.py's shapes)
         block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)  # 2 norms, attention, MLP
         return (self.vocab_size + self.n_positions) * C + self.n_layer * block + 2 * C
 
@@ -86,7 +86,8 @@ class GPT2Config:
                                   f"the GELU forms {', '.join(GELU_TANH_NAMES + GELU_ERF_NAMES)}")
         flags = {name: read_flag(raw, name, source) for name in ("scale_attn_weights", "tie_word_embeddings")}
         token_ids = {name: read_token_id(raw, name, source) for name in ("bos_token_id", "eos_token_id")}
-        return cls(**sizes, layer_norm_epsilon=float(eps), activation_function=activation, **flags, **token_ids)
+        read: dict[str, Any] = {**sizes, **flags, **token_ids}  # each checked above; Any: a mix of types
+        return cls(**read, layer_norm_epsilon=float(eps), activation_function=activation)
 
     @classmethod
     def from_file(cls, path: str | Path) -> GPT2Config:

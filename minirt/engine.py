@@ -128,12 +128,15 @@ class Engine:
 
     def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
               on_round: Callable[[RunStats], None] | None = None,
-              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
-        """Serve every waiting request.  on_final(request) runs as each record becomes final, on_round(stats)
-        after every round, on_group_end(group, waiting) after each static group."""
+              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
+              on_token: Callable[[Request], None] | None = None) -> RunStats:
+        """Serve every waiting request.  on_token(request) runs as each token is appended, on_final(request) as
+        each record becomes final, on_round(stats) after every round, on_group_end(group, waiting) after each
+        static group."""
         def ignore(*args) -> None:  # the callback for events nobody asked to hear about
             pass
         on_final, on_round, on_group_end = on_final or ignore, on_round or ignore, on_group_end or ignore
+        on_token = on_token or ignore
         scheduler = SCHEDULERS[self.policy](self.batch_size, self.kv_budget_positions, self.model.config.n_positions,
                                             self.round_token_budget)
         stats = RunStats(batch_size=self.batch_size, policy=self.policy, requests=len(requests),
@@ -149,7 +152,7 @@ class Engine:
                 self.admit(plan, stats)  # each admitted member takes its own KV slot
                 batch = self.prepare_batch_metadata(plan.active)  # new tokens, positions, slots, keys held
                 logits = self.model.forward(batch, self.kv_cache)  # run the round: one forward pass, [B, V]
-                new_tokens = self.apply_updates(plan.active, logits, round_number)  # each picks, appends, stops
+                new_tokens = self.apply_updates(plan.active, logits, round_number, on_token)  # pick, append, stop
                 ended_group = scheduler.complete(plan)  # finished rows leave the compute
                 self.keep_finished(plan.active, on_final)  # ... free their slots, and their records are final
                 stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + new_tokens
@@ -189,6 +192,7 @@ class Engine:
                 stats.kv_limited_rows.append(rows)
         for request in plan.admitted:
             request.slot = self.free_slots.pop(0)
+            assert self.kv_cache is not None  # made with its group (or the pool), before any member is admitted
             self.kv_cache.reset_slot(request.slot)  # zeroed, so nothing of an earlier occupant can leak in
             request.decoder = self.tokenizer.stream() if self.tokenizer is not None else None
             request.text = "" if self.tokenizer is not None else None
@@ -196,27 +200,31 @@ class Engine:
 
     def prepare_batch_metadata(self, active: list[Request]) -> Batch:
         """The batch for this round: each active member's new tokens, its slot and what the slot holds."""
+        assert self.kv_cache is not None  # a round runs within its group's (or the pool's) cache
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
         new_tokens = [r.token_ids[-1:] or r.prompt_ids for r in active]  # the whole prompt at prefill, then one
         return Batch(new_tokens, self.model.backend, slots=slots, past_lens=self.kv_cache.lengths[slots])
 
-    def apply_updates(self, active: list[Request], logits, round_number: int) -> int:
-        """Each active member picks its token from its own logits row, appends it, and checks its own stops.
-        Returns how many tokens were added (a member whose logits are not finite fails instead)."""
+    def apply_updates(self, active: list[Request], logits, round_number: int,
+                      on_token: Callable[[Request], None]) -> int:
+        """Each active member picks its token from its own logits row, appends it, and checks its own stops;
+        on_token hears of it.  Returns how many tokens were added (a member whose logits are not finite fails)."""
         n_positions, added = self.model.config.n_positions, 0
-        for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active)):
+        for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active), strict=True):
             if token is None:  # its own failure: the peers' rows are untouched and go on
                 refuse(request, f"the model's logits for its token {len(request.token_ids) + 1} are not finite "
                                 "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)",
                        round_number)
             else:
                 add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
+                on_token(request)
                 added += 1
         return added
 
     def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
         """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""
         for request in (r for r in active if r.finished):
+            assert request.slot is not None  # it ran, so it held a slot
             self.free_slots = sorted(self.free_slots + [request.slot])  # continuous: the next admission takes it
             on_final(request)
 

@@ -122,7 +122,7 @@ def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int)
     logits = llm.model.logits(sequences)  # [B, max_len, V], one padded batch
     print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s")
     k = min(top_k, llm.model.config.vocab_size)
-    for (label, _), seq, row in zip(prompts, sequences, logits):
+    for (label, _), seq, row in zip(prompts, sequences, logits, strict=True):
         if not np.isfinite(row[len(seq) - 1]).all():  # nothing to rank: say so, as generate and evaluate do
             raise MinirtError(f"prompt {label}: the model's logits are not finite (NaN or inf): its weights hold "
                               "NaN/inf, or float16 overflowed (try float32); check the checkpoint")

@@ -8,8 +8,12 @@ that serve prompts (in static groups, or with continuous batching) and return th
     for out in llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_new_tokens=20)):
         print(out.text, out.finish_reason, out.first_round, out.finish_round)
 
-Each output is the request's own record (`Request`: `.text`, `.token_ids`, `.finish_reason`, `.error`,
-`.first_round`, ...); callers that report as they go (the command line) use `make_request` and `serve`.
+    # Streaming: on_token hears of every token as it is produced, with its text once that text is final.
+    llm.generate(["To be, or not to be"], on_token=lambda event: print(event.text, end="", flush=True))
+
+Each output is a `RequestOutput` (minirt/output.py: `.text`, `.token_ids`, `.finish_reason`, `.error`,
+`.first_round`, ...).  Callers that report as they go (the command line) use `make_request` and `serve`,
+which work on the runtime's own `Request` records.
 
 Must not know: command-line flags or file formats.
 """
@@ -27,6 +31,7 @@ from .config import read_json_file
 from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
 from .errors import CheckpointError, RequestError
 from .model import GPT2
+from .output import RequestOutput, TokenEvent
 from .request import Request
 from .sampling import SamplingParams
 from .scheduler import GroupRecord
@@ -103,15 +108,23 @@ class LLM:
 
     def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
               on_round: Callable[[RunStats], None] | None = None,
-              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None) -> RunStats:
-        """Serve requests made by `make_request`; the callbacks report as records become final."""
-        self.last_stats = self.engine.serve(requests, on_final=on_final, on_round=on_round, on_group_end=on_group_end)
+              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
+              on_token: Callable[[Request], None] | None = None) -> RunStats:
+        """Serve requests made by `make_request`; the callbacks report as tokens come and records become final."""
+        self.last_stats = self.engine.serve(requests, on_final=on_final, on_round=on_round, on_group_end=on_group_end,
+                                            on_token=on_token)
         return self.last_stats
 
     def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ids: Sequence | None = None, logprobs: bool = False,
-                 on_final: Callable[[Request], None] | None = None) -> list[Request]:
-        """Serve the prompts (text, or token-id lists) and return their outputs in input order."""
+                 on_final: Callable[[RequestOutput], None] | None = None,
+                 on_token: Callable[[TokenEvent], None] | None = None) -> list[RequestOutput]:
+        """Serve the prompts (text, or token-id lists) and return their outputs in input order.
+
+        `params`: one SamplingParams for all, or one per prompt (default: the model's generation defaults).
+        `ids`: one id per prompt (default: the index).  `logprobs`: record each token's log-probability.
+        `on_token(event)` runs as each token is produced, `on_final(output)` as each request finishes (in the
+        order they finish); a request refused at once gets on_final only."""
         prompts = check_prompts(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
@@ -123,6 +136,8 @@ class LLM:
         if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
             raise RequestError(f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids")
         requests = [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs)
-                    for i, (p, sp, rid) in enumerate(zip(prompts, params, ids))]
-        self.serve(requests, on_final=on_final)
-        return requests
+                    for i, (p, sp, rid) in enumerate(zip(prompts, params, ids, strict=True))]
+        tell_final = None if on_final is None else (lambda r: on_final(RequestOutput.from_request(r, self.tokenizer)))
+        tell_token = None if on_token is None else (lambda r: on_token(TokenEvent.from_request(r)))
+        self.serve(requests, on_final=tell_final, on_token=tell_token)
+        return [RequestOutput.from_request(r, self.tokenizer) for r in requests]

@@ -229,7 +229,7 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
 
 def entry_for(line: Line, fmt: str) -> PromptEntry:
     """The prompts-file entry of one non-blank line, in the file's format."""
-    if line.error is not None:
+    if line.error is not None or line.text is None:
         return PromptEntry(line.number, None, error=line.error)
     if fmt == "jsonl":
         return parse_jsonl_line(line.number, line.text)

@@ -17,7 +17,6 @@ Must not know: models, sampling or how groups are chosen.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from contextlib import nullcontext
@@ -26,6 +25,7 @@ from typing import IO, Callable, ContextManager
 from .cli import OutputFile, mute_stdout, stdout_error
 from .errors import OutputError
 from .engine import RunStats
+from .output import RequestOutput, prompt_text
 from .scheduler import GroupRecord
 from .request import Request
 from .tokenizer import Tokenizer
@@ -36,29 +36,9 @@ def request_label(request: Request) -> str:
     return f"[{request.index}]" if request.id == str(request.index) else f"[{request.index}] {request.id}"
 
 
-def prompt_text(request: Request, tokenizer: Tokenizer | None) -> str | None:
-    """The prompt as text: as given, or a token-id prompt decoded (None when there is no tokenizer, or no valid ids)."""
-    if request.prompt is not None or tokenizer is None or not request.prompt_ids:
-        return request.prompt
-    return tokenizer.decode(request.prompt_ids)
-
-
 def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
-    """The JSON-ready record of a finished request (one line of --output).  A token-id prompt is recorded as its
-    decoded text, with its ids in "prompt_token_ids"."""
-    out = {
-        "index": request.index, "id": request.id, "prompt": prompt_text(request, tokenizer), "text": request.text,
-        "token_ids": list(request.token_ids), "finish_reason": request.finish_reason,
-        "group": request.group, "rounds_waited": request.rounds_waited,
-        "first_round": request.first_round, "finish_round": request.finish_round,
-        "prompt_tokens": request.prompt_len if request.error is None else None,
-        "error": request.error,
-    }
-    if request.prompt is None:  # the prompt came as token ids
-        out["prompt_token_ids"] = list(request.prompt_ids)
-    if request.want_logprobs:
-        out["logprobs"] = [round(lp, 6) if math.isfinite(lp) else None for lp in request.logprobs]  # strict JSON
-    return out
+    """The JSON-ready record of a finished request (one line of --output): its `RequestOutput`, as JSON."""
+    return RequestOutput.from_request(request, tokenizer).record(prompt_was_ids=request.prompt is None)
 
 
 def completion_block(request: Request, color: bool = False, tokenizer: Tokenizer | None = None) -> str:
@@ -135,6 +115,7 @@ class OrderedOutput:
         """A completion on standard output.  If that fails (its reader has gone, a full disk), standard output
         is given up, and the run stops unless --output still wants records."""
         self.showing = True
+        assert self.stdout is not None  # only called while standard output is still wanted
         try:
             self.stdout.write(completion_block(request, self.color, self.tokenizer) + "\n")
             self.stdout.flush()
@@ -193,7 +174,7 @@ class Progress:
         self.drawn = False
 
 
-def cell_mark(request: Request, round_number: int, row_held_until: int) -> str:
+def cell_mark(request: Request, round_number: int, row_held_until: int | None) -> str:
     """One cell of a round grid: '#' it produced a token, '-' it was waiting for a row,
     '.' it had finished but its row was still held (by its static group), blank once its row was freed."""
     first, finish = request.first_round, request.finish_round
@@ -201,7 +182,7 @@ def cell_mark(request: Request, round_number: int, row_held_until: int) -> str:
         return "#"
     if first is not None and round_number < first:
         return "-"
-    return "." if round_number <= row_held_until else " "
+    return "." if row_held_until is not None and round_number <= row_held_until else " "
 
 
 def grid_lines(rows: list[tuple[str, str, str]], rounds: range, active_rows: list[int], active_label: str,
@@ -218,7 +199,7 @@ def grid_lines(rows: list[tuple[str, str, str]], rounds: range, active_rows: lis
 
 
 def request_grid(title: str, members: list[Request], rounds: range, active_rows: list[int],
-                 held_until: Callable[[Request], int]) -> list[str]:
+                 held_until: Callable[[Request], int | None]) -> list[str]:
     """The --trace grid of some requests, each row ending with its token count and finish reason."""
     rows = [(request_label(r), "".join(cell_mark(r, n, held_until(r)) for n in rounds),
              f"   {len(r.token_ids)} tokens, {r.finish_reason if r.error is None else 'error'}") for r in members]

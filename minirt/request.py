@@ -4,7 +4,7 @@ Owns: `Request`, a plain record of everything that is one request's own (identit
 random stream, output, status, KV slot, rounds), and the two things that happen to a record: `refuse` (an
 error of its own; it never runs) and `add_token`, which appends a chosen token and applies every stop rule:
 EOS, stop token ids, stop strings (found in the decoded text even when they span tokens), max_new_tokens and
-a full context.
+a full context.  `unshown_text` hands out, for streaming, the text that no later token can change.
 
 The engine makes the record, gives it a slot and a text decoder, and calls `add_token` each round; the
 scheduler stamps when it was admitted.  A batch shares a forward pass, never a request's progress or its
@@ -56,6 +56,7 @@ class Request:
 
     decoder: StreamDecoder | None = field(default=None, repr=False)  # turns its tokens into text as they come
     decoded: str = field(default="", repr=False)  # all text so far, before stop-string cutting
+    shown: int = field(default=0, repr=False)  # how much of `text` a stream has handed out (`unshown_text`)
 
     @property
     def prompt_len(self) -> int:
@@ -102,6 +103,19 @@ def found_stop_string(request: Request, new_text: str) -> bool:
     hits = [pos for s in stops if (pos := request.decoded.find(s, search_from)) != -1]
     request.text = request.decoded[: min(hits)] if hits else request.decoded
     return bool(hits)
+
+
+def unshown_text(request: Request) -> str:
+    """The text not handed out yet that can no longer change, and mark it handed out: all of it once the request
+    is finished; while it runs, all but the last (longest stop string - 1) characters, which a stop string
+    completed by a later token could still cut away."""
+    if request.text is None:
+        return ""
+    stops = request.params.stop
+    held_back = 0 if request.finished or not stops else max(len(s) for s in stops) - 1
+    end = max(request.shown, len(request.text) - held_back)
+    new, request.shown = request.text[request.shown:end], end
+    return new
 
 
 def finish(request: Request, reason: str, round_number: int, text_was_cut: bool = False) -> None:

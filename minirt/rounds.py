@@ -52,7 +52,7 @@ class Simulation:
     def utilization(self) -> float:
         return sum(self.scheduler.active_rows) / (self.rows * self.total_rounds) if self.total_rounds else 0.0
 
-    def row_held_until(self, request: Request) -> int:
+    def row_held_until(self, request: Request) -> int | None:
         """The last round a request's row was held: its group's end (static) or its own finish (continuous)."""
         if request.group is not None:
             return self.scheduler.groups[request.group - 1].last_round
@@ -75,7 +75,7 @@ def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[i
         raise MinirtError("every output and prompt length must be at least 1")
     requests = [Request(index=i, id=str(i), prompt=None, prompt_ids=[0] * p,
                         params=SamplingParams(max_new_tokens=n, ignore_eos=True))
-                for i, (n, p) in enumerate(zip(output_lens, prompt_lens))]
+                for i, (n, p) in enumerate(zip(output_lens, prompt_lens, strict=True))]
     scheduler = SCHEDULERS[policy](rows, kv_budget, UNLIMITED, round_tokens)
     for request in requests:
         reason = scheduler.refusal(request)

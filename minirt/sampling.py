@@ -130,13 +130,14 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     else:
         probs = filtered_distribution(logits, params)  # [V]
         cumulative = np.cumsum(probs)  # [V]
+        assert rng is not None, "a sampled request has its own random stream"
         u = rng.random() * cumulative[-1]
         token = int(np.searchsorted(cumulative, u, side="right"))
         token = min(token, int(np.flatnonzero(probs)[-1]))  # guard the u == total edge
     return token, (float(log_softmax(logits)[token]) if want_logprob else None)
 
 
-def choose_tokens(backend, logits, rows) -> list[tuple[int, float | None]]:
+def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None]]:
     """Every row's (token, log-probability or None), from its own logits row and settings.  `rows` are the
     round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy
     shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or
@@ -144,10 +145,10 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int, float | None]]:
     finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
     if all(r.params.greedy and not r.want_logprobs for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
-        return [(int(token), None) if ok else (None, None) for token, ok in zip(ids, finite)]
+        return [(int(token), None) if ok else (None, None) for token, ok in zip(ids, finite, strict=True)]
     host = backend.to_numpy(logits)  # [B, V] fp32
     return [choose_token(row, r.params, r.rng, want_logprob=r.want_logprobs) if ok else (None, None)
-            for row, r, ok in zip(host, rows, finite)]
+            for row, r, ok in zip(host, rows, finite, strict=True)]
 
 
 def request_rng(seed: int) -> np.random.Generator:

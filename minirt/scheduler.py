@@ -87,6 +87,10 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         self.waiting.append(request)
 
+    def plan(self, round_number: int) -> RoundPlan:
+        """Who runs in this round: each policy says."""
+        raise NotImplementedError
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -159,7 +163,7 @@ class ContinuousScheduler(Scheduler):
             kv_limited = rows < min(self.max_rows, len(self.waiting))  # the budget, not the queue, held it down
         reserved = sum(self.need(r) for r in self.running)  # KV positions held by running requests
         tokens = len(self.running)  # each running request decodes one token
-        admitted = []
+        admitted: list[Request] = []
         for candidate in list(self.waiting):  # arrival order; one that does not fit is skipped, not blocking
             if len(self.running) + len(admitted) >= self.pool[0]:
                 break

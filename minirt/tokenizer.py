@@ -134,7 +134,7 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     try:
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
         bpe = models.BPE.from_file(str(vocab_path), str(merges_path))
-    except Exception as exc:  # the library raises plain Exceptions with a message
+    except Exception as exc:  # noqa: BLE001 (the library raises plain Exceptions with a message)
         raise TokenizerError(f"{vocab_path} + {merges_path}: cannot build a BPE tokenizer ({exc})") from None
     hf = HFTokenizer(bpe)
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

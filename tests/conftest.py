@@ -20,30 +20,30 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-# In CI, hypothesis draws the same examples every run, so a run is repeatable; locally it explores.
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
-
 from minirt.backend import numpy_backend
 from minirt.batch import Batch
 from minirt.checkpoint import Checkpoint
 from minirt.config import GPT2Config
 from minirt.model import GPT2
 
+# In CI, hypothesis draws the same examples every run, so a run is repeatable; locally it explores.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 DATA = ROOT / "tests" / "data"
 sys.path.insert(0, str(ROOT / "tools"))  # tools/reference.py (transformers) and tools/tiny_random_model.py
 
-from tiny_random_model import random_tensors, write_tiny_lm  # noqa: E402
+from tiny_random_model import random_tensors, write_tiny_lm  # noqa: E402 (after the sys.path insert above)
 
 
 def reference_available() -> bool:
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
-    except Exception:
+    except Exception:  # noqa: BLE001 (a broken torch/transformers install raises more than ImportError; skip either way)
         return False
     return True
 
@@ -93,7 +93,7 @@ def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None)
     for _ in range(steps - 1):
         batch = Batch([[out[-1]] for out in outputs], model.backend, slots=slots, past_lens=cache.lengths[slots])
         logits = model.backend.to_numpy(model.forward(batch, cache))  # [B, V]
-        for out, token in zip(outputs, logits.argmax(axis=-1)):
+        for out, token in zip(outputs, logits.argmax(axis=-1), strict=True):
             out.append(int(token))
     return outputs
 

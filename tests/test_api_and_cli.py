@@ -67,7 +67,8 @@ def test_inspect_reports_the_reference_top_token(capsys):
     """The top next token it prints is transformers' argmax for the same prompt."""
     expected = load_expected("base")
     prompt = expected["seq_0"].tolist()
-    assert run_command(inspect_main, ["--ids", ",".join(map(str, prompt)), "--top-k", "2", str(FIXTURES / "base")]) == EXIT_OK
+    argv = ["--ids", ",".join(map(str, prompt)), "--top-k", "2", str(FIXTURES / "base")]
+    assert run_command(inspect_main, argv) == EXIT_OK
     out = capsys.readouterr().out
     reference_top = int(np.argmax(expected["logits"][0, len(prompt) - 1]))
     first_line = next(line for line in out.splitlines() if line.strip().startswith("id "))

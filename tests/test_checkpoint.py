@@ -277,7 +277,8 @@ def edit_config(model_dir, **changes):
     path.write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("option", ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"])
+@pytest.mark.parametrize("option", [
+    "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"])
 def test_unsupported_option_is_refused(model_dir, option):
     edit_config(model_dir, **{option: True})
     with pytest.raises(CheckpointError) as exc:

@@ -34,7 +34,8 @@ def test_numpy_run_writes_every_section(tmp_path):
     from device_check import main
 
     out = tmp_path / "dc.json"
-    assert main(["--backend", "numpy", "--quick", "--batch-sizes", "1,2", "--dtypes", "float32", "--out", str(out)]) == 0
+    assert main(["--backend", "numpy", "--quick", "--batch-sizes", "1,2", "--dtypes", "float32",
+                 "--out", str(out)]) == 0
     results = json.loads(out.read_text())
     sections = results["sections"]
     assert set(sections) == {"environment", "correctness", "timing", "floor"}
@@ -54,7 +55,8 @@ def test_a_section_that_fails_is_recorded_and_the_rest_still_run(tmp_path, monke
 
     monkeypatch.setitem(device_check.SECTIONS, "environment", broken)
     out = tmp_path / "dc.json"
-    assert device_check.main(["--backend", "numpy", "--quick", "--sections", "environment,floor", "--out", str(out)]) == 0
+    assert device_check.main(["--backend", "numpy", "--quick", "--sections", "environment,floor",
+                              "--out", str(out)]) == 0
     sections = json.loads(out.read_text())["sections"]
     assert sections["environment"]["error"] == "RuntimeError: simulated failure"
     assert sections["floor"]["skipped"] == "needs the timing section"

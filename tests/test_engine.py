@@ -20,7 +20,7 @@ def serve(engine, prompts, params, run_seed=0, logprobs=False):
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
     requests = [engine.make_request(i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
-                for i, (p, sp) in enumerate(zip(prompts, params))]
+                for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
     stats = engine.serve(requests)
     return requests, stats
 
@@ -68,7 +68,8 @@ def test_rounds_are_set_by_each_groups_longest_member(model, lengths, batch_size
     for g, group_lengths in enumerate(groups):
         for j, n in enumerate(group_lengths):
             r = requests[g * batch_size + j]
-            assert (r.group, r.first_round, r.finish_round, r.rounds_waited) == (g + 1, round_offset + 1, round_offset + n, round_offset)
+            assert (r.group, r.first_round, r.finish_round, r.rounds_waited) == (
+                g + 1, round_offset + 1, round_offset + n, round_offset)
         round_offset += max(group_lengths)
 
 
@@ -96,7 +97,7 @@ def test_a_requests_tokens_do_not_depend_on_its_batch(model, prompts, data):
     """Alone, in batches of several sizes, and shuffled: every request produces the same tokens."""
     params = [data.draw(params_strategy) for _ in prompts]
     alone = {}
-    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+    for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
         request = engine_for(model, 1).make_request(i, prompt, sp, run_seed=3)
         engine_for(model, 1).serve([request])
         alone[i] = request.token_ids
@@ -113,7 +114,8 @@ def test_same_prompt_and_seed_give_the_same_tokens_in_one_batch(model):
     sp = SamplingParams(temperature=1.0, seed=42, max_new_tokens=12)
     requests, _ = serve(engine_for(model, 4), [[5, 6, 7], [1], [5, 6, 7], [2, 3]], sp)
     assert requests[0].token_ids == requests[2].token_ids
-    other_seed, _ = serve(engine_for(model, 4), [[5, 6, 7]], SamplingParams(temperature=1.0, seed=43, max_new_tokens=12))
+    other_seed, _ = serve(engine_for(model, 4), [[5, 6, 7]],
+                          SamplingParams(temperature=1.0, seed=43, max_new_tokens=12))
     assert other_seed[0].token_ids != requests[0].token_ids
 
 
@@ -126,7 +128,9 @@ def test_eos_stops_only_its_own_request_and_ignore_eos_goes_on(model):
     eos = probe[0].token_ids[2]  # make the third token this request produces the EOS
     engine.eos_token_id = eos
     requests, stats = serve(engine, [[9, 9], [9, 9], [1, 2]], [
-        SamplingParams(max_new_tokens=6), SamplingParams(max_new_tokens=6, ignore_eos=True), SamplingParams(max_new_tokens=6, ignore_eos=True)])
+        SamplingParams(max_new_tokens=6),
+        SamplingParams(max_new_tokens=6, ignore_eos=True),
+        SamplingParams(max_new_tokens=6, ignore_eos=True)])
     stopped, kept_going, peer = requests
     first_eos = probe[0].token_ids.index(eos)
     assert stopped.finish_reason == "stop" and stopped.token_ids == probe[0].token_ids[: first_eos + 1]
@@ -138,16 +142,19 @@ def test_stop_token_ids(model):
     engine = engine_for(model, 2)
     probe, _ = serve(engine, [[3, 4, 5]], SamplingParams(max_new_tokens=8, ignore_eos=True))
     target = probe[0].token_ids[4]
-    requests, _ = serve(engine, [[3, 4, 5]], SamplingParams(max_new_tokens=8, ignore_eos=True, stop_token_ids=(target,)))
+    requests, _ = serve(engine, [[3, 4, 5]],
+                        SamplingParams(max_new_tokens=8, ignore_eos=True, stop_token_ids=(target,)))
     cut = probe[0].token_ids.index(target) + 1
     assert requests[0].token_ids == probe[0].token_ids[:cut] and requests[0].finish_reason == "stop"
 
 
 def test_context_full_finishes_with_length(model):
     n_positions = model.config.n_positions  # 32
-    requests, _ = serve(engine_for(model, 3), [list(range(30)), list(range(32)), [1]], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    requests, _ = serve(engine_for(model, 3), [list(range(30)), list(range(32)), [1]],
+                        SamplingParams(max_new_tokens=10, ignore_eos=True))
     assert len(requests[0].token_ids) == 2 and requests[0].finish_reason == "length"  # 30 + 2 = 32 positions
-    assert len(requests[1].token_ids) == 1 and requests[1].finish_reason == "length"  # a full prompt still gets one token
+    # A full prompt still gets one token.
+    assert len(requests[1].token_ids) == 1 and requests[1].finish_reason == "length"
     assert len(requests[2].token_ids) == 10
     # Every token but the last is fed back, and each fed token needs a position.
     assert all(r.prompt_len + len(r.token_ids) - 1 <= n_positions for r in requests)
@@ -161,7 +168,8 @@ def test_a_bad_request_gets_its_own_error_and_peers_are_unchanged(model):
     sp = SamplingParams(max_new_tokens=5, ignore_eos=True)
     clean, _ = serve(engine_for(model, 3), good, sp)
     mixed, stats = serve(engine_for(model, 3), [good[0], list(range(33)), [99], good[1]], sp)
-    assert mixed[1].error and "more than the model's context of 32" in mixed[1].error and mixed[1].finish_reason == "error"
+    assert mixed[1].error and "more than the model's context of 32" in mixed[1].error
+    assert mixed[1].finish_reason == "error"
     assert mixed[2].error and "outside the vocabulary" in mixed[2].error
     assert mixed[0].token_ids == clean[0].token_ids and mixed[3].token_ids == clean[1].token_ids
     assert stats.failed == 2 and len(stats.groups) == 1
@@ -188,7 +196,8 @@ def test_kv_budget_limits_the_group_and_refuses_what_can_never_fit(model):
 
 
 def test_logprobs_are_the_raw_models_log_softmax(model):
-    requests, _ = serve(engine_for(model, 2), [[1, 2, 3], [4]], SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, ignore_eos=True),
+    requests, _ = serve(engine_for(model, 2), [[1, 2, 3], [4]],
+                        SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, ignore_eos=True),
                         logprobs=True)
     for r in requests:
         full = model.logits([r.prompt_ids + r.token_ids])[0]  # [len, V], independent full recompute
@@ -225,8 +234,9 @@ def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
     stop = pieces[i][-1] + pieces[i + 1][0]  # straddles the boundary between token i and i+1
     full = tok.decode(probe.token_ids)
     finish_at = next(k for k in range(1, len(probe.token_ids) + 1) if stop in tok.decode(probe.token_ids[:k]))
-    out, peer = llm.generate([prompt, "Shall I"], [SamplingParams(max_new_tokens=24, ignore_eos=True, stop=["zzz-never", stop]),
-                                                  SamplingParams(max_new_tokens=24, ignore_eos=True)])
+    out, peer = llm.generate([prompt, "Shall I"],
+                             [SamplingParams(max_new_tokens=24, ignore_eos=True, stop=["zzz-never", stop]),
+                              SamplingParams(max_new_tokens=24, ignore_eos=True)])
     assert out.finish_reason == "stop" and out.text == full[: full.find(stop)]
     assert out.token_ids == probe.token_ids[:finish_at] and out.finish_round == finish_at
     assert len(peer.token_ids) == 24  # the peer did not stop with it
@@ -240,7 +250,7 @@ def test_text_is_the_decoded_tokens_and_eos_text_is_left_out(tiny_lm):
         assert out.text == llm.tokenizer.decode(produced)
         if out.finish_reason == "stop":
             assert out.token_ids[-1] == llm.tokenizer.eos_token_id
-    assert outs[1].prompt_ids == [llm.tokenizer.bos_token_id]
+    assert outs[1].prompt_token_ids == [llm.tokenizer.bos_token_id]
 
 
 def test_stop_strings_need_a_tokenizer():
@@ -254,7 +264,8 @@ def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
     engine.kv_budget_positions = 12  # two rows of the longest need (6 positions)
     sizes = []
     original = model.new_kv_cache
-    monkeypatch.setattr(model, "new_kv_cache", lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity))
+    monkeypatch.setattr(model, "new_kv_cache",
+                        lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity))
     sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
     requests = [engine.make_request(i, [1, 2, 3], sp) for i in range(5)]
     stats = engine.serve(requests)
@@ -276,7 +287,8 @@ def test_an_overflowed_slot_cannot_poison_its_next_occupant(model):
 
 def test_a_vanishing_temperature_is_greedy(model):
     greedy, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True))
-    tiny, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300))
+    tiny, _ = serve(engine_for(model, 1), [[1, 2]],
+                    SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300))
     assert tiny[0].token_ids == greedy[0].token_ids
 
 
@@ -399,7 +411,8 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
     failing, long_neighbour, short_next = [7, 1, 2, 3, 4, 5, 6, 8, 9, 10], list(range(11, 31)), [4, 5, 6]
     params = SamplingParams(max_new_tokens=6)
     llm = LLM(folder, batch_size=2, policy="continuous")
-    a, b, c = llm.generate([failing, long_neighbour, short_next], params)
+    a, b, c = [llm.make_request(i, p, params) for i, p in enumerate([failing, long_neighbour, short_next])]
+    llm.serve([a, b, c])  # the runtime's own records, which know their KV slots
     assert a.finish_reason == "error" and a.finish_round == 1  # it wrote its NaN keys, then failed
     assert c.first_round == 2 and c.slot == a.slot  # the short request took the failed one's slot
     alone = LLM(folder, batch_size=1).generate([short_next], params)[0]

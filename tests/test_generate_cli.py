@@ -29,7 +29,8 @@ def read_records(path):
 
 
 def test_txt_escapes():
-    assert unescape_txt(r"line one\nline two\tand a \\n literal, a \q stays") == "line one\nline two\tand a \\n literal, a \\q stays"
+    assert (unescape_txt(r"line one\nline two\tand a \\n literal, a \q stays")
+            == "line one\nline two\tand a \\n literal, a \\q stays")
 
 
 def test_txt_file(tmp_path):
@@ -51,7 +52,8 @@ def test_jsonl_file_good_and_bad_lines(tmp_path):
         json.dumps({"prompt": [1, 2, 3]}),
     ]) + "\n")
     entries = read_prompts(str(f))
-    assert entries[0].error is None and entries[0].id == "x" and entries[0].overrides == {"max_new_tokens": 3, "stop": ["\n"]}
+    assert entries[0].error is None and entries[0].id == "x"
+    assert entries[0].overrides == {"max_new_tokens": 3, "stop": ["\n"]}
     assert "line 2: not valid JSON" in entries[1].error
     assert "line 3: no \"prompt\"" in entries[2].error and entries[2].id == "7"
     assert "unknown field(s) temprature" in entries[3].error
@@ -66,8 +68,9 @@ def test_records_in_input_order_with_every_field(tiny_lm, tmp_path, capsys):
              {"prompt": "x" * 300}, {"prompt": "Now is", "max_new_tokens": 1}]
     prompts.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out_file = tmp_path / "out.jsonl"
-    code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2", "--output", str(out_file),
-                          "--logprobs", "--ignore-eos", "--trace", "--backend", "numpy"], capsys)
+    code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2",
+                          "--output", str(out_file), "--logprobs", "--ignore-eos", "--trace", "--backend", "numpy"],
+                         capsys)
     assert code == EXIT_REQUEST_FAILED  # one prompt is too long for the 64-position context
     records = read_records(out_file)
     assert [r["index"] for r in records] == [0, 1, 2, 3, 4]
@@ -77,24 +80,28 @@ def test_records_in_input_order_with_every_field(tiny_lm, tmp_path, capsys):
     assert records[3]["error"] and "context of 64" in records[3]["error"] and records[3]["finish_reason"] == "error"
     assert all(len(r["logprobs"]) == len(r["token_ids"]) and all(lp <= 0 for lp in r["logprobs"]) for r in records)
     # groups of 2 in arrival order; the refused request takes no row
-    assert [(r["group"], r["first_round"], r["finish_round"], r["rounds_waited"]) for r in records if not r["error"]] == [
+    served = [r for r in records if not r["error"]]
+    assert [(r["group"], r["first_round"], r["finish_round"], r["rounds_waited"]) for r in served] == [
         (1, 1, 9, 0), (1, 1, 2, 0), (2, 10, 14, 9), (2, 10, 10, 9)]
     assert out.index("### [0] a") < out.index("### [1]") < out.index("### [3]: error") < out.index("### [4]")
-    assert "requests     5 (4 ok, 1 failed)" in err and "groups       2 (static, batch size 2)" in err and "rounds       14" in err
+    assert "requests     5 (4 ok, 1 failed)" in err and "groups       2 (static, batch size 2)" in err
+    assert "rounds       14" in err
     assert "utilization  60.7% active rows (17 of 28 row-rounds)" in err
     assert "group 1: 2 members, rounds 1-9" in err and "waiting through all 9 rounds of this group: [2]" in err
 
 
 def test_stdin_txt_and_success_exit(tiny_lm, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("To be\nAll the world\n"))
-    code, out, err = run(["--model", str(tiny_lm), "--prompts", "-", "--max-new-tokens", "3", "--backend", "numpy"], capsys)
+    code, out, err = run(["--model", str(tiny_lm), "--prompts", "-", "--max-new-tokens", "3", "--backend", "numpy"],
+                         capsys)
     assert code == EXIT_OK
     assert out.count("### ") == 2 and "requests     2 (2 ok, 0 failed)" in err
 
 
 def test_flags_are_defaults_and_jsonl_fields_override_them(tiny_lm, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": "To be"}) + "\n" + json.dumps({"prompt": "To be", "max_new_tokens": 2}) + "\n")
+    prompts.write_text(json.dumps({"prompt": "To be"}) + "\n"
+                       + json.dumps({"prompt": "To be", "max_new_tokens": 2}) + "\n")
     out_file = tmp_path / "o.jsonl"
     code, _, _ = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--max-new-tokens", "6", "--ignore-eos",
                       "--output", str(out_file), "--quiet"], capsys)
@@ -116,7 +123,8 @@ def test_bad_files_and_flags_are_one_line(tiny_lm, tmp_path, capsys, argv, fragm
     (tmp_path / "p.txt").write_text("hello\n")
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00bad")
-    argv = [a.format(prompts=tmp_path / "p.txt", empty=tmp_path / "empty.txt", binary=tmp_path / "bin.txt") for a in argv]
+    argv = [a.format(prompts=tmp_path / "p.txt", empty=tmp_path / "empty.txt", binary=tmp_path / "bin.txt")
+            for a in argv]
     if "--model" not in argv:
         argv += ["--model", str(tiny_lm)]
     code, out, err = run(argv, capsys)
@@ -138,8 +146,8 @@ def test_interrupt_keeps_every_final_record(tiny_lm, tmp_path, capsys, monkeypat
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(GPT2, "forward", flaky)
-    code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2", "--max-new-tokens", "3",
-                          "--ignore-eos", "--output", str(out_file)], capsys)
+    code, out, err = run(["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "2",
+                          "--max-new-tokens", "3", "--ignore-eos", "--output", str(out_file)], capsys)
     assert code == EXIT_INTERRUPTED
     assert [r["index"] for r in read_records(out_file)] == [0, 1]
     assert "interrupted; 2 of 4 records were final and written" in err
@@ -155,15 +163,17 @@ def test_no_model_and_nothing_shipped(tmp_path, capsys, monkeypatch):
 
 
 def test_help_has_examples_and_exit_codes():
-    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--help"], capture_output=True, text=True, cwd=ROOT, check=False)
+    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--help"],
+                            capture_output=True, text=True, cwd=ROOT, check=False)
     assert result.returncode == 0
     assert "examples:" in result.stdout and "exit status:" in result.stdout and "\\n" in result.stdout
 
 
 def test_module_runs_as_a_subprocess(tiny_lm, tmp_path):
     (tmp_path / "p.txt").write_text("To be\n")
-    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--model", str(tiny_lm), "--prompts", str(tmp_path / "p.txt"),
-                             "--max-new-tokens", "4"], capture_output=True, text=True, cwd=ROOT, check=False)
+    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--model", str(tiny_lm),
+                             "--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "4"],
+                            capture_output=True, text=True, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("### [0]: ") and "backend auto" in result.stderr
 

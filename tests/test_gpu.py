@@ -88,7 +88,7 @@ def test_greedy_tokens_agree_where_margins_are_clear(cfg, batch, dtype):
         engine.serve(requests)
         runs[name] = requests
     tolerance = 1e-4 if dtype == np.float32 else FP16_TOLERANCE
-    for ref, got in zip(runs["cpu"], runs["gpu"]):
+    for ref, got in zip(runs["cpu"], runs["gpu"], strict=True):
         seq = list(ref.prompt_ids)
         for step, token in enumerate(ref.token_ids):
             logits = cpu.logits([seq])[0, -1]

@@ -86,7 +86,7 @@ def test_softmax_attention_against_a_plain_loop():
                 scores = [0.5 * float(q[b, h, t] @ k[b, h, j]) for j in visible]
                 top = max(scores)
                 weights = [math.exp(s - top) for s in scores]
-                want = sum(w * v[b, h, j] for w, j in zip(weights, visible)) / sum(weights)
+                want = sum(w * v[b, h, j] for w, j in zip(weights, visible, strict=True)) / sum(weights)
                 assert np.allclose(got[b, h, t], want, rtol=1e-5, atol=1e-6)
 
 

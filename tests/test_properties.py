@@ -29,7 +29,8 @@ def model_for(n_head: int, seed: int):
     """Cache a few random models; configs vary the head count and the MLP width."""
     key = (n_head, seed)
     if key not in MODELS:
-        MODELS[key] = random_model(seed=seed, n_head=n_head, n_embd=6 * n_head, n_inner=10 * n_head, vocab_size=37, n_positions=24)
+        MODELS[key] = random_model(seed=seed, n_head=n_head, n_embd=6 * n_head, n_inner=10 * n_head, vocab_size=37,
+                                   n_positions=24)
     return MODELS[key]
 
 
@@ -84,7 +85,7 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
         batch = Batch(chunks, model.backend, slots=slots[rows], past_lens=cache.lengths[slots[rows]])
         packed = model.forward(batch, cache, logits_at=np.arange(batch.n_tokens))  # [N, V], the real tokens
         logits = batch.unpack_on_host(model.backend.to_numpy(packed))  # [len(rows), T, V]
-        for i, (b, chunk) in enumerate(zip(rows, chunks)):
+        for i, (b, chunk) in enumerate(zip(rows, chunks, strict=True)):
             got[b][fed[b]: fed[b] + len(chunk)] = logits[i, : len(chunk)]
             fed[b] += len(chunk)
     for b, seq in enumerate(sequences):
@@ -98,9 +99,9 @@ def test_each_rows_positions_continue_its_own_history(sequences, data):
     """Packed token k of row b sits at past_lens[b] + (its place in the row), whatever the padding."""
     past_lens = data.draw(st.lists(st.integers(0, 9), min_size=len(sequences), max_size=len(sequences)))
     batch = Batch(sequences, random_model().backend, past_lens=past_lens)
-    want = [past + i for seq, past in zip(sequences, past_lens) for i in range(len(seq))]
+    want = [past + i for seq, past in zip(sequences, past_lens, strict=True) for i in range(len(seq))]
     assert batch.positions.tolist() == want
-    assert batch.kv_lens.tolist() == [past + len(seq) for seq, past in zip(sequences, past_lens)]
+    assert batch.kv_lens.tolist() == [past + len(seq) for seq, past in zip(sequences, past_lens, strict=True)]
     assert batch.last_index.tolist() == (np.cumsum([len(s) for s in sequences]) - 1).tolist()
 
 

@@ -14,7 +14,8 @@ from conftest import greedy_decode, reference_available, relative_error
 
 pytestmark = [
     pytest.mark.reference,
-    pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (pip install -e .[reference])"),
+    pytest.mark.skipif(not reference_available(),
+                       reason="torch/transformers not installed (pip install -e .[reference])"),
 ]
 
 if reference_available():
@@ -40,7 +41,8 @@ def configs(draw):
     }
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(fields=configs(), layout=st.fixed_dictionaries({
     "file_dtype": st.sampled_from(["F32", "F16", "BF16"]),
     "prefix": st.booleans(),
@@ -52,7 +54,8 @@ def test_random_configs_and_layouts_match_transformers(tmp_path_factory, fields,
     folder = tmp_path_factory.mktemp("ckpt")
     save_checkpoint(model, folder, **layout)
     n_pos, vocab = fields["n_positions"], fields["vocab_size"]
-    sequences = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=n_pos), min_size=1, max_size=4))
+    sequences = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=n_pos),
+                                   min_size=1, max_size=4))
     expected = reference_logits(model, sequences)
     got = minirt.load_model(folder).logits(sequences)
     for b, seq in enumerate(sequences):
@@ -75,7 +78,7 @@ def test_gpt2_124m_shape_matches_transformers(tmp_path):
     # Greedy, batched with the KV cache, against the reference's full recompute.
     prompts = [sequences[1], sequences[2]]
     outputs = greedy_decode(minirt_model, prompts, steps=32)
-    for prompt, out in zip(prompts, outputs):
+    for prompt, out in zip(prompts, outputs, strict=True):
         ref_tokens, margins = reference_greedy(model, prompt, 32)
         near_tie = next((i for i, m in enumerate(margins) if m < 1e-3), len(margins))
         assert near_tie >= 32, "the drawn weights should give clear margins; re-seed if not"

@@ -68,7 +68,7 @@ def test_well_formed_prompts_are_served_as_their_plain_int_lists(llm, prompts, c
     got = llm.generate([container(p) for p in prompts], params)
     want = llm.generate([list(p) for p in prompts], params)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
-    assert all(r.error is None and r.prompt_ids == list(p) for r, p in zip(got, prompts))
+    assert all(r.error is None and r.prompt_token_ids == list(p) for r, p in zip(got, prompts, strict=True))
 
 
 @pytest.mark.parametrize("params", [{"temperature": 1}, [None], ["greedy"], 0.5])

@@ -332,8 +332,8 @@ def test_a_config_field_of_the_wrong_type_is_refused_even_when_its_value_fits(mo
 def weights_implied(raw: dict) -> int:
     """How many numbers a GPT-2 of this config holds, counted here from the tensor shapes (a tied head once)."""
     V, P, C, L = raw["vocab_size"], raw["n_positions"], raw["n_embd"], raw["n_layer"]
-    I = raw.get("n_inner") or 4 * C
-    block = [(C,), (C,), (C, 3 * C), (3 * C,), (C, C), (C,), (C,), (C,), (C, I), (I,), (I, C), (C,)]
+    n_inner = raw.get("n_inner") or 4 * C
+    block = [(C,), (C,), (C, 3 * C), (3 * C,), (C, C), (C,), (C,), (C,), (C, n_inner), (n_inner,), (n_inner, C), (C,)]
     return V * C + P * C + L * sum(math.prod(shape) for shape in block) + 2 * C
 
 

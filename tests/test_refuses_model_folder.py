@@ -161,7 +161,8 @@ def test_names_the_system_cannot_look_up_are_refused_in_one_line(tmp_path, opene
         return
     if case == "symlink_loop":
         (folder / "loop").symlink_to("loop")
-    point_first_shard_at(folder, index, {"nul_byte": "a\x00b", "symlink_loop": "loop", "name_too_long": "x" * 300}[case])
+    point_first_shard_at(folder, index,
+                         {"nul_byte": "a\x00b", "symlink_loop": "loop", "name_too_long": "x" * 300}[case])
     opened.clear()
     refused_without_reading_outside(folder, opened)
 

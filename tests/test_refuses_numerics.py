@@ -47,7 +47,7 @@ def nan_model(tiny_lm, tmp_path_factory):
 @given(logprobs=st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=8))
 def test_a_record_is_strict_json_whatever_its_logprobs_hold(logprobs):
     request = Request(index=0, id="0", prompt="x", prompt_ids=[1], params=SamplingParams(), want_logprobs=True)
-    request.token_ids, request.logprobs = [1] * len(logprobs), logprobs
+    request.token_ids, request.logprobs, request.finish_reason = [1] * len(logprobs), logprobs, "length"
     line = json.dumps(record(request), allow_nan=False)
     got = strict(line)["logprobs"]
     assert got == [round(lp, 6) if math.isfinite(lp) else None for lp in logprobs]
@@ -69,7 +69,8 @@ def test_evaluate_on_a_nan_model_says_so_and_exits_non_zero(nan_model, tmp_path,
     text = tmp_path / "t.txt"
     text.write_text("To be, or not to be, that is the question. " * 3)
     for extra in ([], ["--json"]):
-        code = run_command(evaluate_main, ["--model", str(nan_model), "--text", str(text), "--backend", "numpy", *extra],
+        code = run_command(evaluate_main,
+                           ["--model", str(nan_model), "--text", str(text), "--backend", "numpy", *extra],
                            prog="minirt.evaluate")
         captured = capsys.readouterr()
         assert code == EXIT_USAGE and captured.out == ""
@@ -117,7 +118,7 @@ def test_a_non_finite_row_fails_alone_and_its_peers_are_served_as_on_a_clean_mod
     bad.engine.batch_size, bad.engine.policy = batch_size, policy
     together = bad.generate(prompts, params)
     bad.engine.batch_size, bad.engine.policy = 1, "static"
-    for prompt, got in zip(prompts, together):
+    for prompt, got in zip(prompts, together, strict=True):
         assert outcome(got) == outcome(bad.generate([prompt], params)[0])  # batching never changes a result
         reference = clean.generate([prompt], params)[0]
         if POISONED_TOKEN in prompt:  # its prefill row is not finite: it fails in its first round, with nothing served

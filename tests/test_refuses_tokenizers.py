@@ -495,7 +495,8 @@ def test_a_token_id_prompt_is_shown_and_recorded_as_its_decoded_text(tiny_lm, ru
     want = Reference.from_file(str(tiny_lm / "tokenizer.json")).decode([5, 6, 7])
     (run_dir / "ids.jsonl").write_text('{"prompt": [5, 6, 7]}\n{"prompt": "To be"}\n')
     code = run_command(generate_main, ["--model", str(tiny_lm), "--prompts", str(run_dir / "ids.jsonl"),
-                                       "--backend", "numpy", "--max-new-tokens", "2", "--output", str(run_dir / "o.jsonl")])
+                                       "--backend", "numpy", "--max-new-tokens", "2",
+                                       "--output", str(run_dir / "o.jsonl")])
     out = capsys.readouterr().out
     assert code == 0 and f"\n{want}" in out and "None" not in out and want.strip()
     ids_record, text_record = (json.loads(line) for line in (run_dir / "o.jsonl").read_text().splitlines())

@@ -38,7 +38,8 @@ def test_cli_json_for_the_seed_exercise(capsys):
     report = json.loads(capsys.readouterr().out)
     static, continuous = report["policies"]["static"], report["policies"]["continuous"]
     assert static["total_rounds"] == 12 and continuous["total_rounds"] == 8
-    assert static["requests"][3] == {"index": 3, "output_len": 4, "rounds_waited": 8, "first_round": 9, "finish_round": 12}
+    assert static["requests"][3] == {"index": 3, "output_len": 4, "rounds_waited": 8, "first_round": 9,
+                                     "finish_round": 12}
     assert continuous["requests"][3]["first_round"] == 3
     assert static["utilization"] == pytest.approx(19 / 36, abs=1e-6)
 
@@ -49,7 +50,7 @@ def test_every_request_gets_exactly_its_tokens(output_lens, rows, data):
     prompts = data.draw(st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens)))
     for policy in ("static", "continuous"):
         sim = simulate(output_lens, policy, rows, prompts, round_tokens=16)
-        for r, n in zip(sim.requests, output_lens):
+        for r, n in zip(sim.requests, output_lens, strict=True):
             assert len(r.token_ids) == n and r.finish_round - r.first_round + 1 == n
         assert sum(sim.scheduler.active_rows) == sum(output_lens)
         assert max(sim.scheduler.active_rows) <= rows
@@ -77,7 +78,7 @@ def test_static_rounds_are_the_sum_of_each_groups_longest(output_lens, rows, kv_
 @given(output_lens=lengths, rows=st.integers(1, 5), data=st.data())
 def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output_lens, rows, data):
     prompts = data.draw(st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens)))
-    kv_budget = data.draw(st.integers(max(p + n - 1 for p, n in zip(prompts, output_lens)), 80))
+    kv_budget = data.draw(st.integers(max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True)), 80))
     round_tokens = data.draw(st.integers(max(prompts), 30))
     checked = []
 
@@ -87,10 +88,11 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         tokens = sum(r.prompt_len if id(r) in admitted else 1 for r in plan.active)
         # The pool gives each row the longest need, so the budget may cap the rows below `rows`, and says so;
         # it never has more rows than requests.
-        pool_rows = max(1, min(rows, len(output_lens), kv_budget // max(p + n - 1 for p, n in zip(prompts, output_lens))))
+        longest_need = max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True))
+        pool_rows = max(1, min(rows, len(output_lens), kv_budget // longest_need))
         assert scheduler.pool[0] == pool_rows
         if plan.round_number == 1:
-            assert plan.new_kv == (pool_rows, max(p + n - 1 for p, n in zip(prompts, output_lens)))
+            assert plan.new_kv == (pool_rows, longest_need)
             assert plan.kv_limited == (pool_rows < min(rows, len(output_lens)))  # the budget, not the queue
         assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= pool_rows
         if len(plan.active) < pool_rows:  # a free row: nobody waiting may fit it
@@ -114,10 +116,11 @@ def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, dat
     for policy in ("static", "continuous"):
         engine = Engine(model, None, batch_size=rows, policy=policy, round_token_budget=12)
         requests = [engine.make_request(i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True))
-                    for i, (p, n) in enumerate(zip(prompts, output_lens))]
+                    for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))]
         stats = engine.serve(requests)
         sim = simulate(output_lens, policy, rows, prompts, kv_budget=engine.kv_budget_positions, round_tokens=12)
-        assert [(r.first_round, r.finish_round) for r in requests] == [(r.first_round, r.finish_round) for r in sim.requests]
+        assert ([(r.first_round, r.finish_round) for r in requests]
+                == [(r.first_round, r.finish_round) for r in sim.requests])
         assert stats.active_rows_per_round == sim.scheduler.active_rows
         tokens_by_policy[policy] = [r.token_ids for r in requests]
     assert tokens_by_policy["static"] == tokens_by_policy["continuous"]  # the policy never changes a result

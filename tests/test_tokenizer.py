@@ -49,7 +49,8 @@ def reference_bpe():
     def bpe(word):
         parts = list(word)
         while len(parts) > 1:
-            pairs = [(ranks.get((a, b), float("inf")), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            pairs = [(ranks.get((a, b), float("inf")), i)  # adjacent pairs: parts[1:] is one shorter, by design
+                     for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False))]
             rank, i = min(pairs)
             if rank == float("inf"):
                 break

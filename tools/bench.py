@@ -181,10 +181,10 @@ def matrix(args) -> None:
         for _ in range(args.repeats):
             ours.append(run_child("minirt", name, args))
             theirs.append(run_child("transformers", name, args))
-        ratios = [a["rate"] / b["rate"] for a, b in zip(ours, theirs)]
+        ratios = [a["rate"] / b["rate"] for a, b in zip(ours, theirs, strict=True)]
         rate = statistics.median(a["rate"] for a in ours) / statistics.median(b["rate"] for b in theirs)
         rss = [statistics.median(r["peak_rss_mb"] for r in side) for side in (ours, theirs)]
-        same = sum(x == y for x, y in zip(ours[-1]["tokens"], theirs[-1]["tokens"]))
+        same = sum(x == y for x, y in zip(ours[-1]["tokens"], theirs[-1]["tokens"], strict=True))
         extra = ""
         if "logits_mb" in ours[-1]:
             extra = f"; minirt RSS above its logits {rss[0] - ours[-1]['logits_mb']:.0f} MB"
@@ -218,7 +218,7 @@ def decode_floor(args) -> None:
         model.forward(Batch(prompts, model.backend, slots=slots, past_lens=[0] * batch_size), cache)
         x = rng.standard_normal((batch_size, c.n_embd)).astype(model.dtype)
         times = {"step": [], "gemms": [], "old head": []}
-        for step in range(steps):
+        for _step in range(steps):
             for key in ("step", "gemms", "old head"):
                 model.head_weight = head_vc_t if key == "old head" else head_cv
                 start = time.perf_counter()

@@ -119,8 +119,8 @@ def make_checkpoint(args, folder: Path):
 def weight_bytes_per_step(config, dtype) -> int:
     """Bytes of weights a decode step reads: every block and the head (kept in fp32), not wte/wpe rows."""
     item = np.dtype(dtype).itemsize
-    C, I, V = config.n_embd, config.n_inner, config.vocab_size
-    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C) + 4 * C
+    C, n_inner, V = config.n_embd, config.n_inner, config.vocab_size
+    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * n_inner + n_inner) + (n_inner * C + C) + 4 * C
     return config.n_layer * per_block * item + V * C * 4 + 2 * C * item
 
 
@@ -138,7 +138,7 @@ def section_environment(args, deadline, state) -> dict:
     for name in ("torch", "transformers", "safetensors", "tokenizers"):
         try:
             out[name] = __import__(name).__version__
-        except Exception as exc:  # report, don't fail
+        except Exception as exc:  # noqa: BLE001 (report any failure to import, don't fail)
             out[name] = f"not importable ({type(exc).__name__})"
     x = np.linspace(-6, 6, 4097, dtype=np.float32)
     if args.backend == "cupy":
@@ -168,7 +168,8 @@ def section_correctness(args, deadline, state) -> dict:
     if args.backend == "cupy":
         budget = max(30, min(240, deadline.left() - 200))
         try:
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider"],
+            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py",
+                                  "-p", "no:cacheprovider"],
                                  cwd=ROOT, capture_output=True, text=True, timeout=budget,
                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
             out["gpu_property_tests"] = {"exit_code": run.returncode, "tail": run.stdout.strip().splitlines()[-3:],
@@ -336,13 +337,15 @@ def summary_table(results) -> str:
     floor = results["sections"].get("floor", {})
     if isinstance(timing, dict):
         lines.append("")
-        lines.append(f"{'dtype':8s} {'batch':>5s} {'minirt tok/s':>13s} {'transformers':>13s} {'ratio':>6s} {'floor frac':>10s}")
+        lines.append(f"{'dtype':8s} {'batch':>5s} {'minirt tok/s':>13s} {'transformers':>13s} {'ratio':>6s} "
+                     f"{'floor frac':>10s}")
         for key, row in timing.items():
             if not isinstance(row, dict) or "minirt" not in row:
                 continue
             dtype, batch = key.split("_batch")
             theirs = row.get("transformers", {}).get("tokens_per_s", float("nan"))
-            frac = floor.get(key, {}).get("fraction_of_floor", float("nan")) if isinstance(floor, dict) else float("nan")
+            frac = (floor.get(key, {}).get("fraction_of_floor", float("nan")) if isinstance(floor, dict)
+                    else float("nan"))
             lines.append(f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
                          f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}")
     return "\n".join(lines)
@@ -361,7 +364,7 @@ def main(argv=None) -> int:
                 start = time.perf_counter()
                 try:
                     results["sections"][name] = SECTIONS[name](args, deadline, state)
-                except Exception as exc:  # keep going: later sections may still run
+                except Exception as exc:  # noqa: BLE001 (record any failure and go on: later sections may still run)
                     results["sections"][name] = {"error": f"{type(exc).__name__}: {exc}"}
                 if isinstance(results["sections"][name], dict):
                     results["sections"][name].pop("partial", None)

@@ -270,7 +270,7 @@ def cmd_compare(args) -> int:
     print("| workload | llama.cpp | minirt | minirt/llama.cpp |")
     print("|---|---|---|---|")
     for name, (theirs_all, ours_all) in rows.items():
-        ratios = [o / t for o, t in zip(ours_all, theirs_all)]  # each pair measured back to back
+        ratios = [o / t for o, t in zip(ours_all, theirs_all, strict=True)]  # each pair measured back to back
         print(f"| {name} | {summary(theirs_all)} | {summary(ours_all)} | "
               f"{statistics.median(ours_all) / statistics.median(theirs_all):.2f}x "
               f"({min(ratios):.2f}-{max(ratios):.2f}) |")

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference import build_model, reference_greedy, reference_logits, round_weights, save_checkpoint  # noqa: E402
+from reference import build_model, reference_greedy, reference_logits, round_weights, save_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -56,7 +56,8 @@ FIXTURE_SPECS = {
 
 def sequences_for(vocab_size: int, n_positions: int, rng: np.random.Generator) -> list[list[int]]:
     """Sequences of different lengths: the full context, a single token, and some in between."""
-    lengths = sorted({n_positions, 1, max(1, n_positions // 2), max(1, n_positions // 3), min(5, n_positions)}, reverse=True)
+    lengths = sorted({n_positions, 1, max(1, n_positions // 2), max(1, n_positions // 3), min(5, n_positions)},
+                     reverse=True)
     rng.shuffle(lengths)
     return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
 
@@ -72,7 +73,7 @@ def make_fixture(name: str, out_dir: Path) -> dict[str, np.ndarray]:
     arrays["logits"] = reference_logits(model, sequences)
     if cfg.n_positions >= GREEDY_STEPS + 8:
         found = 0
-        for attempt in range(50):  # draw prompts until two have no near-tie in 32 steps
+        for _attempt in range(50):  # draw prompts until two have no near-tie in 32 steps
             prompt = rng.integers(0, cfg.vocab_size, size=int(rng.integers(1, 8))).tolist()
             tokens, margins = reference_greedy(model, prompt, GREEDY_STEPS)
             if min(margins) >= MIN_MARGIN:
@@ -91,7 +92,8 @@ def make_fixture(name: str, out_dir: Path) -> dict[str, np.ndarray]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                       epilog="example: python tools/make_fixtures.py --only base odd_heads")
-    parser.add_argument("--check", action="store_true", help="recompute into a temporary folder and compare with the committed fixtures")
+    parser.add_argument("--check", action="store_true",
+                        help="recompute into a temporary folder and compare with the committed fixtures")
     parser.add_argument("--only", nargs="+", choices=sorted(FIXTURE_SPECS), help="make just these fixtures")
     args = parser.parse_args()
     names = args.only or list(FIXTURE_SPECS)
@@ -112,7 +114,8 @@ def main() -> int:
         arrays = make_fixture(name, target)
         size = sum(p.stat().st_size for p in target.iterdir())
         greedy = sum(1 for k in arrays if k.startswith("greedy_"))
-        print(f"{name:32s} {size / 1024:7.1f} KiB  {len([k for k in arrays if k.startswith('seq_')])} sequences, {greedy} greedy prompts")
+        print(f"{name:32s} {size / 1024:7.1f} KiB  {len([k for k in arrays if k.startswith('seq_')])} sequences, "
+              f"{greedy} greedy prompts")
     return 0
 
 

@@ -150,5 +150,6 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3 or sys.argv[1] != "make-124m":
-        raise SystemExit("usage: python tools/reference.py make-124m FOLDER   (a random-weight gpt2-124M with GPT-2's vocabulary)")
+        raise SystemExit("usage: python tools/reference.py make-124m FOLDER   "
+                         "(a random-weight gpt2-124M with GPT-2's vocabulary)")
     print(f"wrote {make_gpt2_124m(Path(sys.argv[2]))}")

@@ -63,7 +63,8 @@ def run_case(out_dir: Path, work: Path, name: str, argv: list[str], stdin: str |
         if f.endswith(".json"):
             content = json.dumps({k: v for k, v in json.loads(content).items() if k != "seconds"}) + "\n"
         parts += [f"--- file {f}", content]
-    (out_dir / f"{name}.txt").write_text("\n".join(parts).replace(str(work), "{work}").replace(str(ROOT), "{root}"), encoding="utf-8")
+    (out_dir / f"{name}.txt").write_text("\n".join(parts).replace(str(work), "{work}").replace(str(ROOT), "{root}"),
+                                         encoding="utf-8")
     print(f"{name}: exit {result.returncode}", file=sys.stderr)
 
 
@@ -81,10 +82,12 @@ def fixture_prompts(name: str) -> list[list[int]]:
 def shipped_cases(out: Path, work: Path) -> None:
     g = ["minirt.generate", "--backend", "numpy"]
     run_case(out, work, "shipped_default_txt", g + ["--prompts", "examples/prompts.txt"])
-    run_case(out, work, "shipped_jsonl_records", g + ["--prompts", "examples/prompts.jsonl", "--output", "{work}/o.jsonl",
-                                                "--logprobs", "--trace"], files=("o.jsonl",))
-    run_case(out, work, "shipped_jsonl_continuous", g + ["--prompts", "examples/prompts.jsonl", "--policy", "continuous",
-                                                   "--batch-size", "3", "--trace", "--output", "{work}/o.jsonl"],
+    run_case(out, work, "shipped_jsonl_records", g + ["--prompts", "examples/prompts.jsonl",
+                                                     "--output", "{work}/o.jsonl", "--logprobs", "--trace"],
+             files=("o.jsonl",))
+    run_case(out, work, "shipped_jsonl_continuous", g + ["--prompts", "examples/prompts.jsonl",
+                                                        "--policy", "continuous", "--batch-size", "3", "--trace",
+                                                        "--output", "{work}/o.jsonl"],
              files=("o.jsonl",))
     run_case(out, work, "shipped_mixed_greedy", g + ["--prompts", "examples/mixed_lengths.jsonl", "--batch-size", "4",
                                                "--ignore-eos", "--temperature", "0", "--trace", "--output",
@@ -113,9 +116,9 @@ def shipped_cases(out: Path, work: Path) -> None:
         f.write("{not json\n[1, 2]\n")
     run_case(out, work, "shipped_bad_lines", g + ["--prompts", bad, "--output", "{work}/o.jsonl", "--logprobs",
                                             "--max-new-tokens", "8"], files=("o.jsonl",))
-    run_case(out, work, "shipped_stop_flags", g + ["--prompts", "examples/prompts.txt", "--stop", "\\n", "--stop", "the",
-                                             "--stop-token-id", "5", "--top-p", "0.9", "--seed", "5",
-                                             "--max-new-tokens", "30"])
+    run_case(out, work, "shipped_stop_flags", g + ["--prompts", "examples/prompts.txt", "--stop", "\\n",
+                                                  "--stop", "the", "--stop-token-id", "5", "--top-p", "0.9",
+                                                  "--seed", "5", "--max-new-tokens", "30"])
     run_case(out, work, "shipped_stdin_jsonl", g + ["--prompts", "-", "--max-new-tokens", "6", "--temperature", "0"],
              stdin='{"prompt": "HAMLET."}\n{"prompt": "OTHELLO.", "id": "o"}\n')
     run_case(out, work, "shipped_stdin_txt", g + ["--prompts", "-", "--max-new-tokens", "6", "--top-k", "3"],
@@ -142,8 +145,8 @@ def fixture_cases(out: Path, work: Path) -> None:
              "--ignore-eos", "--output", "{work}/o.jsonl"]
         run_case(out, work, f"fixture_{name}_static", g + ["--batch-size", "3", "--logprobs", "--trace"],
                  files=("o.jsonl",))
-        run_case(out, work, f"fixture_{name}_continuous", g + ["--batch-size", "4", "--policy", "continuous", "--trace"],
-                 files=("o.jsonl",))
+        run_case(out, work, f"fixture_{name}_continuous",
+                 g + ["--batch-size", "4", "--policy", "continuous", "--trace"], files=("o.jsonl",))
         greedy = write_jsonl(work / f"{name}_greedy.jsonl",
                              [{"prompt": p, "max_new_tokens": 32} for p in prompts])
         run_case(out, work, f"fixture_{name}_greedy32", ["minirt.generate", "--backend", "numpy", "--model",
@@ -154,7 +157,7 @@ def fixture_cases(out: Path, work: Path) -> None:
 
 def tiny_cases(out: Path, work: Path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
-    from tiny_random_model import write_tiny_lm  # noqa: PLC0415
+    from tiny_random_model import write_tiny_lm
 
     tiny = write_tiny_lm(work / "tiny")
     rows = [{"prompt": "To be, or not", "max_new_tokens": 24, "stop": ["the", "zz"]},
@@ -166,33 +169,37 @@ def tiny_cases(out: Path, work: Path) -> None:
             {"prompt": "x" * 300}]
     path = write_jsonl(work / "tiny.jsonl", rows)
     for policy in ("static", "continuous"):
-        run_case(out, work, f"tiny_{policy}", ["minirt.generate", "--backend", "numpy", "--model", str(tiny), "--prompts",
-                                         path, "--batch-size", "2", "--policy", policy, "--logprobs", "--trace",
-                                         "--output", "{work}/o.jsonl"], files=("o.jsonl",))
+        run_case(out, work, f"tiny_{policy}", ["minirt.generate", "--backend", "numpy", "--model", str(tiny),
+                                              "--prompts", path, "--batch-size", "2", "--policy", policy,
+                                              "--logprobs", "--trace", "--output", "{work}/o.jsonl"],
+                 files=("o.jsonl",))
     run_case(out, work, "tiny_eos_stops", ["minirt.generate", "--backend", "numpy", "--model", str(tiny), "--prompts",
                                      path, "--batch-size", "3", "--temperature", "1.5", "--max-new-tokens", "40",
                                      "--output", "{work}/o.jsonl"], files=("o.jsonl",))
     text = work / "tiny.txt"
     text.write_text("Shall I compare thee to a summer's day? Thou art more lovely. " * 12, encoding="utf-8")
-    run_case(out, work, "tiny_evaluate", ["minirt.evaluate", "--backend", "numpy", "--model", str(tiny), "--text", str(text),
-                                    "--stride", "20"])
-    run_case(out, work, "tiny_inspect", ["minirt.inspect", str(tiny), "--prompt", "To be", "--prompt", "", "--ids", "1,2",
-                                   "--top-k", "4"])
+    run_case(out, work, "tiny_evaluate", ["minirt.evaluate", "--backend", "numpy", "--model", str(tiny),
+                                         "--text", str(text), "--stride", "20"])
+    run_case(out, work, "tiny_inspect", ["minirt.inspect", str(tiny), "--prompt", "To be", "--prompt", "",
+                                        "--ids", "1,2", "--top-k", "4"])
 
 
 def rounds_cases(out: Path, work: Path) -> None:
     r = ["minirt.rounds"]
     run_case(out, work, "rounds_seed_text", r + ["--lengths", "2,5,8,4", "--batch-size", "3"])
     run_case(out, work, "rounds_seed_json", r + ["--lengths", "2,5,8,4", "--batch-size", "3", "--json"])
-    run_case(out, work, "rounds_prompts_budgets", r + ["--lengths", "2,5,8,4,9,1,3", "--prompt-lengths", "3,9,1,4,6,2,8",
-                                                 "--batch-size", "3", "--kv-budget", "30", "--max-round-tokens", "12"])
+    run_case(out, work, "rounds_prompts_budgets", r + ["--lengths", "2,5,8,4,9,1,3",
+                                                      "--prompt-lengths", "3,9,1,4,6,2,8", "--batch-size", "3",
+                                                      "--kv-budget", "30", "--max-round-tokens", "12"])
     run_case(out, work, "rounds_prompts_budgets_json", r + ["--lengths", "2,5,8,4,9,1,3", "--prompt-lengths",
                                                       "3,9,1,4,6,2,8", "--batch-size", "4", "--kv-budget", "25",
                                                       "--json"])
     run_case(out, work, "rounds_workload_text", r + ["--workload", "200", "--seed", "0", "--batch-sizes", "4,8,16"])
-    run_case(out, work, "rounds_workload_json", r + ["--workload", "60", "--seed", "3", "--batch-sizes", "2,5", "--json"])
-    run_case(out, work, "rounds_workload_svg", r + ["--workload", "40", "--seed", "0", "--batch-sizes", "8", "--svg",
-                                              "{work}/w.svg"], files=("w.svg",))
+    run_case(out, work, "rounds_workload_json",
+             r + ["--workload", "60", "--seed", "3", "--batch-sizes", "2,5", "--json"])
+    run_case(out, work, "rounds_workload_svg",
+             r + ["--workload", "40", "--seed", "0", "--batch-sizes", "8", "--svg", "{work}/w.svg"],
+             files=("w.svg",))
     run_case(out, work, "rounds_seed_svg", r + ["--lengths", "2,5,8,4", "--batch-size", "3", "--svg", "{work}/s.svg"],
              files=("s.svg",))
     run_case(out, work, "rounds_error", r + ["--lengths", "2,0"])
@@ -205,17 +212,18 @@ def evaluate_inspect_cases(out: Path, work: Path) -> None:
     run_case(out, work, "shipped_inspect", ["minirt.inspect", "weights/shakespeare-gpt2-tiny", "--prompt", "ROMEO:",
                                       "--prompt", "To be", "--top-k", "5"])
     for name in ("base", "sharded", "untied_head"):
-        run_case(out, work, f"fixture_{name}_inspect", ["minirt.inspect", str(FIXTURES / name), "--ids", "1,2,3", "--ids",
-                                                  "4"])
+        run_case(out, work, f"fixture_{name}_inspect",
+                 ["minirt.inspect", str(FIXTURES / name), "--ids", "1,2,3", "--ids", "4"])
 
 
 def gpt2_124m_case(out: Path, work: Path) -> None:
     folder = work / "gpt2-124m-random"
     subprocess.run([sys.executable, "tools/reference.py", "make-124m", str(folder)], cwd=ROOT, check=True,
                    capture_output=True)
-    run_case(out, work, "gpt2_124m_mixed", ["minirt.generate", "--backend", "numpy", "--model", str(folder), "--prompts",
-                                      "examples/mixed_lengths.jsonl", "--batch-size", "4", "--ignore-eos", "--trace",
-                                      "--output", "{work}/o.jsonl"], files=("o.jsonl",))
+    run_case(out, work, "gpt2_124m_mixed", ["minirt.generate", "--backend", "numpy", "--model", str(folder),
+                                           "--prompts", "examples/mixed_lengths.jsonl", "--batch-size", "4",
+                                           "--ignore-eos", "--trace", "--output", "{work}/o.jsonl"],
+             files=("o.jsonl",))
 
 
 def main(argv: list[str] | None = None) -> int:

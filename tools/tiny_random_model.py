@@ -19,8 +19,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minirt.checkpoint import expected_shapes  # noqa: E402
-from minirt.config import GPT2Config  # noqa: E402
+from minirt.checkpoint import expected_shapes  # noqa: E402 (after the sys.path insert above)
+from minirt.config import GPT2Config  # noqa: E402 (after the sys.path insert above)
 
 CORPUS = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "
@@ -70,7 +70,8 @@ def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_targ
     tok.save(str(folder / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": tok.get_vocab_size(),
-              "n_positions": n_positions, "n_embd": 32, "n_layer": 2, "n_head": 4, "bos_token_id": eos, "eos_token_id": eos}
+              "n_positions": n_positions, "n_embd": 32, "n_layer": 2, "n_head": 4, "bos_token_id": eos,
+              "eos_token_id": eos}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = random_tensors(GPT2Config.from_dict(config), seed)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

@@ -161,7 +161,8 @@ def train(args) -> int:
     splits = {name: split_work(text) for name, text in works.items()}
     train_texts = [t for t, _ in splits.values()]
     val_texts = [v for _, v in splits.values()]
-    log(f"corpus: {len(works)} works, {sum(map(len, train_texts)):,} training and {sum(map(len, val_texts)):,} validation characters")
+    log(f"corpus: {len(works)} works, {sum(map(len, train_texts)):,} training and "
+        f"{sum(map(len, val_texts)):,} validation characters")
 
     tok = train_tokenizer(train_texts, MODEL["vocab_size"])
     eot = tok.token_to_id(EOT)
@@ -208,8 +209,10 @@ def train(args) -> int:
             val = sliding_window_loss(model, val_ids, window, window // 2)
             elapsed = time.time() - train_start
             rate = (step + 1) * args.batch * window / elapsed
-            history.append({"step": step + 1, "train_loss": float(np.mean(recent)), "val_loss": val, "minutes": elapsed / 60})
-            log(f"step {step + 1}/{args.steps}  train {np.mean(recent):.3f}  val {val:.3f}  {rate:,.0f} tok/s  {elapsed / 60:.1f} min")
+            history.append({"step": step + 1, "train_loss": float(np.mean(recent)), "val_loss": val,
+                            "minutes": elapsed / 60})
+            log(f"step {step + 1}/{args.steps}  train {np.mean(recent):.3f}  val {val:.3f}  {rate:,.0f} tok/s  "
+                f"{elapsed / 60:.1f} min")
             recent = []
     train_minutes = (time.time() - train_start) / 60
 
@@ -241,8 +244,9 @@ def train(args) -> int:
         "n_params": n_params, "works": len(works), "train_tokens": int(len(train_ids)), "val_tokens": int(len(val_ids)),
         "final_train_loss": final_train, "final_val_loss": final_val, "train_minutes": train_minutes,
         "total_minutes": total_minutes, "history": history, "args": vars(args),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__, "numpy": np.__version__},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+                     "numpy": np.__version__},
         "hardware": hardware(),
     }
     (workdir / "train_facts.json").write_text(json.dumps(facts, indent=2) + "\n")
@@ -274,10 +278,17 @@ def samples(out: Path) -> list[tuple[str, str]]:
 
 
 def write_model_card(out: Path, facts: dict) -> None:
-    rows = "\n".join(f"| {h['step']} | {h['train_loss']:.3f} | {h['val_loss']:.3f} | {h['minutes']:.1f} |" for h in facts["history"])
+    rows = "\n".join(f"| {h['step']} | {h['train_loss']:.3f} | {h['val_loss']:.3f} | {h['minutes']:.1f} |"
+                     for h in facts["history"])
     shown = "\n\n".join(f"**Prompt** `{json.dumps(p)}`\n\n```\n{p}{t}\n```" for p, t in samples(out))
     v = facts["versions"]
     a = facts["args"]
+    # Pieces of lines too long for the template below (a table row or a list item must stay on one line).
+    config_what = (f"GPT-2 config: {MODEL['n_layer']} layers, width {MODEL['n_embd']}, {MODEL['n_head']} heads, "
+                   f"{MODEL['n_positions']} positions, vocabulary {MODEL['vocab_size']}")
+    model_shape = "GPT2Config(n_layer=4, n_embd=192, n_head=4, n_positions=256, vocab_size=4096)"
+    seen = a['steps'] * a['batch'] * 256  # training tokens seen
+    train_loss = facts['final_train_loss']
     card = f"""# shakespeare-gpt2-tiny
 
 A {facts['n_params'] / 1e6:.1f} M-parameter GPT-2 (`GPT2LMHeadModel` layout) trained from scratch on
@@ -289,7 +300,7 @@ it does not make much sense. It is a teaching model, not a useful one.
 
 | file | what |
 |---|---|
-| `config.json` | GPT-2 config: {MODEL['n_layer']} layers, width {MODEL['n_embd']}, {MODEL['n_head']} heads, {MODEL['n_positions']} positions, vocabulary {MODEL['vocab_size']} |
+| `config.json` | {config_what} |
 | `model.safetensors` | fp32 weights, head tied to `wte` |
 | `tokenizer.json` | byte-level BPE, {MODEL['vocab_size']} tokens, `<|endoftext|>` (id 0) is BOS and EOS |
 | `generation_config.json` | sampling defaults: temperature 0.8, top-k 40, 100 new tokens |
@@ -308,18 +319,18 @@ minirt.
 ## Recipe
 
 - Tokenizer: byte-level BPE trained with `tokenizers` on the training split only, 4,096 tokens.
-- Model: `GPT2Config(n_layer=4, n_embd=192, n_head=4, n_positions=256, vocab_size=4096)`, dropout {a['dropout']}, tanh GELU.
+- Model: `{model_shape}`, dropout {a['dropout']}, tanh GELU.
 - Optimiser: AdamW (betas 0.9, 0.95, weight decay {a['weight_decay']} on matrices), peak learning rate {a['lr']},
   {a['warmup']} warmup steps, cosine decay to 10%, gradient clipping at 1.0.
-- {a['steps']} steps of {a['batch']} random windows of 256 tokens ({a['steps'] * a['batch'] * 256 / 1e6:.1f} M tokens, about
-  {a['steps'] * a['batch'] * 256 / facts['train_tokens']:.1f} passes over the training split), seed {a['seed']}.
+- {a['steps']} steps of {a['batch']} random windows of 256 tokens ({seen / 1e6:.1f} M tokens, about
+  {seen / facts['train_tokens']:.1f} passes over the training split), seed {a['seed']}.
 - Command, from the repository root: `{facts['command']}`
 
 ## Results
 
 | | loss (nats/token) | perplexity |
 |---|---|---|
-| training (a {64 * 256:,}-token sample of the training split) | {facts['final_train_loss']:.4f} | {math.exp(facts['final_train_loss']):.1f} |
+| training (a {64 * 256:,}-token sample of the training split) | {train_loss:.4f} | {math.exp(train_loss):.1f} |
 | **validation** (`validation.txt`) | **{facts['final_val_loss']:.4f}** | **{math.exp(facts['final_val_loss']):.1f}** |
 
 Both are mean next-token losses with a sliding window of 256 tokens and stride 128, the definition

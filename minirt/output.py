@@ -1,0 +1,90 @@
+"""What a caller gets back: each request's result, and each token as it is produced.
+
+Owns: the public, read-only shape of a result (`RequestOutput`, what `LLM.generate` returns and what one line
+of `--output` holds, field for field) and of a streamed token (`TokenEvent`, what `LLM.generate(on_token=...)`
+hands out).  Both are made from a `Request`, the runtime's own working record, which callers never see.
+
+Must not know: how requests are served, files or command-line flags.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .request import Request, unshown_text
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One request's final result, as `LLM.generate` returns it (in input order)."""
+
+    index: int  # its position in the input, 0-based
+    id: str  # the id it was given, or its index as a string
+    prompt: str | None  # the prompt text; a token-id prompt's decoded text; None without a tokenizer
+    prompt_token_ids: list[int]  # what the model was fed first (BOS alone for an empty prompt; [] if refused)
+    text: str | None  # the completion (without an EOS's text, cut before a stop string); None without a tokenizer
+    token_ids: list[int]  # every token produced, in order (an EOS or stop token included)
+    finish_reason: str  # "stop" (EOS, stop token or stop string), "length" (max_new_tokens or context), "error"
+    error: str | None  # why it failed, in one line; None when it did not
+    logprobs: list[float] | None  # each token's log-probability under the raw model, when asked for; else None
+    group: int | None  # the static group that served it (1-based); None under continuous batching, or if refused
+    first_round: int | None  # the round that gave its first token (its prefill); None if it never ran
+    finish_round: int | None  # the round that gave its last token
+    rounds_waited: int | None  # rounds that ran before its first
+
+    @property
+    def ok(self) -> bool:
+        """True unless the request failed (its `error` says why)."""
+        return self.error is None
+
+    @classmethod
+    def from_request(cls, request: Request, tokenizer: Tokenizer | None = None) -> RequestOutput:
+        """The result of a finished request; a token-id prompt gets its text decoded when a tokenizer is given."""
+        assert request.finish_reason is not None, "only a finished request has a result"
+        return cls(index=request.index, id=request.id, prompt=prompt_text(request, tokenizer),
+                   prompt_token_ids=list(request.prompt_ids), text=request.text, token_ids=list(request.token_ids),
+                   finish_reason=request.finish_reason, error=request.error,
+                   logprobs=list(request.logprobs) if request.want_logprobs else None, group=request.group,
+                   first_round=request.first_round, finish_round=request.finish_round,
+                   rounds_waited=request.rounds_waited)
+
+    def record(self, prompt_was_ids: bool = False) -> dict:
+        """The JSON-ready line of `--output`: these fields, `prompt_tokens` (None for a refused request), and
+        `prompt_token_ids` only for a prompt given as token ids; logprobs only when asked for, rounded to 6
+        places, a -inf (a token the raw model gave probability 0) as null, as strict JSON needs."""
+        out: dict = {"index": self.index, "id": self.id, "prompt": self.prompt, "text": self.text,
+                     "token_ids": self.token_ids, "finish_reason": self.finish_reason, "group": self.group,
+                     "rounds_waited": self.rounds_waited, "first_round": self.first_round,
+                     "finish_round": self.finish_round,
+                     "prompt_tokens": len(self.prompt_token_ids) if self.ok else None, "error": self.error}
+        if prompt_was_ids:
+            out["prompt_token_ids"] = self.prompt_token_ids
+        if self.logprobs is not None:
+            out["logprobs"] = [round(lp, 6) if math.isfinite(lp) else None for lp in self.logprobs]
+        return out
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One token of one request, the moment it is produced (`LLM.generate(..., on_token=...)`)."""
+
+    index: int  # which request (its position in the input)
+    id: str
+    token_id: int  # the token just produced
+    text: str  # new text that is now final: "" while a character is incomplete or a stop string may still cut it
+    finish_reason: str | None  # None while the request runs; its final reason on its last token
+
+    @classmethod
+    def from_request(cls, request: Request) -> TokenEvent:
+        """The event for the token just appended; takes the request's text not yet handed out (`unshown_text`)."""
+        return cls(index=request.index, id=request.id, token_id=request.token_ids[-1], text=unshown_text(request),
+                   finish_reason=request.finish_reason)
+
+
+def prompt_text(request: Request, tokenizer: Tokenizer | None) -> str | None:
+    """The prompt as text: as given, or a token-id prompt decoded (None when there is no tokenizer, or no valid ids)."""
+    if request.prompt is not None or tokenizer is None or not request.prompt_ids:
+        return request.prompt
+    return tokenizer.decode(request.prompt_ids)
