@@ -47,6 +47,7 @@ EPILOG = r"""
 examples:
   python -m minirt.generate --prompts prompts.txt
   python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-new-tokens 30
+  python -m minirt.generate --prompts prompts.txt --stream      # each completion as its tokens come
   python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
   python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
   python -m minirt.generate --model /path/to/gpt2-folder --prompts - --temperature 0.8 --top-p 0.95 --seed 1
@@ -56,15 +57,13 @@ prompts files:
   .txt    one prompt per line; write a newline inside a prompt as \n, a tab as \t,
           a backslash as \\; blank lines are skipped
   .jsonl  one object per line: {"prompt": "...", "id": "q1", "max_new_tokens": 20, "stop": ["\n"]}
-          any sampling field may be set per request: max_new_tokens, temperature,
-          top_k, top_p, seed, stop, stop_token_ids, ignore_eos; "prompt" may be a
-          list of token ids: {"prompt": [464, 3290, 318]}
+          any sampling field may be set per request: max_new_tokens, temperature, top_k, top_p,
+          seed, stop, stop_token_ids, ignore_eos; "prompt" may be token ids: {"prompt": [464, 318]}
   -       standard input (JSONL if the first line starts with "{", text otherwise)
-  a bad line (invalid JSON or UTF-8, an unknown field or bad value, over 1 MiB) fails alone
+  a line ends at \n (or \r\n); a bad line (not JSON or UTF-8, a bad field, over 1 MiB) fails alone
 
-sampling defaults: the model folder's generation_config.json (the shipped model's samples:
-temperature 0.8, top-k 40, 100 new tokens), else greedy (temperature 0) and 64 new tokens;
-flags override those, and a JSONL line's own fields override the flags for that request.
+sampling defaults: the model folder's generation_config.json (the flags above show the shipped model's),
+else greedy and 64 new tokens; flags override those, and a JSONL line's own fields override the flags.
 
 exit status:
   0    every request succeeded
@@ -142,6 +141,8 @@ def add_output_flags(o) -> None:
     o.add_argument("--logprobs", action="store_true", help="add each chosen token's log-probability to the records")
     o.add_argument("--trace", action="store_true",
                    help="print the round grid on standard error (each static group's, or the continuous run's)")
+    o.add_argument("--stream", action=argparse.BooleanOptionalAction, help="show each completion as its tokens "
+                   "come, in input order (default: only a single prompt, on a terminal)")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--quiet", action="store_true",
                    help="print no completions on standard output (records still go to --output)")
@@ -149,12 +150,10 @@ def add_output_flags(o) -> None:
 
 def flag_overrides(args) -> dict:
     """Sampling fields given on the command line."""
-    given = {
-        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-        "top_p": args.top_p, "ignore_eos": args.ignore_eos,
-        "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
-        "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
-    }
+    given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+             "top_p": args.top_p, "ignore_eos": args.ignore_eos,
+             "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
+             "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -208,7 +207,7 @@ def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingP
 def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> RunStats | KeyboardInterrupt:
     """Serve the requests, writing each record as soon as the input order allows.  If Ctrl-C or SIGTERM
     stops the run, every record already final is written and the interruption is returned."""
-    progress = Progress(len(requests), enabled=not args.no_progress and sys.stderr.isatty())
+    progress = Progress(len(requests), enabled=not (args.no_progress or output.stream) and sys.stderr.isatty())
 
     def on_group_end(group, waiting):
         if args.trace:
@@ -217,7 +216,7 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> Run
 
     try:
         stats = llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
-                          on_group_end=on_group_end)
+                          on_group_end=on_group_end, on_token=output.token)
         progress.update(stats, output.done, force=True)  # the final state (the last records come after the last round)
         return stats
     except KeyboardInterrupt as interruption:
@@ -267,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             if records is not None:
                 records.discard()  # the run never started: an existing --output stays as it was
             raise
+        stream = args.stream if args.stream is not None else len(requests) == 1 and sys.stdout.isatty()
         output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, records, color=sys.stdout.isatty(),
-                               hold=signals.held, tokenizer=llm.tokenizer)
+                               hold=signals.held, tokenizer=llm.tokenizer, stream=stream)
         stats = None
         try:
             stats = serve(llm, requests, args, output)

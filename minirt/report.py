@@ -27,7 +27,7 @@ from .errors import OutputError
 from .engine import RunStats
 from .output import RequestOutput, prompt_text
 from .scheduler import GroupRecord
-from .request import Request
+from .request import Request, unshown_text
 from .tokenizer import Tokenizer
 
 
@@ -41,28 +41,45 @@ def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
     return RequestOutput.from_request(request, tokenizer).record(prompt_was_ids=request.prompt is None)
 
 
+def block_header(request: Request) -> str:
+    """'### [3]: length, 12 new tokens, group 1, rounds 1-12', or '### [3]: error: why'."""
+    if request.error is not None:
+        return f"### {request_label(request)}: error: {request.error}"
+    group = "" if request.group is None else f"group {request.group}, "  # no groups under continuous batching
+    return (f"### {request_label(request)}: {request.finish_reason}, {len(request.token_ids)} new tokens, "
+            f"{group}rounds {request.first_round}-{request.finish_round}")
+
+
+def shown_prompt(request: Request, tokenizer: Tokenizer | None) -> str:
+    """The prompt as a completion follows it: its text, or its ids and an arrow when it has no text."""
+    prompt = prompt_text(request, tokenizer)
+    return f"{request.prompt_ids} -> " if prompt is None else prompt  # a token-id prompt, no tokenizer given
+
+
 def completion_block(request: Request, color: bool = False, tokenizer: Tokenizer | None = None) -> str:
     """One request, readably: a header line, then the prompt and its completion (bold on a terminal)."""
     if request.error is not None:
-        return f"### {request_label(request)}: error: {request.error}\n"
-    group = "" if request.group is None else f"group {request.group}, "  # no groups under continuous batching
-    header = (f"### {request_label(request)}: {request.finish_reason}, {len(request.token_ids)} new tokens, "
-              f"{group}rounds {request.first_round}-{request.finish_round}")
+        return block_header(request) + "\n"
     if request.text is None:  # no tokenizer: show ids
-        return f"{header}\n{request.prompt_ids} -> {request.token_ids}\n"
-    completion = f"\033[1m{request.text}\033[0m" if color else request.text
-    prompt = prompt_text(request, tokenizer)
-    prompt = f"{request.prompt_ids} -> " if prompt is None else prompt  # a token-id prompt, no tokenizer given
-    return f"{header}\n{prompt}{completion}\n"
+        return f"{block_header(request)}\n{request.prompt_ids} -> {request.token_ids}\n"
+    return f"{block_header(request)}\n{shown_prompt(request, tokenizer)}{bold(request.text, color)}\n"
+
+
+def bold(text: str, color: bool) -> str:
+    return f"\033[1m{text}\033[0m" if color and text else text
 
 
 class OrderedOutput:
     """Emits finished requests in input order, the moment the order allows: each completion to standard output,
     then its record to --output.  Only the record is written within `hold` (a signal waits until it is whole);
-    standard output never is, so that Ctrl-C and SIGTERM are not held off by a reader that does not read."""
+    standard output never is, so that Ctrl-C and SIGTERM are not held off by a reader that does not read.
+
+    With `stream`, the request whose turn it is shows its text as its tokens come (`token`), between a
+    '### [i]: streaming' line and its usual header line; the others wait for their turn, as without it."""
 
     def __init__(self, total: int, stdout: IO | None, jsonl: OutputFile | None, color: bool = False,
-                 hold: Callable[[], ContextManager] = nullcontext, tokenizer: Tokenizer | None = None):
+                 hold: Callable[[], ContextManager] = nullcontext, tokenizer: Tokenizer | None = None,
+                 stream: bool = False):
         self.total, self.color, self.hold, self.tokenizer = total, color, hold, tokenizer  # tokenizer: id prompts
         self.stdout, self.jsonl = stdout, jsonl
         self.ready: dict[int, Request] = {}  # final, and not yet written to --output
@@ -72,6 +89,16 @@ class OrderedOutput:
         self.last_shown = -1  # the index of the last of them
         self.showing = False  # still True after a signal cut a completion short
         self.stdout_failure: OutputError | None = None  # why standard output was given up, the run going on
+        self.stream, self.streaming = stream, -1  # the index of the request whose text is being streamed
+
+    def token(self, request: Request) -> None:
+        """A token was added: if the request's turn has come, its new final text goes to standard output now."""
+        if not self.stream or self.stdout is None or request.index != self.next_index or request.text is None:
+            return
+        start = "" if self.streaming == request.index else \
+            f"### {request_label(request)}: streaming\n{shown_prompt(request, self.tokenizer)}"
+        self.streaming = request.index
+        self._write(start + bold(unshown_text(request), self.color))
 
     def final(self, request: Request) -> None:
         self.ready[request.index] = request
@@ -86,10 +113,9 @@ class OrderedOutput:
                 self.next_index += 1
 
     def flush_out_of_order(self, finished: list[Request]) -> None:
-        """After an interruption: write every finished request not written yet (those the interruption kept
-        from reaching `final` too), even if an earlier request never finished: the records first, then the
-        completions not shown yet, unless the interruption cut one short (its reader may not be reading) or
-        a second one comes meanwhile."""
+        """After an interruption: write every finished request not written yet (those it kept from `final` too),
+        even if an earlier one never finished: the records, then the completions not shown yet, unless the
+        interruption cut one short (its reader may not be reading) or a second one comes meanwhile."""
         for request in finished:
             if request.index >= self.next_index and request.index not in self.ready:
                 self.ready[request.index] = request
@@ -101,6 +127,8 @@ class OrderedOutput:
             with self.hold():
                 for request in pending:
                     self._write_record(request)
+            if self.streaming == self.next_index and self.stdout is not None:  # a stream was cut short
+                self._write("\n")
             for request in pending:
                 if self.stdout is not None and request.index > self.last_shown:
                     self._show(request)
@@ -112,12 +140,21 @@ class OrderedOutput:
             self.jsonl.write(json.dumps(record(request, self.tokenizer), ensure_ascii=False, allow_nan=False) + "\n")
 
     def _show(self, request: Request) -> None:
-        """A completion on standard output.  If that fails (its reader has gone, a full disk), standard output
-        is given up, and the run stops unless --output still wants records."""
+        """A completion on standard output (the rest of it, if it was streamed)."""
+        if self.streaming == request.index:  # its text so far is out: the rest, then its header line
+            text = bold(unshown_text(request), self.color) + "\n" + block_header(request) + "\n\n"
+        else:
+            text = completion_block(request, self.color, self.tokenizer) + "\n"
+        if self._write(text):
+            self.shown, self.last_shown = self.shown + 1, request.index
+
+    def _write(self, text: str) -> bool:
+        """Write to standard output; False if that failed (its reader has gone, a full disk): standard output is
+        then given up, and the run stops unless --output still wants records."""
         self.showing = True
         assert self.stdout is not None  # only called while standard output is still wanted
         try:
-            self.stdout.write(completion_block(request, self.color, self.tokenizer) + "\n")
+            self.stdout.write(text)
             self.stdout.flush()
         except OSError as exc:
             self._drop_stdout()
@@ -127,9 +164,8 @@ class OrderedOutput:
                                         "record)") from None
             self.stdout_failure = stdout_error(exc, f"{told}; the run went on and --output {self.jsonl.path} "
                                                     "holds every record")
-        else:
-            self.shown, self.last_shown = self.shown + 1, request.index
         self.showing = False
+        return self.stdout is not None
 
     def _drop_stdout(self) -> None:
         """Write nothing more to standard output, and send what is still buffered for it nowhere."""
@@ -142,10 +178,8 @@ class Progress:
     """A progress bar on standard error, redrawn at most ten times a second."""
 
     def __init__(self, total: int, stream: IO = sys.stderr, enabled: bool = True, width: int = 24):
-        self.total, self.stream, self.width = total, stream, width
-        self.enabled = enabled
-        self.last_draw = 0.0
-        self.drawn = False
+        self.total, self.stream, self.width, self.enabled = total, stream, width, enabled
+        self.last_draw, self.drawn = 0.0, False
 
     def update(self, stats: RunStats, done: int, force: bool = False) -> None:
         if not self.enabled:

@@ -261,6 +261,20 @@ MUTANTS = [
     Mutant("tokenizer_size_not_checked", "minirt/tokenizer.py",
            "(n_tokens != vocab_size or top_id >= vocab_size)", "(n_tokens > vocab_size)",
            "a tokenizer smaller than the model, or with ids past it, loads"),
+    Mutant("stream_holds_nothing_back", "minirt/request.py",
+           "held_back = 0 if request.finished or not stops else", "held_back = 0 if True else",
+           "a stream shows text that a stop string completed later cuts away"),
+    Mutant("stream_holds_back_after_the_end", "minirt/request.py",
+           "held_back = 0 if request.finished or not stops else", "held_back = 0 if not stops else",
+           "a finished request's last characters never reach its stream"),
+    Mutant("no_token_events", "minirt/engine.py", "                on_token(request)\n", "",
+           "on_token is never called: nothing streams"),
+    Mutant("stream_shows_any_request", "minirt/report.py",
+           "or request.index != self.next_index or", "or",
+           "--stream interleaves the requests' text out of input order"),
+    Mutant("record_without_prompt_token_ids", "minirt/output.py",
+           "        if prompt_was_ids:\n", "        if False:\n",
+           "a token-id prompt's record loses its ids"),
 ]
 
 
