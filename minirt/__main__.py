@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         what = "a subcommand is missing" if not args else f"unknown subcommand {args[0]!r}"
         print(f"minirt: error: {what}; choose one of {', '.join(SUBCOMMANDS)} (minirt --help)", file=sys.stderr)
         return EXIT_USAGE
-    module = importlib.import_module(f"minirt.{args[0]}")
-    return run_command(module.main, args[1:], prog=f"minirt {args[0]}")
+    module, prog = importlib.import_module(f"minirt.{args[0]}"), f"minirt {args[0]}"
+    return run_command(lambda argv: module.main(argv, prog=prog), args[1:], prog=prog)  # its --help: `minirt X`
 
 
 def entry() -> None:

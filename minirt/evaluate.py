@@ -76,9 +76,9 @@ def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=No
     return total, count
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m minirt.evaluate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m minirt.evaluate",
+        prog=prog,
         description="Mean token loss and perplexity of a text under a GPT-2 model, computed by minirt's forward pass.",
         epilog="""examples:
   python -m minirt.evaluate --text weights/shakespeare-gpt2-tiny/validation.txt
@@ -114,8 +114,8 @@ def read_text(path: str) -> str:
         raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate") -> int:
+    args = build_parser(prog).parse_args(argv)
     text = read_text(args.text)
     llm = LLM(args.model or shipped_model_folder(), backend=args.backend, dtype=args.dtype)
     if llm.tokenizer is None:

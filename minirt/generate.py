@@ -78,9 +78,9 @@ exit status:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m minirt.generate",
+        prog=prog,
         description="Generate completions for a file of prompts with a GPT-2 model, served in static groups "
                     "(or with continuous batching, --policy continuous).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -172,9 +172,9 @@ def check_flags(args) -> None:
         raise MinirtError(f"--output {args.output} is the prompts file; write the records somewhere else")
 
 
-def parse_args(argv: list[str] | None):
+def parse_args(argv: list[str] | None, prog: str = "python -m minirt.generate"):
     """The flags, with every check that needs no model: a bad flag stops here, before anything is loaded."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     check_flags(args)
     args.overrides = flag_overrides(args)
     sampling_defaults(SamplingParams(), args.overrides)
@@ -252,9 +252,9 @@ def load(args, folder: Path) -> tuple[LLM, float]:
     return llm, load_seconds
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate") -> int:
     with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
-        args = parse_args(argv)
+        args = parse_args(argv, prog)
         entries = ([PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)] if args.prompt  # as given, or
                    else read_prompts(args.prompts, args.format))  # a bad prompts file stops here, before loading
         folder = model_folder(args)  # and an --output in the model folder

@@ -42,9 +42,9 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 5,6,7, got {text!r}") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m minirt.inspect",
+        prog=prog,
         description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token predictions "
                     "for prompts.",
         epilog=EXAMPLES,
@@ -69,8 +69,8 @@ def describe_token(tokenizer, token_id: int) -> str:
     return f"{tokenizer.decode([token_id])!r} ({token_id})"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") -> int:
+    args = build_parser(prog).parse_args(argv)
     require_at_least_one(args.top_k, "--top-k")
     dtype = resolve_dtype(args.dtype)
     start = time.perf_counter()

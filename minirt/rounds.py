@@ -201,9 +201,9 @@ def parse_lengths(text: str, flag: str, what: str = "length", cap: int | None = 
     return values
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m minirt.rounds") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m minirt.rounds",
+        prog=prog,
         description="Static groups and continuous batching on the same requests, counted in rounds (no model needed).",
         epilog="""examples:
   python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
@@ -235,8 +235,8 @@ python -m minirt.generate --policy static|continuous runs real requests through 
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)  # then the numbers are checked: a bad one is one line and exit 2
+def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -> int:
+    args = build_parser(prog).parse_args(argv)  # then the numbers are checked: a bad one is one line and exit 2
     for flag in ("--batch-size", "--kv-budget", "--max-round-tokens"):
         require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
     if args.seed < 0:
