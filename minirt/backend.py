@@ -67,6 +67,14 @@ class Backend:
             self.xp.cuda.get_current_stream().synchronize()
 
 
+def auto_backend() -> tuple[Backend, str]:
+    """CuPy when a usable GPU exists, else NumPy; and a note that says which."""
+    try:
+        return cupy_backend(), "backend auto: using cupy (a usable GPU was found)"
+    except BackendError:
+        return numpy_backend(), "backend auto: no usable GPU, using numpy on the CPU"
+
+
 def numpy_backend() -> Backend:
     return Backend(name="numpy", xp=np)
 
@@ -93,16 +101,14 @@ def cupy_backend() -> Backend:
     return Backend(name="cupy", xp=cupy)
 
 
-def get_backend(name: str = "numpy") -> tuple[Backend, str | None]:
-    """(backend, note or None): "auto" picks CuPy when a usable GPU exists, else NumPy, and its note says which."""
+def get_backend(name: str = "auto") -> tuple[Backend, str | None]:
+    """(backend, note or None): "auto" (the default everywhere) picks CuPy when a usable GPU exists, else NumPy,
+    and its note says which."""
     key = str(name).lower()
     if key == "numpy":
         return numpy_backend(), None
     if key == "cupy":
         return cupy_backend(), None
     if key == "auto":
-        try:
-            return cupy_backend(), "backend auto: using cupy (a usable GPU was found)"
-        except BackendError:
-            return numpy_backend(), "backend auto: no usable GPU, using numpy on the CPU"
+        return auto_backend()
     raise BackendError(f"unknown backend {name!r}: choose one of {', '.join(BACKEND_NAMES)}")

@@ -17,14 +17,14 @@ import time
 import numpy as np
 
 from .backend import BACKEND_NAMES, resolve_dtype
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, shipped_model_folder
 from .cli import EXIT_OK, add_version_flag, run_command
 from .errors import MinirtError, require_at_least_one
 from .llm import LLM
 from .sampling import log_softmax
 
 EXAMPLES = """examples:
-  python -m minirt.inspect weights/shakespeare-gpt2-tiny --prompt "ROMEO:" --top-k 5
+  python -m minirt.inspect --prompt "ROMEO:" --top-k 5            # the model shipped with minirt
   python -m minirt.inspect tests/fixtures/base --ids 5,6,7 --ids 9
   python -m minirt.inspect gpt2 --prompt "The capital of France is" --top-k 5
   python -m minirt.inspect /path/to/gpt2-folder --dtype float16
@@ -50,14 +50,16 @@ def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentPar
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", help="a model folder, or a hub id in the local Hugging Face cache")
+    parser.add_argument("model", nargs="?", help="a model folder, or a hub id in the local Hugging Face cache "
+                                                 "(default: the model shipped with minirt)")
     parser.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                         help="a prompt to score (repeatable; needs a tokenizer)")
     parser.add_argument("--ids", action="append", default=[], type=parse_ids, metavar="IDS",
                         help="a prompt as token ids, e.g. 5,6,7 (repeatable)")
     parser.add_argument("--top-k", type=int, default=5, metavar="K",
                         help="how many next tokens to show per prompt (default 5)")
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default="numpy", help="array backend (default numpy)")
+    parser.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
+                        help="array backend (default auto: cupy if a GPU is usable)")
     parser.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64")
     add_version_flag(parser)
     return parser
@@ -74,11 +76,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") 
     require_at_least_one(args.top_k, "--top-k")
     dtype = resolve_dtype(args.dtype)
     start = time.perf_counter()
-    checkpoint = load_checkpoint(args.model)
+    checkpoint = load_checkpoint(args.model or shipped_model_folder())
     llm = LLM(checkpoint, backend=args.backend, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
-    if llm.backend_note:
-        print(llm.backend_note, file=sys.stderr)
     describe(checkpoint, llm, dtype, load_seconds)
 
     prompts: list[tuple[str, list[int]]] = [(f"ids {ids}", ids) for ids in args.ids]

@@ -76,7 +76,7 @@ def check_prompts(prompts) -> list:
 class LLM:
     """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by default)."""
 
-    def __init__(self, model: str | Path | Checkpoint | None = None, backend: str = "numpy", dtype: str = "float32",
+    def __init__(self, model: str | Path | Checkpoint | None = None, backend: str = "auto", dtype: str = "float32",
                  batch_size: int = 8, kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0,
                  policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:

@@ -293,7 +293,7 @@ class GPT2:
         return batch.unpack_on_host(self.backend.to_numpy(logits))  # [B, T, V]
 
 
-def load_model(model: str | Path | Checkpoint, backend: str = "numpy", dtype: str = "float32") -> GPT2:
+def load_model(model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32") -> GPT2:
     """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend."""
     chosen, _note = get_backend(backend)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
+from minirt import backend as backend_module
 from minirt.backend import numpy_backend
 from minirt.batch import Batch
 from minirt.checkpoint import Checkpoint
@@ -120,6 +121,24 @@ def fake_hub_cache(root: Path, model: Path, repo_name: str = "models--someone--t
         shutil.copy(file, repo / "blobs" / f"blob-{file.name}")
         (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / f"blob-{file.name}")
     return repo, snapshot
+
+
+@pytest.fixture(autouse=True, scope="session")
+def auto_backend_is_numpy():
+    """`auto` is minirt's default backend, and on a GPU machine it would move every test that takes the default
+    onto CuPy.  The suite checks the reference backend, NumPy, so here `auto` keeps to it (with the note saying
+    why); the gpu tests name CuPy explicitly.  Where no GPU is usable, `auto` is left exactly as it is."""
+    real_auto = backend_module.auto_backend
+
+    def numpy_first():
+        chosen, note = real_auto()
+        if chosen.name == "numpy":
+            return chosen, note
+        return numpy_backend(), "backend auto: using numpy (the test suite keeps to the reference backend)"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend_module, "auto_backend", numpy_first)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -5,10 +5,14 @@ running its own module, which stays the documented entry point (`python -m minir
 
 import json
 import importlib
+from inspect import signature as inspect_signature
 import subprocess
 import sys
 
 import pytest
+
+import minirt
+from minirt import LLM
 
 from conftest import ROOT
 from minirt.__main__ import SUBCOMMANDS, main
@@ -76,3 +80,18 @@ def test_minirt_generate_is_python_dash_m_minirt_generate(tmp_path):
 def test_a_subcommands_errors_name_the_command_it_was_run_as(capsys):
     assert main(["generate", "--prompts", "/no/such/file.txt", "--backend", "numpy"]) == 2
     assert capsys.readouterr().err.startswith("minirt generate: error: prompts file /no/such/file.txt does not exist")
+
+
+def test_auto_is_the_default_backend_everywhere(tiny_lm):
+    """The API and every command pick CuPy when a GPU is usable and NumPy otherwise, unless told (issue #12)."""
+    assert LLM(tiny_lm).backend_note.startswith("backend auto:")  # the note only `auto` leaves
+    assert inspect_signature(minirt.load_model).parameters["backend"].default == "auto"
+    assert inspect_signature(minirt.get_backend).parameters["name"].default == "auto"
+    for name in ("generate", "evaluate", "inspect"):
+        assert importlib.import_module(f"minirt.{name}").build_parser().get_default("backend") == "auto", name
+
+
+def test_inspect_without_a_model_describes_the_shipped_one(capsys):
+    assert importlib.import_module("minirt.inspect").main(["--ids", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "shakespeare-gpt2-tiny" in out.splitlines()[0] and "most likely next tokens" in out
