@@ -1,14 +1,12 @@
 """What every minirt command shares: one-line errors, documented exit codes, signals and a closed standard output.
 
-Owns: `run_command`, which calls a command's main function and turns a
-MinirtError into one line on standard error (never a traceback), the exit
-codes below (each error in errors.py carries its own),
-`StopSignals` (Ctrl-C and SIGTERM as exceptions, held back while a record is
-being written), `OutputFile` (an output file that only a run that started
-replaces, and that never holds half a line), `writing_changes` (whether an
-output path could change a folder's files), and `mute_stdout`, `stdout_error`
-and `flush_stdout` (what to do once standard output's reader has gone, as in
-`| head`, or writing it fails, as on a full disk).
+Owns: `run_command`, which calls a command's main function and turns a MinirtError into one line on
+standard error (never a traceback), the exit codes below (each error in errors.py carries its own),
+`StopSignals` (Ctrl-C and SIGTERM as exceptions, held back while a record is being written), `OutputFile`
+(an output file that only a run that started replaces, and that never holds half a line), `writing_changes`
+(whether an output path could change a folder's files), `mute_stdout`, `stdout_error` and `flush_stdout`
+(what to do once standard output's reader has gone, as in `| head`, or writing it fails, as on a full
+disk), and `parse_kv_budget` (the one spelling of a KV budget).
 
 Must not know: what any particular command does.
 """
@@ -18,6 +16,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import shutil
 import signal
 import stat
@@ -240,13 +239,34 @@ def stdout_error(exc: OSError, told: str) -> OutputError:
 
 
 def flush_stdout() -> None:
-    """Flush standard output; if that fails, mute it (so that Python's own flush at exit does not fail again)
-    and raise the failure as one line."""
+    """Flush standard output; if that fails, mute it (so Python's flush at exit does not fail again), and raise."""
     try:
         sys.stdout.flush()
     except OSError as exc:
         mute_stdout()
         raise stdout_error(exc, "before everything was written") from None
+
+
+KV_BUDGET = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(tokens?|kib|mib|gib)?\s*", re.IGNORECASE)
+
+
+def parse_kv_budget(text: str, flag: str = "--kv-budget", tokens_only: bool = False) -> tuple[str, int]:
+    """--kv-budget in every command: tokens ('20000', '20000tokens': one token's keys and values in every layer)
+    as ('tokens', n), or memory ('512MiB', '1.5GiB', '64KiB') as ('bytes', n) unless `tokens_only`."""
+    match = KV_BUDGET.fullmatch(text)
+    if not match:
+        raise MinirtError(f"{flag}: expected a number of tokens (20000) or a memory size (512MiB, 2GiB), got {text!r}")
+    number, unit = float(match[1]), (match[2] or "tokens").lower()
+    if unit.startswith("token"):
+        if not number.is_integer() or number < 1:
+            raise MinirtError(f"{flag}: a number of tokens must be a whole number >= 1, got {text!r}")
+        return "tokens", int(number)
+    if tokens_only:  # no model to size a token by
+        raise MinirtError(f"{flag}: give a number of tokens (2048) here, not a memory size; got {text!r}")
+    size = int(number * {"kib": 2**10, "mib": 2**20, "gib": 2**30}[unit])
+    if not 0 < size < 2**60:
+        raise MinirtError(f"{flag}: a memory size must be above 0 and below 2**60 bytes, got {text!r}")
+    return "bytes", size
 
 
 def add_version_flag(parser) -> None:
@@ -271,7 +291,7 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None 
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except MemoryError:  # a model or batch bigger than this machine: one line, not a traceback
-        print(f"{prog}: error: out of memory; try a smaller --batch-size or --kv-budget-mib, or a smaller model",
+        print(f"{prog}: error: out of memory; try a smaller --batch-size or --kv-budget, or a smaller model",
               file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # e.g. piped into `head`: not worth a traceback, but not a success either

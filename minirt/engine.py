@@ -69,7 +69,9 @@ class Engine:
 
     def __init__(self, model: GPT2, tokenizer: Tokenizer | None, batch_size: int = 8,
                  kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, policy: str = "static",
-                 round_token_budget: int = DEFAULT_ROUND_TOKENS):
+                 round_token_budget: int = DEFAULT_ROUND_TOKENS, kv_budget_tokens: int | None = None):
+        """The KV budget is `kv_budget_mib` of memory, or `kv_budget_tokens` positions (one token's keys and
+        values in every layer) when that is given."""
         if policy not in POLICIES:
             raise RequestError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
         if not isinstance(kv_budget_mib, (int, float, np.number)) or not 0 < kv_budget_mib < 2**40:  # inf refused
@@ -79,7 +81,8 @@ class Engine:
         self.model, self.tokenizer, self.policy = model, tokenizer, policy
         c = model.config
         self.kv_bytes_per_position = KVCache.bytes_needed(c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype)
-        self.kv_budget_positions = int(kv_budget_mib * 2**20) // self.kv_bytes_per_position  # keys+values, all layers
+        self.kv_budget_positions = (int(kv_budget_mib * 2**20) // self.kv_bytes_per_position if kv_budget_tokens is None
+                                    else require_at_least_one(kv_budget_tokens, "the KV budget in tokens"))
         self.eos_token_id, self.bos_token_id = ((tokenizer.eos_token_id, tokenizer.bos_token_id) if tokenizer
                                                 else special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size))
         self.kv_cache: KVCache | None = None  # the running group's (or the continuous pool's) KV buffers

@@ -23,7 +23,6 @@ Must not know: the engine, the layers, the KV cache or sampling arithmetic.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from .backend import BACKEND_NAMES
 from .checkpoint import resolve_model_folder, shipped_model_folder
 from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
-                  add_version_flag, run_command, writing_changes)
+                  add_version_flag, parse_kv_budget, run_command, writing_changes)
 from .errors import MinirtError, RequestError, Terminated, require_at_least_one
 from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats, generation_defaults
 from .prompt_file import FORMATS, PromptEntry, read_prompts
@@ -100,9 +99,9 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
     p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
                    help="continuous: tokens one round may process, a prefill counting its prompt "
                         f"(default {DEFAULT_ROUND_TOKENS})")
-    p.add_argument("--kv-budget-mib", type=float, default=DEFAULT_KV_BUDGET_MIB, metavar="MIB",
-                   help="memory the KV cache may take: a static group's, or the continuous pool's "
-                        f"(default {DEFAULT_KV_BUDGET_MIB})")
+    p.add_argument("--kv-budget", default=f"{DEFAULT_KV_BUDGET_MIB}MiB", metavar="SIZE",
+                   help="what a static group's (or the continuous pool's) KV cache may hold: tokens (20000) or "
+                        f"memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)")
     add_sampling_flags(p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)"))
     add_output_flags(p.add_argument_group("output"))
     add_version_flag(p)
@@ -161,8 +160,8 @@ def check_flags(args) -> None:
     """The checks that need no model and that argparse cannot make."""
     require_at_least_one(args.batch_size, "--batch-size")
     require_at_least_one(args.max_round_tokens, "--max-round-tokens")
-    if not 0 < args.kv_budget_mib < math.inf:  # NaN fails both comparisons
-        raise MinirtError(f"--kv-budget-mib must be a positive, finite number of MiB, got {args.kv_budget_mib}")
+    unit, amount = parse_kv_budget(args.kv_budget)  # memory, or a number of tokens
+    args.kv_budget_mib, args.kv_budget_tokens = (amount / 2**20, None) if unit == "bytes" else (None, amount)
     if args.seed < 0:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
     if (args.prompts is None) == (args.prompt is None):
@@ -239,8 +238,8 @@ def model_folder(args) -> Path:
 def load(args, folder: Path) -> tuple[LLM, float]:
     """The model, and the check that needs it: it refuses the run before anything is served."""
     start = time.perf_counter()
-    llm = LLM(folder, backend=args.backend, dtype=args.dtype,
-              batch_size=args.batch_size, kv_budget_mib=args.kv_budget_mib, seed=args.seed,
+    llm = LLM(folder, backend=args.backend, dtype=args.dtype, batch_size=args.batch_size, seed=args.seed,
+              kv_budget_mib=args.kv_budget_mib or DEFAULT_KV_BUDGET_MIB, kv_budget_tokens=args.kv_budget_tokens,
               policy=args.policy, round_token_budget=args.max_round_tokens)
     load_seconds = time.perf_counter() - start
     vocab_size = llm.model.config.vocab_size

@@ -78,7 +78,8 @@ class LLM:
 
     def __init__(self, model: str | Path | Checkpoint | None = None, backend: str = "auto", dtype: str = "float32",
                  batch_size: int = 8, kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0,
-                 policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS):
+                 policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS,
+                 kv_budget_tokens: int | None = None):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
         model = shipped_model_folder() if model is None else model  # no model: the one shipped with minirt
@@ -92,7 +93,7 @@ class LLM:
         self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
         self.defaults = generation_defaults(checkpoint.folder)
         self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
-                             policy=policy, round_token_budget=round_token_budget)
+                             policy=policy, round_token_budget=round_token_budget, kv_budget_tokens=kv_budget_tokens)
         self.seed = seed
         self.last_stats: RunStats | None = None
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cli import EXIT_OK, add_version_flag, run_command
+from .cli import EXIT_OK, add_version_flag, parse_kv_budget, run_command
 from .engine import DEFAULT_ROUND_TOKENS
 from .errors import MinirtError, require_at_least_one
 from .report import cell_mark, grid_lines
@@ -225,8 +225,8 @@ python -m minirt.generate --policy static|continuous runs real requests through 
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows (default 8)")
     p.add_argument("--batch-sizes", type=lambda text: parse_lengths(text, "--batch-sizes", "batch size", None, False),
                    default="4,8,16", metavar="B1,B2,...", help="workload: batch sizes to compare (default 4,8,16)")
-    p.add_argument("--kv-budget", type=int, default=UNLIMITED, metavar="POSITIONS",
-                   help="KV positions the running requests may reserve (default: unlimited)")
+    p.add_argument("--kv-budget", type=lambda text: parse_kv_budget(text, tokens_only=True)[1], default=UNLIMITED,
+                   metavar="TOKENS", help="KV positions (tokens) the running requests may reserve (default: unlimited)")
     p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
                    help=f"continuous: tokens per round, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})")
     p.add_argument("--json", action="store_true", help='print {"policies": {"static": {...}, "continuous": {...}}}')
@@ -237,7 +237,7 @@ python -m minirt.generate --policy static|continuous runs real requests through 
 
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -> int:
     args = build_parser(prog).parse_args(argv)  # then the numbers are checked: a bad one is one line and exit 2
-    for flag in ("--batch-size", "--kv-budget", "--max-round-tokens"):
+    for flag in ("--batch-size", "--max-round-tokens"):
         require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
     if args.seed < 0:
         raise MinirtError(f"--seed must be an integer >= 0, got {args.seed}")

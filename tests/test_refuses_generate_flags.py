@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
+from minirt.cli import EXIT_OK, EXIT_USAGE, parse_kv_budget, run_command
 from minirt.generate import main
 from minirt.llm import LLM
 
@@ -54,15 +54,26 @@ def refused(folder: Path, model: str, flags: list[str]) -> str:
     return lines[0]
 
 
-NOT_A_BUDGET = st.one_of(st.floats(max_value=0.0, allow_nan=False).map(repr),
-                         st.sampled_from(["nan", "NaN", "-nan", "inf", "Infinity", "-inf", "1e400", "-0"]))
+NOT_A_BUDGET = st.one_of(
+    st.builds(lambda x, unit: repr(x) + unit, st.floats(max_value=0.0, allow_nan=False),
+              st.sampled_from(["", "MiB", "GiB", "tokens"])),
+    st.sampled_from(["nan", "NaN", "-nan", "inf", "Infinity", "-inf", "1e400", "-0", "0", "0MiB", "1.5", "2.5tokens",
+                     "12XB", "MiB", "", "4096 MB", "1e3MiB", "0.0000001KiB", "99999999999GiB"]))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(budget=NOT_A_BUDGET)
-def test_a_kv_budget_that_is_not_a_positive_finite_number_is_refused_before_loading(files, budget):
-    line = refused(files, "/no/such/model", [f"--kv-budget-mib={budget}"])  # before loading: not "does not exist"
-    assert "--kv-budget-mib must be a positive, finite number" in line
+def test_a_kv_budget_that_is_not_tokens_or_a_memory_size_is_refused_before_loading(files, budget):
+    line = refused(files, "/no/such/model", [f"--kv-budget={budget}"])  # before loading: not "does not exist"
+    assert line.startswith("minirt.generate: error: --kv-budget: ") and repr(budget) in line, line
+
+
+@pytest.mark.parametrize("text, parsed", [("20000", ("tokens", 20000)), ("20000tokens", ("tokens", 20000)),
+                                          (" 1 token ", ("tokens", 1)), ("512MiB", ("bytes", 512 * 2**20)),
+                                          ("1.5GiB", ("bytes", 3 * 2**29)), ("64kib", ("bytes", 65536)),
+                                          ("4096MiB", ("bytes", 2**32)), (".5MiB", ("bytes", 2**19))])
+def test_a_kv_budget_is_a_number_of_tokens_or_a_memory_size(text, parsed):
+    assert parse_kv_budget(text) == parsed
 
 
 @settings(max_examples=20, deadline=None)

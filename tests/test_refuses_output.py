@@ -91,7 +91,7 @@ def prompts_file(folder: Path, n: int) -> Path:
 @pytest.mark.parametrize("case, flags, fragment", [
     ("missing model", ["--model", "/no/such/model"], "does not exist"),
     ("broken model", ["--model", "{broken}"], "config.json"),
-    ("bad flag", ["--kv-budget-mib", "nan"], "--kv-budget-mib"),
+    ("bad flag", ["--kv-budget", "nan"], "--kv-budget"),
     ("bad sampling flag", ["--temperature", "-1"], "temperature"),
     ("missing prompts", ["--prompts", "/no/such/prompts.txt"], "does not exist"),
     ("empty prompts", ["--prompts", "{empty}"], "holds no prompts"),

@@ -48,7 +48,7 @@ def assert_one_line_refusal(argv: list[str], fragment: str) -> None:
 
 
 @FAST
-@given(flag=st.sampled_from(["--batch-size", "--kv-budget", "--max-round-tokens"]), value=not_a_count,
+@given(flag=st.sampled_from(["--batch-size", "--max-round-tokens"]), value=not_a_count,
        source=st.sampled_from([["--lengths", "2,5"], ["--workload", "3"]]))
 def test_a_count_below_one_is_one_line(flag, value, source):
     assert_one_line_refusal(source + [flag, str(value)], f"{flag} must be at least 1, got {value}")
@@ -61,6 +61,26 @@ def test_batch_sizes_holding_a_zero_are_one_line(sizes, source):
     text = ",".join(map(str, sizes))
     assert_one_line_refusal(source + [f"--batch-sizes={text}"], f"--batch-sizes: every batch size must be an "
                                                               f"integer >= 1, got {text!r}")
+
+
+@pytest.mark.parametrize("budget, fragment", [
+    ("0", "a number of tokens must be a whole number >= 1"), ("-3", "expected a number of tokens"),
+    ("2.5", "a number of tokens must be a whole number >= 1"), ("x", "expected a number of tokens"),
+    ("512MiB", "give a number of tokens (2048) here, not a memory size")])  # no model: tokens only
+def test_a_kv_budget_that_is_not_a_number_of_tokens_is_one_line(budget, fragment):
+    assert_one_line_refusal(["--lengths", "2,5", f"--kv-budget={budget}"], f"--kv-budget: {fragment}")
+
+
+def test_a_kv_budget_in_tokens_means_the_same_in_rounds_and_generate(tiny_lm):
+    """`--kv-budget 9` is 9 KV positions in both: the same groups form in a simulation and in a real run."""
+    from minirt import LLM, SamplingParams
+
+    llm = LLM(tiny_lm, batch_size=3, kv_budget_tokens=9)
+    assert llm.engine.kv_budget_positions == 9
+    outputs = llm.generate([[1], [2], [3]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    code, out, _ = rounds(["--lengths", "4,4,4", "--batch-size", "3", "--kv-budget", "9", "--json"])
+    static = json.loads(out)["policies"]["static"]["requests"]
+    assert code == 0 and [o.first_round for o in outputs] == [r["first_round"] for r in static] == [1, 1, 5]
 
 
 def test_batch_sizes_that_are_not_integers_and_a_negative_seed_are_one_line():
@@ -181,6 +201,6 @@ def test_generate_with_a_huge_batch_size_allocates_two_slots(tiny_lm, tmp_path, 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         code = run_command(generate, ["--model", str(tiny_lm), "--backend", "numpy", "--max-new-tokens", "3",
                                       "--prompts", str(tmp_path / "p.txt"), "--batch-size", "1000000000",
-                                      "--policy", "continuous", "--kv-budget-mib", "1000000"],
+                                      "--policy", "continuous", "--kv-budget", "1000000MiB"],
                            prog="minirt.generate")
     assert code == EXIT_OK and sizes == [2]

@@ -98,7 +98,7 @@ def shipped_cases(out: Path, work: Path) -> None:
                                                           "{work}/o.jsonl"], files=("o.jsonl",))
     for policy in ("static", "continuous"):  # 0.5 MiB: 85 positions; some requests never fit, others share
         run_case(out, work, f"shipped_kv_budget_{policy}",
-                 g + ["--prompts", "examples/prompts.jsonl", "--kv-budget-mib", "0.5", "--policy", policy,
+                 g + ["--prompts", "examples/prompts.jsonl", "--kv-budget", "0.5MiB", "--policy", policy,
                       "--trace", "--output", "{work}/o.jsonl"], files=("o.jsonl",))
     bad = write_jsonl(work / "bad.jsonl", [
         {"prompt": "ROMEO:", "max_new_tokens": 5},
