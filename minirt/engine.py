@@ -46,7 +46,8 @@ DEFAULT_ROUND_TOKENS = 2048  # continuous batching: tokens one round may process
 
 @dataclass
 class RunStats:
-    """Counts for the run summary.  Utilization = active row-rounds / (batch_size x rounds)."""
+    """Counts for the run summary.  Utilization = active row-rounds / held row-rounds (a round holds the rows of
+    its static group, or of the continuous pool: a single request is active in every row-round it holds)."""
     batch_size: int
     policy: str = "static"
     requests: int = 0
@@ -57,11 +58,13 @@ class RunStats:
     wall_seconds: float = 0.0
     groups: list[GroupRecord] = field(default_factory=list)  # static groups (none under continuous)
     active_rows_per_round: list[int] = field(default_factory=list)
+    held_rows_per_round: list[int] = field(default_factory=list)
     kv_limited_rows: list[int] = field(default_factory=list)  # rows of each group or pool the KV budget held down
 
     @property
     def utilization(self) -> float:
-        return sum(self.active_rows_per_round) / (self.batch_size * self.rounds) if self.rounds else 0.0
+        held = sum(self.held_rows_per_round)
+        return sum(self.active_rows_per_round) / held if held else 0.0
 
 
 class Engine:
@@ -143,7 +146,8 @@ class Engine:
         scheduler = SCHEDULERS[self.policy](self.batch_size, self.kv_budget_positions, self.model.config.n_positions,
                                             self.round_token_budget)
         stats = RunStats(batch_size=self.batch_size, policy=self.policy, requests=len(requests),
-                         groups=scheduler.groups, active_rows_per_round=scheduler.active_rows)  # both grow as it runs
+                         groups=scheduler.groups, active_rows_per_round=scheduler.active_rows,
+                         held_rows_per_round=scheduler.held_rows)  # these grow as it runs
         start = time.perf_counter()
         for request in self.submit_or_refuse(requests, scheduler):  # these never run: their records are final now
             on_final(request)

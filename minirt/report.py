@@ -283,7 +283,7 @@ def kv_limit_lines(stats: RunStats) -> list[str]:
 def summary(stats: RunStats, load_seconds: float) -> str:
     """The closing counts, one fact per line."""
     ok = stats.requests - stats.failed
-    row_rounds = stats.batch_size * stats.rounds
+    row_rounds = sum(stats.held_rows_per_round)  # the rows each round's group (or pool) held
     active = sum(stats.active_rows_per_round)
     lines = [
         f"requests     {stats.requests} ({ok} ok, {stats.failed} failed)",

@@ -50,7 +50,7 @@ class Simulation:
 
     @property
     def utilization(self) -> float:
-        return sum(self.scheduler.active_rows) / (self.rows * self.total_rounds) if self.total_rounds else 0.0
+        return sum(self.scheduler.active_rows) / max(1, sum(self.scheduler.held_rows))  # as generate's summary
 
     def row_held_until(self, request: Request) -> int | None:
         """The last round a request's row was held: its group's end (static) or its own finish (continuous)."""

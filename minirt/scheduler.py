@@ -8,7 +8,8 @@ Owns: one scheduler class per policy, behind the small interface that the engine
     has_work()        whether anyone waits or runs
     plan(round)       who runs, who is admitted, and the KV shape (rows x positions) when a group or pool starts
     complete(plan)    after the round: free the rows of finished requests (the static group, once it has ended)
-and keeps `waiting`, `active_rows` (rows per round) and `groups` (static groups) for reports.
+and keeps `waiting`, `active_rows` and `held_rows` (rows that ran, and rows whose KV slots were held, per round:
+the static group's members, or the continuous pool's rows) and `groups` (static groups) for reports.
 
   StaticScheduler      Fixed groups: when none is running, the next waiting requests in arrival order, up to
                        max_rows and within the KV budget; nobody else until every member has finished.
@@ -71,6 +72,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.active_rows: list[int] = []  # rows that ran, per round
+        self.held_rows: list[int] = []  # rows whose KV slots were held, per round (utilization: active / held)
         self.groups: list[GroupRecord] = []  # static: every group so far (continuous batching has none)
 
     def need(self, request: Request) -> int:
@@ -97,7 +99,12 @@ class Scheduler:
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
         """After the round: count its rows; finished requests give up their rows (policy by policy)."""
         self.active_rows.append(len(plan.active))
+        self.held_rows.append(self.rows_held())
         return None
+
+    def rows_held(self) -> int:
+        """Rows whose KV slots this round held: each policy says."""
+        raise NotImplementedError
 
 
 class StaticScheduler(Scheduler):
@@ -114,6 +121,9 @@ class StaticScheduler(Scheduler):
         self.running = list(members)
         new_kv = (len(members), max(self.need(r) for r in members))  # one slot per member, each the longest need
         return RoundPlan(round_number, list(members), list(members), new_kv, kv_limited)
+
+    def rows_held(self) -> int:
+        return len(self.groups[-1].members)  # a member's slot is held until its whole group ends
 
     def choose_group(self) -> tuple[list[Request], bool]:
         """Arrival order, up to max_rows, while members x the longest member's need fits the KV budget."""
@@ -175,6 +185,10 @@ class ContinuousScheduler(Scheduler):
             mark_admitted(request, None, round_number)
         self.running += admitted
         return RoundPlan(round_number, list(self.running), admitted, new_kv, kv_limited)
+
+    def rows_held(self) -> int:
+        assert self.pool is not None  # made in the first round's plan
+        return self.pool[0]  # the pool's rows, each with its slot, from the first round to the last
 
     def fits(self, candidate: Request, reserved_positions: int, round_tokens: int) -> bool:
         """Would `candidate` fit beside what is already running or admitted?"""

@@ -53,7 +53,7 @@ def test_seed_exercise_static_group_of_three(model, monkeypatch):
     assert [len(r.token_ids) for r in requests] == [2, 5, 8, 4]
     assert [(r.first_round, r.finish_round) for r in requests[:3]] == [(1, 2), (1, 5), (1, 8)]
     assert fourth.rounds_waited == 8 and fourth.first_round == 9 and fourth.finish_round == 12 and fourth.group == 2
-    assert stats.rounds == 12 and stats.utilization == pytest.approx((15 + 4) / (3 * 12))
+    assert stats.rounds == 12 and stats.utilization == pytest.approx((15 + 4) / (3 * 8 + 1 * 4))  # held rows
 
 
 @settings(max_examples=30, deadline=None)
@@ -472,3 +472,21 @@ def test_two_stop_strings_in_one_piece_of_text_cut_before_the_earlier():
         request = Request(index=0, id="0", prompt="p", prompt_ids=[1], params=SamplingParams(stop=stops))
         assert found_stop_string(request, "hello ab then xyz")
         assert request.text == "hello "
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=7), batch_size=st.integers(1, 8),
+       policy=st.sampled_from(["static", "continuous"]))
+def test_utilization_is_active_over_held_row_rounds(model, lengths, batch_size, policy):
+    """Held rows, by hand: a static group holds one row per member from its first round to its last; the
+    continuous pool holds min(batch size, requests) rows every round.  A single request is 100% utilized."""
+    engine = engine_for(model, batch_size, policy=policy)
+    requests, stats = serve(engine, [[1 + i] for i in range(len(lengths))],
+                            [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
+    if policy == "static":
+        held = sum(len(g.members) * (g.last_round - g.first_round + 1) for g in stats.groups)
+    else:
+        held = min(batch_size, len(lengths)) * stats.rounds
+    assert stats.utilization == pytest.approx(sum(lengths) / held)
+    if len(lengths) == 1:
+        assert stats.utilization == 1.0

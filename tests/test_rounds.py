@@ -41,7 +41,7 @@ def test_cli_json_for_the_seed_exercise(capsys):
     assert static["requests"][3] == {"index": 3, "output_len": 4, "rounds_waited": 8, "first_round": 9,
                                      "finish_round": 12}
     assert continuous["requests"][3]["first_round"] == 3
-    assert static["utilization"] == pytest.approx(19 / 36, abs=1e-6)
+    assert static["utilization"] == pytest.approx(19 / (3 * 8 + 1 * 4), abs=1e-6)  # active / held row-rounds
 
 
 @SETTINGS

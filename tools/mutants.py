@@ -275,6 +275,15 @@ MUTANTS = [
     Mutant("record_without_prompt_token_ids", "minirt/output.py",
            "        if prompt_was_ids:\n", "        if False:\n",
            "a token-id prompt's record loses its ids"),
+    Mutant("utilization_over_the_batch_size", "minirt/scheduler.py",
+           "return len(self.groups[-1].members)", "return self.max_rows",
+           "a single request, or a short last group, counts rows it never held"),
+    Mutant("kv_budget_tokens_read_as_mib", "minirt/engine.py",
+           "if kv_budget_tokens is None", "if True",
+           "--kv-budget 20000 is ignored and the default memory budget used"),
+    Mutant("kv_budget_units_confused", "minirt/cli.py",
+           '{"kib": 2**10, "mib": 2**20, "gib": 2**30}', '{"kib": 2**10, "mib": 2**10, "gib": 2**30}',
+           "--kv-budget 512MiB means 512 KiB"),
 ]
 
 
