@@ -26,16 +26,16 @@ import argparse
 import os
 import sys
 import time
-from contextlib import suppress
 from pathlib import Path
 
 from .backend import BACKEND_NAMES
 from .checkpoint import resolve_model_folder, shipped_model_folder
 from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
                   add_version_flag, parse_kv_budget, run_command, writing_changes)
-from .errors import MinirtError, RequestError, Terminated, require_at_least_one
-from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats, generation_defaults
+from .errors import MinirtError, Terminated, require_at_least_one
+from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
 from .prompt_file import FORMATS, PromptEntry, read_prompts
+from .sampling_flags import add_sampling_flags, build_requests, flag_overrides, sampling_defaults
 from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
 from .request import Request
 from .sampling import SamplingParams
@@ -47,6 +47,7 @@ examples:
   python -m minirt.generate --prompts prompts.txt
   python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-new-tokens 30
   python -m minirt.generate --prompts prompts.txt --stream      # each completion as its tokens come
+  python -m minirt.generate --prompts prompts.jsonl --output out.jsonl --ray local --workers 2
   python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
   python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
   python -m minirt.generate --model /path/to/gpt2-folder --prompts - --temperature 0.8 --top-p 0.95 --seed 1
@@ -104,34 +105,13 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
                         f"memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)")
     add_sampling_flags(p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)"))
     add_output_flags(p.add_argument_group("output"))
+    r = p.add_argument_group("scale-out on Ray Data (pip install minirt[ray]; the README's \"Scaling out\")")
+    r.add_argument("--ray", metavar="ADDRESS", help="serve on Ray: local (starts one here), auto (the running "
+                   "cluster), or ray://HOST:PORT; --output FILE gets the same records, DIR/ gets them in shards")
+    r.add_argument("--workers", type=int, default=2, metavar="N", help="with --ray: worker actors, each loading the "
+                   "model once (default 2)")
     add_version_flag(p)
     return p
-
-
-def shipped_defaults() -> dict[str, str]:
-    """'; the shipped model's: X' per field --help names, from its generation_config.json read once ({}: unreadable)."""
-    with suppress(MinirtError):
-        params = generation_defaults(shipped_model_folder())
-        return {f: f"; the shipped model's: {getattr(params, f)}" for f in ("max_new_tokens", "temperature", "top_k")}
-    return {}
-
-
-def add_sampling_flags(g) -> None:
-    where, shipped = "default: the model's generation_config.json, else", shipped_defaults()
-    g.add_argument("--max-new-tokens", type=int, metavar="N",
-                   help=f"tokens to generate at most ({where} 64{shipped.get('max_new_tokens', '')})")
-    g.add_argument("--temperature", type=float, metavar="T",
-                   help=f"0 is greedy, higher is more random ({where} 0{shipped.get('temperature', '')})")
-    g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens, 0: off "
-                   f"({where} 0{shipped.get('top_k', '')})")
-    g.add_argument("--top-p", type=float, metavar="P", help=f"sample the smallest set of mass >= P, 1: off ({where} 1)")
-    g.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="the run's seed; a request without a seed gets one derived from S and its line (default 0)")
-    g.add_argument("--stop", action="append", metavar="TEXT",
-                   help="stop when this text appears (repeatable; \\n for newline)")
-    g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
-                   help="stop when this token is produced (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
 
 
 def add_output_flags(o) -> None:
@@ -147,15 +127,6 @@ def add_output_flags(o) -> None:
                    help="print no completions on standard output (records still go to --output)")
 
 
-def flag_overrides(args) -> dict:
-    """Sampling fields given on the command line."""
-    given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-             "top_p": args.top_p, "ignore_eos": args.ignore_eos,
-             "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
-             "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None}
-    return {k: v for k, v in given.items() if v is not None}
-
-
 def check_flags(args) -> None:
     """The checks that need no model and that argparse cannot make."""
     require_at_least_one(args.batch_size, "--batch-size")
@@ -166,6 +137,10 @@ def check_flags(args) -> None:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
     if (args.prompts is None) == (args.prompt is None):
         raise MinirtError("give the prompts one way: --prompts FILE (- for standard input), or --prompt TEXT")
+    require_at_least_one(args.workers, "--workers")
+    if args.ray and (args.prompts == "-" or args.trace or args.stream):
+        raise MinirtError("--ray reads prompts from files (a file, a folder or a glob), not -, and has no --trace "
+                          "or --stream: those show one process's rounds")
     if args.output and args.prompts not in (None, "-") and \
             os.path.realpath(args.output) == os.path.realpath(args.prompts):
         raise MinirtError(f"--output {args.output} is the prompts file; write the records somewhere else")
@@ -178,29 +153,6 @@ def parse_args(argv: list[str] | None, prog: str = "python -m minirt.generate"):
     args.overrides = flag_overrides(args)
     sampling_defaults(SamplingParams(), args.overrides)
     return args
-
-
-def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> SamplingParams:
-    """The model's defaults with the flags applied, or a one-line error naming the bad flag."""
-    try:
-        return model_defaults.updated(**overrides)
-    except RequestError as exc:
-        raise MinirtError(f"bad sampling flag: {exc}") from None
-
-
-def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingParams, logprobs: bool) -> list[Request]:
-    """One request per prompts-file line; a bad line becomes a request with its own error, and its peers still run."""
-    requests = []
-    for index, entry in enumerate(entries):
-        error, params = entry.error, run_defaults
-        if error is None:
-            try:
-                params = run_defaults.updated(**entry.overrides)
-            except RequestError as exc:
-                error = f"line {entry.line}: {exc}"
-        requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
-                                         error=error))
-    return requests
 
 
 def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> RunStats | KeyboardInterrupt:
@@ -254,6 +206,9 @@ def load(args, folder: Path) -> tuple[LLM, float]:
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate") -> int:
     with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
         args = parse_args(argv, prog)
+        if args.ray:  # the same records, from worker processes on Ray
+            from .scale_out import serve_on_ray  # noqa: PLC0415 (ray is imported only with --ray)
+            return serve_on_ray(args, model_folder(args), signals)
         entries = ([PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)] if args.prompt  # as given, or
                    else read_prompts(args.prompts, args.format))  # a bad prompts file stops here, before loading
         folder = model_folder(args)  # and an --output in the model folder

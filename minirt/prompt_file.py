@@ -66,6 +66,7 @@ class Line:
     number: int  # 1-based
     text: str | None  # None when the line is bad
     error: str | None = None
+    bad_byte: int | None = None  # where in the line a byte that is not UTF-8 is
 
 
 def unescape_txt(line: str) -> str:
@@ -108,29 +109,40 @@ def sized(line: bytes, dropped: int) -> tuple[bytes | None, int]:
     return (None if dropped + len(content) > MAX_LINE_BYTES else content), dropped + len(line)
 
 
-def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
-    """Every line, decoded and numbered (a line ends at \\n, or \\r\\n), and the offset in the stream of
-    the first byte that is not UTF-8 (None when there is none)."""
-    lines: list[Line] = []
-    offset, first_bad = 0, None
-    for raw, size in byte_lines(stream):
-        number = len(lines) + 1
+def decoded_lines(stream: BinaryIO, first_number: int = 1) -> Iterator[tuple[Line, int]]:
+    """Each line of a binary stream, decoded and numbered from `first_number` (a line ends at \\n, or \\r\\n), with
+    its size in the stream; one at a time, so a file of any size streams through.  A byte-order mark is skipped at
+    the start of line 1."""
+    for number, (raw, size) in enumerate(byte_lines(stream), start=first_number):
         if number == 1 and raw is not None and raw.startswith(UTF8_BOM):  # a byte-order mark is no part of line 1
             raw = raw[len(UTF8_BOM):]
         if raw is None:
-            lines.append(Line(number, None, f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line "
-                                            "may hold; shorten it"))
-        else:
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                first_bad = offset + exc.start if first_bad is None else first_bad
-                lines.append(Line(number, None, f"line {number}: not UTF-8 text (bad byte at offset {exc.start} "
-                                                "of the line); save it as UTF-8"))
-            else:
-                lines.append(Line(number, text))
+            yield Line(number, None, f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; "
+                                     "shorten it"), size
+            continue
+        try:
+            yield Line(number, raw.decode("utf-8")), size
+        except UnicodeDecodeError as exc:
+            yield Line(number, None, f"line {number}: not UTF-8 text (bad byte at offset {exc.start} of the line); "
+                                     "save it as UTF-8", bad_byte=exc.start), size
+
+
+def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
+    """Every line, decoded and numbered, and the offset in the stream of the first byte that is not UTF-8 (None
+    when there is none)."""
+    lines: list[Line] = []
+    offset, first_bad = 0, None
+    for line, size in decoded_lines(stream):
+        if first_bad is None and line.bad_byte is not None:
+            first_bad = offset + line.bad_byte
+        lines.append(line)
         offset += size
     return lines, first_bad
+
+
+def is_entry(line: Line) -> bool:
+    """A line that becomes a request: any bad line, and every line that is not blank."""
+    return line.text is None or bool(line.text.strip())
 
 
 def read_file_lines(path: str) -> list[Line]:
@@ -254,7 +266,7 @@ def read_prompts(path: str, fmt: str = "auto") -> list[PromptEntry]:
     is an entry with an error of its own."""
     lines = read_stdin_lines() if path == "-" else read_file_lines(path)
     fmt = resolved_format(fmt, path, lines)
-    entries = [entry_for(line, fmt) for line in lines if line.text is None or line.text.strip()]
+    entries = [entry_for(line, fmt) for line in lines if is_entry(line)]
     if not entries:
         source = "standard input" if path == "-" else path
         raise MinirtError(f"{source} holds no prompts (blank lines are skipped)")

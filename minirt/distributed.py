@@ -1,0 +1,213 @@
+"""Scale-out on Ray Data: the same records as one process, from any number of worker processes or machines.
+
+Owns: reading prompts as a Ray Dataset (`PromptsDatasource`: one file, a folder or a glob, streamed in chunks
+of lines, every row keeping its global input index), the worker that serves them (`GenerateWorker`: one `LLM`
+per actor, loaded once, serving each batch in static groups), and `generate_dataset`, the one function that
+turns prompts into a Dataset of records.  It is the only module that imports ray (`pip install minirt[ray]`).
+
+Why the records are those of one process: a request's tokens never depend on its batch or its neighbours, and
+a request without a seed of its own gets one derived from the run's seed and its global index.  So however the
+rows are split between workers, each request is made exactly as one process makes it (the same index, line
+number, id and parameters) and gives the same tokens, text and finish reason.  Four fields describe where it
+ran, not what it produced: `group`, `rounds_waited`, `first_round` and `finish_round` are counted within the
+batch of rows its worker served (in one process, across the whole run).
+
+Fault tolerance is Ray's: an actor that dies is restarted and its batch retried, so every index comes out
+exactly once.
+
+Must not know: the layers, the KV cache, sampling, or how the command line reports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import ray
+from ray.data import ActorPoolStrategy, Dataset, DataContext
+from ray.data.block import BlockAccessor, BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from .errors import MinirtError
+from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prompt_files
+from .prompt_file import PromptEntry
+
+DEFAULT_WORKERS = 2
+ROWS_PER_BATCH = 64  # rows one worker serves at a time (in static groups of the engine's batch size)
+
+
+# ----------------------------------------------------------------------------- reading prompts
+
+
+class PromptsDatasource(Datasource):
+    """Prompts files as a Ray Dataset with columns `index` (the global input index) and `entry` (the parsed
+    line, as JSON): each read task streams one chunk of lines."""
+
+    def __init__(self, source: str, fmt: str = "auto", entries_per_chunk: int = LINES_PER_CHUNK):
+        self.chunks = plan_chunks(prompt_files(source), fmt, entries_per_chunk)
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(c.size for c in self.chunks)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context: DataContext | None = None) -> list[ReadTask]:
+        return [ReadTask(partial(chunk_block, chunk),
+                         BlockMetadata(num_rows=chunk.entries, size_bytes=chunk.size, exec_stats=None,
+                                       input_files=(chunk.path,)))
+                for chunk in self.chunks]
+
+    @property
+    def total(self) -> int:
+        return sum(c.entries for c in self.chunks)
+
+
+def chunk_block(chunk: Chunk) -> list:
+    """A read task's output: one chunk's rows as one block."""
+    rows = list(chunk_rows(chunk))
+    return [BlockAccessor.batch_to_block({"index": np.array([r["index"] for r in rows], dtype=np.int64),
+                                          "entry": np.array([r["entry"] for r in rows], dtype=object)})]
+
+
+def entries_dataset(prompts, fmt: str = "auto") -> tuple[Dataset, int | None]:
+    """(a Dataset of `index` and `entry` rows, how many rows or None if unknown) from a prompts file, folder or
+    glob; a list of prompts (strings or token-id lists); or a Dataset with `index` and `prompt` columns (and
+    optionally `id` and any sampling field)."""
+    if isinstance(prompts, Dataset):
+        return prompts.map(entry_row), None
+    if isinstance(prompts, (str, os.PathLike)):
+        prompts = PromptsDatasource(str(prompts), fmt)
+    if isinstance(prompts, PromptsDatasource):
+        return ray.data.read_datasource(prompts), prompts.total
+    if isinstance(prompts, (list, tuple)):
+        rows = [{"index": i, "entry": json.dumps(asdict(PromptEntry(i + 1, p)))} for i, p in enumerate(prompts)]
+        return ray.data.from_items(rows), len(rows)
+    raise TypeError(f"prompts must be a path, a list of prompts or a ray.data.Dataset, got {type(prompts).__name__}")
+
+
+def entry_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A user's Dataset row ({"index", "prompt", optional "id" and sampling fields}) as an entry row."""
+    fields = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in row.items()}
+    index = int(fields.pop("index"))
+    request_id = fields.pop("id", None)
+    entry = PromptEntry(index + 1, fields.pop("prompt"), None if request_id is None else str(request_id),
+                        {k: v for k, v in fields.items() if v is not None})
+    return {"index": index, "entry": json.dumps(asdict(entry), ensure_ascii=False)}
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker is made with: the model, `LLM(...)`'s settings, the run's sampling overrides."""
+
+    model: str | None
+    llm_kwargs: dict[str, Any]
+    overrides: dict[str, Any]
+    logprobs: bool
+
+
+class GenerateWorker:
+    """One worker actor: loads the model once, then serves each batch of rows in static groups.  `worker_class`
+    gives each run its own subclass that carries the run's `config` (so no constructor argument has to live in
+    Ray's object store, where a restarted actor could fail to find it)."""
+
+    config: WorkerConfig
+
+    def __init__(self) -> None:
+        from .checkpoint import shipped_model_folder  # noqa: PLC0415 (the worker's imports, in its own process)
+        from .llm import LLM  # noqa: PLC0415
+        from .sampling_flags import sampling_defaults  # noqa: PLC0415
+
+        self.llm = LLM(self.config.model or shipped_model_folder(), **self.config.llm_kwargs)
+        self.defaults = sampling_defaults(self.llm.defaults, self.config.overrides)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from .report import record  # noqa: PLC0415
+        from .sampling_flags import build_requests  # noqa: PLC0415
+
+        indexes = [int(i) for i in batch["index"]]
+        entries = [PromptEntry(**json.loads(text)) for text in batch["entry"]]
+        requests = build_requests(self.llm, entries, self.defaults, self.config.logprobs, indexes=indexes)
+        self.llm.serve(requests)
+        lines = [json.dumps(record(r, self.llm.tokenizer), ensure_ascii=False, allow_nan=False) for r in requests]
+        return {"index": np.array(indexes, dtype=np.int64), "record": np.array(lines, dtype=object),
+                "failed": np.array([r.error is not None for r in requests])}
+
+
+def worker_class(config: WorkerConfig) -> type[GenerateWorker]:
+    return type("GenerateWorker", (GenerateWorker,), {"config": config})
+
+
+def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAULT_WORKERS,
+                     rows_per_batch: int = ROWS_PER_BATCH, cpus_per_worker: float = 1.0, fmt: str = "auto",
+                     overrides: dict[str, Any] | None = None, logprobs: bool = False,
+                     **llm_kwargs) -> tuple[Dataset, int | None]:
+    """Serve prompts on `workers` actors; (a Dataset of records in input order, how many or None if unknown).
+
+    `prompts`: a prompts file (.txt or .jsonl), a folder of them, a glob; a list of prompts; or a Dataset with
+    an `index` and a `prompt` column (and optionally `id` and any sampling field, as in a JSONL line).
+    `overrides`: sampling fields for every request (as the command-line flags); a row's own fields win.
+    `llm_kwargs`: what `LLM(...)` takes (backend, dtype, batch_size, kv_budget_mib, kv_budget_tokens, seed,
+    policy, round_token_budget).  Each output row has `index`, `record` (the JSON line `--output` writes for
+    that request, exactly) and `failed`.
+
+        import ray, json
+        from minirt.distributed import generate_dataset
+        ray.init()
+        records, total = generate_dataset("prompts.jsonl", workers=4, overrides={"max_new_tokens": 40}, seed=1)
+        for row in records.iter_rows():
+            print(json.loads(row["record"])["text"])
+    """
+    if not isinstance(workers, int) or workers < 1:
+        raise MinirtError(f"workers must be at least 1, got {workers!r}")
+    DataContext.get_current().execution_options.preserve_order = True  # records leave in input order
+    entries, total = entries_dataset(prompts, fmt)
+    threads = str(max(1, int(cpus_per_worker)))  # each worker's BLAS keeps to its share of a machine's cores
+    records = entries.map_batches(
+        worker_class(WorkerConfig(model, llm_kwargs, overrides or {}, logprobs)), batch_size=rows_per_batch,
+        batch_format="numpy", compute=ActorPoolStrategy(size=workers), num_cpus=cpus_per_worker,
+        # Ray Data's actor pool restarts an actor that dies and retries its batch (max_restarts and
+        # max_task_retries are -1 by default there): tests/test_distributed.py kills one mid-run.
+        runtime_env={"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}})
+    return records, total
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def connect(address: str, workers: int) -> str:
+    """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a one-line MinirtError
+    when that fails.  Locally, Ray gets enough logical CPUs for the read stage beside every worker."""
+    if ray.is_initialized():
+        return "ray: already initialized"
+    options: dict[str, Any] = {"logging_level": "ERROR", "include_dashboard": False, "log_to_driver": False}
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # Ray Data's plan and progress lines: the command says
+    try:
+        if address == "local":
+            ray.init(num_cpus=max(os.cpu_count() or 1, workers + 2), **options)
+        else:
+            ray.init(address=address, **options)
+    except Exception as exc:  # noqa: BLE001 (Ray raises many kinds: any failure to start or connect is one line)
+        message = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise MinirtError(f"--ray {address}: cannot start or reach Ray ({message}); use --ray local, or start a "
+                          "cluster with `ray start --head` and pass --ray auto") from None
+    DataContext.get_current().enable_progress_bars = False  # the command draws its own
+    return f"ray: {address}, {workers} worker(s), {int(ray.cluster_resources().get('CPU', 0))} logical CPUs"
+
+
+def worker_errors_as_one_line(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The rows; a worker's failure (a model it cannot load, a backend it does not have) as one MinirtError line:
+    minirt's own message when the worker raised one, else the first line of Ray's."""
+    try:
+        yield from rows
+    except ray.exceptions.RayError as exc:
+        text = str(exc)
+        ours = re.findall(r"^minirt\.errors\.\w+: (.+)$", text, re.MULTILINE)
+        message = ours[-1] if ours else (text.splitlines() or [type(exc).__name__])[0][:300]
+        raise MinirtError(f"a Ray worker failed: {message}") from None

@@ -1,0 +1,81 @@
+"""The sampling flags of the commands that serve prompts, and how a prompts file's entries become requests.
+
+Owns: the sampling flags (`add_sampling_flags`, with the real defaults in their help; `flag_overrides`, what
+the command line set), the order in which settings override each other (built-in defaults < the model's
+generation_config.json < flags < a JSONL line's own fields: `sampling_defaults`, `build_requests`), and
+`build_requests`, one request per entry, a bad entry becoming a request with its own error.  Shared by
+`python -m minirt.generate` and its Ray workers (minirt/distributed.py), so that both make the same requests.
+
+Must not know: files, output, or how requests are served.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+
+from .checkpoint import shipped_model_folder
+from .errors import MinirtError, RequestError
+from .llm import LLM, generation_defaults
+from .prompt_file import PromptEntry
+from .request import Request
+from .sampling import SamplingParams
+
+
+def shipped_defaults() -> dict[str, str]:
+    """'; the shipped model's: X' per field --help names, from its generation_config.json read once ({}: unreadable)."""
+    with suppress(MinirtError):
+        params = generation_defaults(shipped_model_folder())
+        return {f: f"; the shipped model's: {getattr(params, f)}" for f in ("max_new_tokens", "temperature", "top_k")}
+    return {}
+
+
+def add_sampling_flags(g) -> None:
+    where, shipped = "default: the model's generation_config.json, else", shipped_defaults()
+    g.add_argument("--max-new-tokens", type=int, metavar="N",
+                   help=f"tokens to generate at most ({where} 64{shipped.get('max_new_tokens', '')})")
+    g.add_argument("--temperature", type=float, metavar="T",
+                   help=f"0 is greedy, higher is more random ({where} 0{shipped.get('temperature', '')})")
+    g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens, 0: off "
+                   f"({where} 0{shipped.get('top_k', '')})")
+    g.add_argument("--top-p", type=float, metavar="P", help=f"sample the smallest set of mass >= P, 1: off ({where} 1)")
+    g.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="the run's seed; a request without a seed gets one derived from S and its line (default 0)")
+    g.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop when this text appears (repeatable; \\n for newline)")
+    g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
+                   help="stop when this token is produced (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
+
+
+def flag_overrides(args) -> dict:
+    """Sampling fields given on the command line."""
+    given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+             "top_p": args.top_p, "ignore_eos": args.ignore_eos,
+             "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
+             "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> SamplingParams:
+    """The model's defaults with the flags applied, or a one-line error naming the bad flag."""
+    try:
+        return model_defaults.updated(**overrides)
+    except RequestError as exc:
+        raise MinirtError(f"bad sampling flag: {exc}") from None
+
+
+def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingParams, logprobs: bool,
+                   indexes: list[int] | None = None) -> list[Request]:
+    """One request per prompts-file line (its index: its place among them, or the one `indexes` gives, as rows
+    spread over workers keep theirs); a bad line becomes a request with its own error, and its peers still run."""
+    requests = []
+    for index, entry in zip(indexes or range(len(entries)), entries, strict=True):
+        error, params = entry.error, run_defaults
+        if error is None:
+            try:
+                params = run_defaults.updated(**entry.overrides)
+            except RequestError as exc:
+                error = f"line {entry.line}: {exc}"
+        requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
+                                         error=error))
+    return requests
