@@ -39,7 +39,7 @@ from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prom
 from .prompt_file import PromptEntry
 
 DEFAULT_WORKERS = 2
-ROWS_PER_BATCH = 64  # rows one worker serves at a time (in static groups of the engine's batch size)
+GROUPS_PER_BATCH = 4  # a worker serves rows in batches of this many static groups (batch_size rows each)
 
 
 # ----------------------------------------------------------------------------- reading prompts
@@ -146,7 +146,7 @@ def worker_class(config: WorkerConfig) -> type[GenerateWorker]:
 
 
 def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAULT_WORKERS,
-                     rows_per_batch: int = ROWS_PER_BATCH, cpus_per_worker: float = 1.0, fmt: str = "auto",
+                     rows_per_batch: int | None = None, cpus_per_worker: float = 1.0, fmt: str = "auto",
                      overrides: dict[str, Any] | None = None, logprobs: bool = False,
                      **llm_kwargs) -> tuple[Dataset, int | None]:
     """Serve prompts on `workers` actors; (a Dataset of records in input order, how many or None if unknown).
@@ -169,6 +169,7 @@ def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAUL
         raise MinirtError(f"workers must be at least 1, got {workers!r}")
     DataContext.get_current().execution_options.preserve_order = True  # records leave in input order
     entries, total = entries_dataset(prompts, fmt)
+    rows_per_batch = rows_per_batch or GROUPS_PER_BATCH * llm_kwargs.get("batch_size", 8)  # small: spread wide
     threads = str(max(1, int(cpus_per_worker)))  # each worker's BLAS keeps to its share of a machine's cores
     records = entries.map_batches(
         worker_class(WorkerConfig(model, llm_kwargs, overrides or {}, logprobs)), batch_size=rows_per_batch,
@@ -181,7 +182,7 @@ def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAUL
 
 # ----------------------------------------------------------------------------- the command line
 
-def connect(address: str, workers: int) -> str:
+def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a one-line MinirtError
     when that fails.  Locally, Ray gets enough logical CPUs for the read stage beside every worker."""
     if ray.is_initialized():
@@ -190,7 +191,7 @@ def connect(address: str, workers: int) -> str:
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # Ray Data's plan and progress lines: the command says
     try:
         if address == "local":
-            ray.init(num_cpus=max(os.cpu_count() or 1, workers + 2), **options)
+            ray.init(num_cpus=max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2), **options)
         else:
             ray.init(address=address, **options)
     except Exception as exc:  # noqa: BLE001 (Ray raises many kinds: any failure to start or connect is one line)

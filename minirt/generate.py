@@ -110,6 +110,8 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
                    "cluster), or ray://HOST:PORT; --output FILE gets the same records, DIR/ gets them in shards")
     r.add_argument("--workers", type=int, default=2, metavar="N", help="with --ray: worker actors, each loading the "
                    "model once (default 2)")
+    r.add_argument("--worker-cpus", type=int, metavar="N", help="with --ray: CPUs (and BLAS threads) per worker "
+                   "(default: local, this machine's cores / --workers; on a cluster, 1)")
     add_version_flag(p)
     return p
 
@@ -138,6 +140,8 @@ def check_flags(args) -> None:
     if (args.prompts is None) == (args.prompt is None):
         raise MinirtError("give the prompts one way: --prompts FILE (- for standard input), or --prompt TEXT")
     require_at_least_one(args.workers, "--workers")
+    if args.worker_cpus is not None:
+        require_at_least_one(args.worker_cpus, "--worker-cpus")
     if args.ray and (args.prompts == "-" or args.trace or args.stream):
         raise MinirtError("--ray reads prompts from files (a file, a folder or a glob), not -, and has no --trace "
                           "or --stream: those show one process's rounds")

@@ -78,14 +78,15 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
         get_backend(args.backend)  # and so is a backend this machine (where the workers run) does not have
     source = PromptsDatasource(args.prompts, args.format) if args.prompts else args.prompt  # a bad file: here
     sink = RecordSink(args.output)  # a bad --output path fails here, before Ray starts
+    cpus = args.worker_cpus or (max(1, (os.cpu_count() or 1) // args.workers) if args.ray == "local" else 1)
     try:
-        print(connect(args.ray, args.workers), file=sys.stderr)
+        print(connect(args.ray, args.workers, cpus), file=sys.stderr)
         llm_kwargs = {"backend": args.backend, "dtype": args.dtype, "batch_size": args.batch_size,
                       "seed": args.seed, "policy": args.policy, "round_token_budget": args.max_round_tokens,
                       "kv_budget_tokens": args.kv_budget_tokens}
         if args.kv_budget_mib is not None:
             llm_kwargs["kv_budget_mib"] = args.kv_budget_mib
-        records, total = generate_dataset(source, str(model_folder), workers=args.workers,
+        records, total = generate_dataset(source, str(model_folder), workers=args.workers, cpus_per_worker=cpus,
                                           fmt=args.format, overrides=args.overrides, logprobs=args.logprobs,
                                           **llm_kwargs)
     except BaseException:

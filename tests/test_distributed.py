@@ -119,15 +119,16 @@ def test_two_workers_give_the_records_of_one_process(local_ray, tiny_lm, prompts
 
 
 def test_the_first_batch_is_scheduled_as_in_one_process(local_ray, tiny_lm, prompts_and_single_run, tmp_path):
-    """Rows 0-63 are one worker batch, served in static groups of 8 as one process serves them: for its first
-    7 groups (rows 0-56; row 37 fails and takes no row) even where each request ran is the same.  Later groups
-    are counted from their batch's start, and a batch's last group may hold fewer members."""
+    """Rows 0-31 are one worker batch (4 groups of 8), served in static groups as one process serves them: there
+    even where each request ran is the same.  Later batches count their groups and rounds from their own start
+    (and row 37 fails and takes no row, so the groups after it hold other members than in one process)."""
     prompts, single = prompts_and_single_run
     out = tmp_path / "ray.jsonl"
     generate(["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "8",
               "--seed", "3", "--logprobs", "--ray", "local", "--quiet"])
     got = records(out)
-    assert [[r[k] for k in WHERE_IT_RAN] for r in got[:57]] == [[r[k] for k in WHERE_IT_RAN] for r in single[:57]]
+    assert distributed.GROUPS_PER_BATCH * 8 == 32
+    assert [[r[k] for k in WHERE_IT_RAN] for r in got[:32]] == [[r[k] for k in WHERE_IT_RAN] for r in single[:32]]
 
 
 def test_a_killed_worker_is_replaced_and_every_index_comes_once(local_ray, tiny_lm, prompts_and_single_run):

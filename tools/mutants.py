@@ -284,6 +284,17 @@ MUTANTS = [
     Mutant("kv_budget_units_confused", "minirt/cli.py",
            '{"kib": 2**10, "mib": 2**20, "gib": 2**30}', '{"kib": 2**10, "mib": 2**10, "gib": 2**30}',
            "--kv-budget 512MiB means 512 KiB"),
+    Mutant("chunk_index_restarts", "minirt/prompt_chunks.py",
+           "start, first_line, index, entries = offset, line.number + 1, index + entries, 0",
+           "start, first_line, index, entries = offset, line.number + 1, index, 0",
+           "every chunk numbers its rows from the same index"),
+    Mutant("chunk_line_numbers_off", "minirt/prompt_chunks.py",
+           "start, first_line, index, entries = offset, line.number + 1,",
+           "start, first_line, index, entries = offset, line.number,",
+           "a chunk's error messages name the wrong line"),
+    Mutant("worker_forgets_global_index", "minirt/distributed.py",
+           "self.config.logprobs, indexes=indexes)", "self.config.logprobs)",
+           "a worker numbers its batch from 0: wrong seeds and ids"),
 ]
 
 
