@@ -9,8 +9,8 @@ Why the records are those of one process: a request's tokens never depend on its
 a request without a seed of its own gets one derived from the run's seed and its global index.  So however the
 rows are split between workers, each request is made exactly as one process makes it (the same index, line
 number, id and parameters) and gives the same tokens, text and finish reason.  Four fields describe where it
-ran, not what it produced: `group`, `rounds_waited`, `first_round` and `finish_round` are counted within the
-batch of rows its worker served (in one process, across the whole run).
+ran: a worker counts `group`, `rounds_waited`, `first_round` and `finish_round` within the batch of rows it
+served, and the command replays one process's schedule from them (minirt/scale_out.py).
 
 Fault tolerance is Ray's: an actor that dies is restarted and its batch retried, so every index comes out
 exactly once.
@@ -137,8 +137,13 @@ class GenerateWorker:
         requests = build_requests(self.llm, entries, self.defaults, self.config.logprobs, indexes=indexes)
         self.llm.serve(requests)
         lines = [json.dumps(record(r, self.llm.tokenizer), ensure_ascii=False, allow_nan=False) for r in requests]
+        engine = self.llm.engine
         return {"index": np.array(indexes, dtype=np.int64), "record": np.array(lines, dtype=object),
-                "failed": np.array([r.error is not None for r in requests])}
+                "failed": np.array([r.error is not None for r in requests]),
+                # what replaying one process's schedule needs (scale_out.OneProcessSchedule)
+                "max_new_tokens": np.array([r.params.max_new_tokens for r in requests], dtype=np.int64),
+                "kv_budget": np.full(len(requests), engine.kv_budget_positions, dtype=np.int64),
+                "n_positions": np.full(len(requests), self.llm.model.config.n_positions, dtype=np.int64)}
 
 
 def worker_class(config: WorkerConfig) -> type[GenerateWorker]:
@@ -155,8 +160,9 @@ def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAUL
     an `index` and a `prompt` column (and optionally `id` and any sampling field, as in a JSONL line).
     `overrides`: sampling fields for every request (as the command-line flags); a row's own fields win.
     `llm_kwargs`: what `LLM(...)` takes (backend, dtype, batch_size, kv_budget_mib, kv_budget_tokens, seed,
-    policy, round_token_budget).  Each output row has `index`, `record` (the JSON line `--output` writes for
-    that request, exactly) and `failed`.
+    policy, round_token_budget).  Each output row has `index`, `record` (the JSON line of that request, its
+    `group` and round fields counted within its worker's batch: `scale_out.OneProcessSchedule` replays them as
+    one process gives them), `failed`, and what that replay needs (`max_new_tokens`, `kv_budget`, `n_positions`).
 
         import ray, json
         from minirt.distributed import generate_dataset

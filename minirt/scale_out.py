@@ -4,7 +4,8 @@ Owns: `serve_on_ray`, which checks what it can before Ray starts (the model fold
 --output path, a local backend), serves through `distributed.generate_dataset`, and reports as generate does
 without --ray: each record in input order to --output (`RecordSink`: one JSONL file, replaced only by a run that
 wrote records, or a folder of shards), each completion to standard output, a summary, and exit status 1 if
-any request failed.
+any request failed.  `OneProcessSchedule` replays the engine's scheduler on what the workers report, so that
+each record's group and round fields are those one process gives: the file is the file of one process.
 
 Must not know: Ray itself (minirt/distributed.py alone imports it), the layers, or sampling.
 """
@@ -15,8 +16,9 @@ import json
 import os
 import sys
 import time
+from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .backend import get_backend
 from .checkpoint import load_checkpoint
@@ -26,6 +28,7 @@ from .errors import MinirtError
 from .report import completion_block
 from .request import Request, Status
 from .sampling import SamplingParams
+from .scheduler import SCHEDULERS, Scheduler
 
 SHARD_RECORDS = 100_000  # records per file of a folder --output
 
@@ -59,6 +62,65 @@ class RecordSink:
             self.file = None
 
 
+class OneProcessSchedule:
+    """The `group`, `rounds_waited`, `first_round` and `finish_round` that one process gives each request, found
+    by replaying the engine's own scheduler on what the workers report: which requests ran, their prompt lengths
+    and max_new_tokens (a request's KV need), and how many rounds each was active (its tokens, or the round it
+    failed in).  Records go in in input order and come out in input order with those four fields replaced.
+    Static groups are replayed as records arrive (a group is chosen once batch_size requests wait, or at the
+    end); continuous batching may admit a later request first, so it is replayed at the end."""
+
+    SCHEDULED = ("group", "rounds_waited", "first_round", "finish_round")
+
+    def __init__(self, policy: str, batch_size: int, round_tokens: int):
+        self.policy, self.batch_size, self.round_tokens = policy, batch_size, round_tokens
+        self.scheduler: Scheduler | None = None  # made with the first row: the KV budget comes from the workers
+        self.pending: deque[tuple[dict[str, Any], Request | None]] = deque()  # in input order, fields unknown
+        self.active_rounds: dict[int, int] = {}  # a running stub's index: the rounds it stays active
+        self.round = 0
+
+    def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
+        if self.scheduler is None:
+            self.scheduler = SCHEDULERS[self.policy](self.batch_size, int(row["kv_budget"]), int(row["n_positions"]),
+                                                     self.round_tokens)
+        stub = None
+        if record["first_round"] is not None:  # it ran, so it was queued in one process too
+            stub = Request(index=record["index"], id=record["id"], prompt=None,
+                           prompt_ids=[0] * record["prompt_tokens"],
+                           params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True))
+            self.active_rounds[stub.index] = record["finish_round"] - record["first_round"] + 1
+            self.scheduler.submit(stub)
+        self.pending.append((record, stub))
+
+    def ready(self, final: bool = False) -> Iterator[dict[str, Any]]:
+        """The records whose four fields are now known, in input order (all of them when `final`)."""
+        scheduler = self.scheduler
+        while scheduler is not None and scheduler.has_work():
+            choosing = not scheduler.running  # static: a new group is chosen from what waits
+            if not final and (self.policy != "static" or (choosing and len(scheduler.waiting) < self.batch_size)):
+                break  # more records may join the choice
+            self.round += 1
+            plan = scheduler.plan(self.round)
+            for active in plan.active:  # each active row produces a token; it is done after its own count
+                active.token_ids.append(0)
+                if len(active.token_ids) == self.active_rounds[active.index]:
+                    active.status, active.finish_round = Status.FINISHED, self.round
+            scheduler.complete(plan)
+        while self.pending and (self.pending[0][1] is None or self.pending[0][1].finished):
+            record, stub = self.pending.popleft()
+            if stub is not None:
+                record.update({name: getattr(stub, name) for name in self.SCHEDULED})
+            yield record
+
+
+    def drain(self) -> Iterator[dict[str, Any]]:
+        """After an interruption: every record still waiting for its schedule, in input order, its four fields
+        None (not known: the requests before it never all arrived); kept, not lost."""
+        while self.pending:
+            record, _ = self.pending.popleft()
+            yield {**record, **dict.fromkeys(self.SCHEDULED)}
+
+
 def request_from_record(record: dict[str, Any]):
     """A finished request rebuilt from its record, for the completion block standard output shows."""
     request = Request(index=record["index"], id=record["id"], prompt=record["prompt"],
@@ -67,6 +129,17 @@ def request_from_record(record: dict[str, Any]):
         setattr(request, name, record[name])
     request.status = Status.FINISHED
     return request
+
+
+def records_dataset(args, model_folder: Path, source, cpus: int):
+    """The run's Dataset of records, every flag meaning what it means without --ray."""
+    llm_kwargs = {"backend": args.backend, "dtype": args.dtype, "batch_size": args.batch_size, "seed": args.seed,
+                  "policy": args.policy, "round_token_budget": args.max_round_tokens,
+                  "kv_budget_tokens": args.kv_budget_tokens}
+    if args.kv_budget_mib is not None:
+        llm_kwargs["kv_budget_mib"] = args.kv_budget_mib
+    return generate_dataset(source, str(model_folder), workers=args.workers, cpus_per_worker=cpus, fmt=args.format,
+                            overrides=args.overrides, logprobs=args.logprobs, **llm_kwargs)
 
 
 def serve_on_ray(args, model_folder: Path, signals) -> int:
@@ -81,27 +154,31 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
     cpus = args.worker_cpus or (max(1, (os.cpu_count() or 1) // args.workers) if args.ray == "local" else 1)
     try:
         print(connect(args.ray, args.workers, cpus), file=sys.stderr)
-        llm_kwargs = {"backend": args.backend, "dtype": args.dtype, "batch_size": args.batch_size,
-                      "seed": args.seed, "policy": args.policy, "round_token_budget": args.max_round_tokens,
-                      "kv_budget_tokens": args.kv_budget_tokens}
-        if args.kv_budget_mib is not None:
-            llm_kwargs["kv_budget_mib"] = args.kv_budget_mib
-        records, total = generate_dataset(source, str(model_folder), workers=args.workers, cpus_per_worker=cpus,
-                                          fmt=args.format, overrides=args.overrides, logprobs=args.logprobs,
-                                          **llm_kwargs)
+        records, total = records_dataset(args, model_folder, source, cpus)
     except BaseException:
         sink.close_file(interrupted=True)  # nothing was written: an existing --output stays as it was
         raise
-    failed, interrupted = 0, True
+    failed, interrupted, schedule = 0, True, OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens)
+
+    def emit(final: bool) -> None:
+        for record in schedule.ready(final):
+            with signals.held():
+                sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
+            if not args.quiet:
+                print(completion_block(request_from_record(record), sys.stdout.isatty()), flush=True)
+
     try:
         for row in worker_errors_as_one_line(records.iter_rows()):
-            with signals.held():
-                sink.write(row["record"])
+            schedule.add(json.loads(row["record"]), row)
             failed += bool(row["failed"])
-            if not args.quiet:
-                block = completion_block(request_from_record(json.loads(row["record"])), sys.stdout.isatty())
-                print(block, flush=True)
+            emit(final=False)
+        emit(final=True)
         interrupted = False
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the records already final are written, scheduled or not
+        with signals.held():
+            for record in schedule.drain():
+                sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
+        raise
     finally:
         with signals.held():
             sink.close_file(interrupted=interrupted)

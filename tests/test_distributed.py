@@ -4,8 +4,8 @@ The expected records come from the single-process run of the same prompts (`pyth
 without --ray), an independent path through the same engine: no Ray, one LLM, one queue.  On a local Ray
 cluster that the tests start themselves (with more logical CPUs than this machine's 2 cores, so the read
 stage and two actors can all be scheduled), 2 workers must give, for every index exactly once, the same
-`index`, `id`, `prompt`, `text`, `token_ids`, `finish_reason`, `error`, `prompt_tokens` and logprobs.  A
-worker killed mid-run is restarted by Ray and its batch retried: still every index exactly once.
+records: every field equal (the group and round fields replayed as one process schedules them), logprobs
+within 1e-5.  A worker killed mid-run is restarted by Ray and its batch retried: still every index exactly once.
 
 Marked `ray` and skipped cleanly without the `[ray]` extra; CI installs it and runs them.
 """
@@ -32,7 +32,7 @@ from minirt.generate import main as generate_main  # noqa: E402
 
 WHAT_A_REQUEST_PRODUCED = ("index", "id", "prompt", "text", "token_ids", "finish_reason", "error", "prompt_tokens",
                            "prompt_token_ids")
-WHERE_IT_RAN = ("group", "rounds_waited", "first_round", "finish_round")  # counted within a worker's batch
+WHERE_IT_RAN = ("group", "rounds_waited", "first_round", "finish_round")  # the worker's; replayed by the command
 
 
 @pytest.fixture(scope="module")
@@ -114,21 +114,57 @@ def test_two_workers_give_the_records_of_one_process(local_ray, tiny_lm, prompts
     assert len(single) == 110 and [r["index"] for r in got] == list(range(110))  # each once, in input order
     assert [produced(r) for r in got] == [produced(r) for r in single] and same_logprobs(got, single)
     assert all(set(r) == set(s) for r, s in zip(got, single, strict=True))  # the same fields, none added
+    assert where(got) == where(single)
     assert got[37]["error"] == single[37]["error"] and "temperature" in got[37]["error"]
     assert stdout.count("### [") == 110 and "requests     110 (109 ok, 1 failed)" in err
 
 
-def test_the_first_batch_is_scheduled_as_in_one_process(local_ray, tiny_lm, prompts_and_single_run, tmp_path):
-    """Rows 0-31 are one worker batch (4 groups of 8), served in static groups as one process serves them: there
-    even where each request ran is the same.  Later batches count their groups and rounds from their own start
-    (and row 37 fails and takes no row, so the groups after it hold other members than in one process)."""
+def where(records: list[dict]) -> list[list]:
+    return [[r[k] for k in WHERE_IT_RAN] for r in records]
+
+
+def test_where_each_request_ran_is_one_process_schedule(local_ray, tiny_lm, prompts_and_single_run):
+    """The workers count groups and rounds within their own batches of 4 groups (and a failed line takes no row,
+    so their groups after row 37 hold other members); the command replays one process's schedule from them."""
     prompts, single = prompts_and_single_run
-    out = tmp_path / "ray.jsonl"
-    generate(["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "8",
-              "--seed", "3", "--logprobs", "--ray", "local", "--quiet"])
-    got = records(out)
-    assert distributed.GROUPS_PER_BATCH * 8 == 32
-    assert [[r[k] for k in WHERE_IT_RAN] for r in got[:32]] == [[r[k] for k in WHERE_IT_RAN] for r in single[:32]]
+    dataset, _ = distributed.generate_dataset(str(prompts), str(tiny_lm), overrides={"max_new_tokens": 8},
+                                              logprobs=True, seed=3)
+    rows = list(dataset.iter_rows())
+    raw = [json.loads(row["record"]) for row in rows]
+    assert where(raw[:32]) == where(single[:32]) and where(raw) != where(single)  # the first batch alone matches
+    schedule = scale_out.OneProcessSchedule("static", 8, 2048)
+    replayed = []
+    for record, row in zip(raw, rows, strict=True):
+        schedule.add(record, row)
+        replayed += schedule.ready()
+    replayed += schedule.ready(final=True)
+    assert where(replayed) == where(single)
+
+
+def test_an_interrupted_replay_keeps_every_record():
+    """Records whose schedule is not known yet (their group has not filled) are drained, not lost."""
+    schedule = scale_out.OneProcessSchedule("static", 8, 2048)
+    row = {"kv_budget": 1000, "n_positions": 64, "max_new_tokens": 4}
+    for i in range(3):
+        schedule.add({"index": i, "id": str(i), "prompt_tokens": 2, "group": 1, "rounds_waited": 0, "first_round": 1,
+                      "finish_round": 4, "text": "x"}, row)
+    assert list(schedule.ready()) == []  # 3 waiting of a group of 8: more may join it
+    drained = list(schedule.drain())
+    assert [(r["index"], r["text"], r["group"], r["first_round"]) for r in drained] == [(i, "x", None, None)
+                                                                                       for i in range(3)]
+
+
+@pytest.mark.parametrize("policy, flags", [("static", ["--kv-budget", "40"]),
+                                           ("continuous", ["--batch-size", "5", "--max-round-tokens", "24"]),
+                                           ("continuous", ["--kv-budget", "60", "--batch-size", "6"])])
+def test_the_file_is_the_file_of_one_process(local_ray, tiny_lm, prompts_and_single_run, tmp_path, policy, flags):
+    """Byte for byte (without --logprobs), under either policy, with the KV budget or round budget binding."""
+    prompts, _ = prompts_and_single_run
+    common = ["--model", str(tiny_lm), "--prompts", str(prompts), "--max-new-tokens", "10", "--policy", policy,
+              "--quiet", "--no-progress", *flags]
+    assert generate([*common, "--output", str(tmp_path / "one.jsonl")])[0] == EXIT_REQUEST_FAILED
+    assert generate([*common, "--output", str(tmp_path / "ray.jsonl"), "--ray", "local"])[0] == EXIT_REQUEST_FAILED
+    assert (tmp_path / "one.jsonl").read_bytes() == (tmp_path / "ray.jsonl").read_bytes()
 
 
 def test_a_killed_worker_is_replaced_and_every_index_comes_once(local_ray, tiny_lm, prompts_and_single_run):

@@ -295,6 +295,9 @@ MUTANTS = [
     Mutant("worker_forgets_global_index", "minirt/distributed.py",
            "self.config.logprobs, indexes=indexes)", "self.config.logprobs)",
            "a worker numbers its batch from 0: wrong seeds and ids"),
+    Mutant("replay_chooses_groups_early", "minirt/scale_out.py",
+           "(choosing and len(scheduler.waiting) < self.batch_size)", "(choosing and not scheduler.waiting)",
+           "a static group is chosen before all its members arrived: a short group, wrong rounds"),
 ]
 
 
