@@ -194,6 +194,9 @@ def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     if ray.is_initialized():
         return "ray: already initialized"
     options: dict[str, Any] = {"logging_level": "ERROR", "include_dashboard": False, "log_to_driver": False}
+    # Ray's C++ core logs, at error level, that Ray Data keeps the worker class in its object store; that is
+    # expected, and any real failure still reaches the command as an exception.  A user's own setting wins.
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # Ray Data's plan and progress lines: the command says
     try:
         if address == "local":

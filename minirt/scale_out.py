@@ -121,6 +121,25 @@ class OneProcessSchedule:
             yield {**record, **dict.fromkeys(self.SCHEDULED)}
 
 
+class RayProgress:
+    """'records N/total | T tokens | tok/s' on standard error, redrawn at most ten times a second."""
+
+    def __init__(self, total: int | None, enabled: bool):
+        self.total, self.enabled, self.tokens, self.last, self.start = total, enabled, 0, 0.0, time.perf_counter()
+
+    def update(self, written: int, tokens: int) -> None:
+        self.tokens += tokens
+        now = time.perf_counter()
+        if self.enabled and (now - self.last >= 0.1 or written == self.total):
+            self.last = now
+            print(f"\rgenerating on ray: {written}/{self.total} records | {self.tokens} tokens | "
+                  f"{self.tokens / (now - self.start):.1f} tok/s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.last:
+            print(file=sys.stderr)
+
+
 def request_from_record(record: dict[str, Any]):
     """A finished request rebuilt from its record, for the completion block standard output shows."""
     request = Request(index=record["index"], id=record["id"], prompt=record["prompt"],
@@ -159,11 +178,13 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
         sink.close_file(interrupted=True)  # nothing was written: an existing --output stays as it was
         raise
     failed, interrupted, schedule = 0, True, OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens)
+    progress = RayProgress(total, enabled=not args.no_progress and sys.stderr.isatty())
 
     def emit(final: bool) -> None:
         for record in schedule.ready(final):
             with signals.held():
                 sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
+            progress.update(sink.written, len(record["token_ids"]))
             if not args.quiet:
                 print(completion_block(request_from_record(record), sys.stdout.isatty()), flush=True)
 
@@ -180,9 +201,11 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
                 sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
         raise
     finally:
+        progress.close()
         with signals.held():
             sink.close_file(interrupted=interrupted)
     print(f"requests     {sink.written} ({sink.written - failed} ok, {failed} failed)\n"
+          f"tokens       {progress.tokens} generated\n"
           f"workers      {args.workers} on Ray ({args.ray}), {total} rows read in chunks\n"
           f"wall time    {time.perf_counter() - start:.2f} s, model loads included", file=sys.stderr)
     return EXIT_REQUEST_FAILED if failed else EXIT_OK
