@@ -24,6 +24,9 @@ import json
 import logging
 import os
 import re
+import socket
+import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Iterable, Iterator
@@ -188,9 +191,30 @@ def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAUL
 
 # ----------------------------------------------------------------------------- the command line
 
+@contextmanager
+def native_stderr_muted() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null within the block (Python's own errors still come as exceptions)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a one-line MinirtError
     when that fails.  Locally, Ray gets enough logical CPUs for the read stage beside every worker."""
+    host, colon, port = address.rpartition(":")
+    if colon and port.isdigit() and "://" not in address:  # HOST:PORT: Ray would retry it for minutes; ask once
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as exc:
+            raise MinirtError(f"--ray {address}: nothing answers there ({exc.strerror or exc}); start the cluster "
+                              "with `ray start --head`, or use --ray local") from None
     if ray.is_initialized():
         return "ray: already initialized"
     options: dict[str, Any] = {"logging_level": "ERROR", "include_dashboard": False, "log_to_driver": False}
@@ -199,10 +223,11 @@ def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # Ray Data's plan and progress lines: the command says
     try:
-        if address == "local":
-            ray.init(num_cpus=max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2), **options)
-        else:
-            ray.init(address=address, **options)
+        with native_stderr_muted():  # Ray's C++ side says at start where its logs go and at what level
+            if address == "local":
+                ray.init(num_cpus=max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2), **options)
+            else:
+                ray.init(address=address, **options)
     except Exception as exc:  # noqa: BLE001 (Ray raises many kinds: any failure to start or connect is one line)
         message = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise MinirtError(f"--ray {address}: cannot start or reach Ray ({message}); use --ray local, or start a "

@@ -239,6 +239,13 @@ def test_bad_ray_flags_are_one_line(argv, fragment):
     assert code == EXIT_USAGE and out == "" and err.count("\n") == 1 and fragment in err, err
 
 
+def test_an_address_where_nothing_answers_is_one_line_at_once():
+    start = time.perf_counter()
+    code, out, err = generate(["--prompt", "x", "--ray", "127.0.0.1:1"])  # port 1 on this machine: closed
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "--ray 127.0.0.1:1: nothing answers there" in err, err
+    assert time.perf_counter() - start < 30
+
+
 def test_ok_exit_without_failures(local_ray, tiny_lm, tmp_path):
     start = time.perf_counter()
     code, out, err = generate(["--model", str(tiny_lm), "--prompt", "To be", "--prompt", "ROMEO.", "--ray", "local",
