@@ -106,6 +106,7 @@ class Engine:
             if params.stop and self.tokenizer is None:
                 raise RequestError("stop strings need a tokenizer, and this model has none; use stop_token_ids")
             check_token_ids(params.stop_token_ids, self.model.config.vocab_size, "stop")
+            check_token_ids([token for token, _ in params.logit_bias], self.model.config.vocab_size, "logit_bias")
         except (RequestError, InputError) as exc:
             refuse(request, str(exc))
             return request

@@ -8,7 +8,8 @@ nothing runs) from a bad line (that request alone gets an error).
        empty prompt).
 .jsonl One JSON object per line: {"prompt": "...", "id": "optional", ...} plus
        any sampling field to override for that request alone: max_new_tokens,
-       temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos.
+       temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,
+       repetition_penalty, presence_penalty, frequency_penalty, min_p, logit_bias.
        Blank lines are skipped.
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.

@@ -3,7 +3,8 @@
 Owns:
   * `SamplingParams`: everything a request says about how it wants to be generated and stopped
     (max_new_tokens, temperature, top_k, top_p, seed, stop strings, stop token ids, ignore_eos), validated;
-  * `filtered_distribution`: temperature, then top-k, then top-p, turning raw logits into the probabilities to sample;
+  * `processed_logits`: logit_bias, then repetition, frequency and presence penalties (formulas there);
+  * `filtered_distribution`: temperature, then top-k, top-p and min-p, turning logits into the probabilities to sample;
   * `choose_token`: greedy or a draw from the request's own random stream, plus its log-probability under the raw model;
   * `choose_tokens`: the same for every row of a round, greedy and sampled rows alike (when every row is
     greedy and wants no log-probabilities, the argmax runs on the backend and only B token ids cross to the host);
@@ -39,12 +40,18 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the text is cut just before the first one
     stop_token_ids: tuple[int, ...] = ()  # token ids that end the request (finish_reason "stop")
     ignore_eos: bool = False  # keep going past the end-of-text token
+    repetition_penalty: float = 1.0  # > 0; a seen token's logit (prompt or output): / it if positive, * it if not
+    presence_penalty: float = 0.0  # subtracted from the logit of every token the output holds
+    frequency_penalty: float = 0.0  # subtracted once per time the output holds the token
+    min_p: float = 0.0  # keep tokens at least min_p x the most likely one's probability (0: off)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # {token id: bias} as sorted pairs, added first
 
     def __post_init__(self):
         # A bare `stop` string, lists (from JSON) and None become tuples (hashable); validate refuses anything else.
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         for name, raw in (("stop", stop), ("stop_token_ids", self.stop_token_ids)):
             object.__setattr__(self, name, tuple(raw or ()) if isinstance(raw, (list, tuple, type(None))) else raw)
+        object.__setattr__(self, "logit_bias", bias_pairs(self.logit_bias))
         self.validate()
 
     def validate(self) -> None:
@@ -75,6 +82,18 @@ class SamplingParams:
             raise RequestError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         if not isinstance(self.ignore_eos, bool):
             raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise RequestError(f"repetition_penalty must be a number > 0 (1 turns it off), "
+                               f"got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not is_number(getattr(self, name)):
+                raise RequestError(f"{name} must be a finite number (0 turns it off), got {getattr(self, name)!r}")
+        if not is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise RequestError(f"min_p must be in [0, 1] (0 turns it off), got {self.min_p!r}")
+        if not isinstance(self.logit_bias, tuple) or not all(
+                isinstance(pair, tuple) and is_int(pair[0]) and pair[0] >= 0 and is_number(pair[1])
+                for pair in self.logit_bias):
+            raise RequestError(f"logit_bias must map token ids to finite numbers, got {self.logit_bias!r}")
 
     def updated(self, **overrides) -> SamplingParams:
         """A copy with some fields replaced (validated again)."""
@@ -85,12 +104,59 @@ class SamplingParams:
         return replace(self, **overrides)
 
     @property
+    def changes_logits(self) -> bool:
+        """Whether a bias or a penalty changes the logits before a token is chosen."""
+        return bool(self.logit_bias) or self.repetition_penalty != 1.0 or bool(self.presence_penalty) or \
+            bool(self.frequency_penalty)
+
+    @property
     def greedy(self) -> bool:
         """Temperature 0, or so small that logits / T would overflow: take the argmax."""
         return self.temperature < GREEDY_BELOW
 
 
 FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))  # what a JSONL line or a flag may set
+
+
+def bias_pairs(raw):
+    """A logit_bias as sorted (token id, bias) pairs: from a dict (JSON's keys are strings of digits), pairs or
+    None; anything else is left for `validate` to refuse."""
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        try:
+            raw = [(int(k) if isinstance(k, str) and k.strip().isdigit() else k, v) for k, v in raw.items()]
+        except ValueError:
+            return raw
+    if isinstance(raw, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw):
+        pairs = [tuple(p) for p in raw]
+        try:
+            return tuple(sorted(pairs))
+        except TypeError:
+            return tuple(pairs)
+    return raw
+
+
+def processed_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids) -> np.ndarray:
+    """The logits [V] (float64) after the biases and penalties, in this order:
+        1. logit_bias: logit[t] += bias[t];
+        2. repetition_penalty r, for every token t in the prompt or the output (once, however often):
+           logit[t] / r if logit[t] > 0, else logit[t] * r (transformers' RepetitionPenaltyLogitsProcessor);
+        3. frequency and presence, with count[t] = how often the output so far holds t (vLLM, OpenAI):
+           logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0).
+    Temperature, top-k, top-p and min-p come after (`filtered_distribution`)."""
+    x = np.array(logits, dtype=np.float64)  # [V], a copy
+    for token, bias in params.logit_bias:
+        if token < x.size:
+            x[token] += bias
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64))  # [S]
+        seen = seen[seen < x.size]
+        x[seen] = np.where(x[seen] > 0, x[seen] / params.repetition_penalty, x[seen] * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and len(output_ids):
+        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=x.size)[: x.size]  # [V]
+        x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return x
 
 
 def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -103,7 +169,8 @@ def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
 def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The probabilities [V] (float64, summing to 1) a token is drawn from: softmax(logits / T), then top-k
     (every token whose logit is at least the k-th largest: boundary ties are kept), then top-p (the most likely
-    tokens, in order, until their total probability reaches top_p; the top token always), renormalised."""
+    tokens, in order, until their total probability reaches top_p; the top token always), then min-p (the
+    tokens whose probability is at least min_p x the top one's; transformers' MinPLogitsWarper), renormalised."""
     scaled = np.asarray(logits, dtype=np.float64) / params.temperature  # [V]
     if 0 < params.top_k < scaled.size:
         kth_largest = np.partition(scaled, -params.top_k)[-params.top_k]
@@ -116,19 +183,23 @@ def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndar
         kept_in_order = mass_before < params.top_p  # [V]; the first token has mass_before 0, always kept
         probs[order[~kept_in_order]] = 0.0  # [V], zero outside the nucleus
         probs = probs / probs.sum()
+    if params.min_p > 0:
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)  # [V]; the top token always stays
+        probs = probs / probs.sum()
     return probs
 
 
 def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None,
-                 want_logprob: bool = True) -> tuple[int, float | None]:
+                 want_logprob: bool = True, prompt_ids=(), output_ids=()) -> tuple[int, float | None]:
     """(token id, its log-probability under the raw model, or None when not wanted) for one request.
     Greedy takes the argmax (ties to the lowest id) and draws no random number; otherwise one uniform number
     from the request's own stream is mapped through the filtered distribution's cumulative sum, in id order."""
     logits = np.asarray(logits)  # [V] fp32 from the model
+    chosen_from = processed_logits(logits, params, prompt_ids, output_ids) if params.changes_logits else logits
     if params.greedy:
-        token = int(np.argmax(logits))
+        token = int(np.argmax(chosen_from))
     else:
-        probs = filtered_distribution(logits, params)  # [V]
+        probs = filtered_distribution(chosen_from, params)  # [V]
         cumulative = np.cumsum(probs)  # [V]
         assert rng is not None, "a sampled request has its own random stream"
         u = rng.random() * cumulative[-1]
@@ -143,11 +214,11 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None]
     shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or
     inf chooses nothing: its (None, None) tells the caller to fail that request, not to serve garbage."""
     finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
-    if all(r.params.greedy and not r.want_logprobs for r in rows):
+    if all(r.params.greedy and not r.want_logprobs and not r.params.changes_logits for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
         return [(int(token), None) if ok else (None, None) for token, ok in zip(ids, finite, strict=True)]
     host = backend.to_numpy(logits)  # [B, V] fp32
-    return [choose_token(row, r.params, r.rng, want_logprob=r.want_logprobs) if ok else (None, None)
+    return [choose_token(row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids) if ok else (None, None)
             for row, r, ok in zip(host, rows, finite, strict=True)]
 
 

@@ -45,6 +45,27 @@ def add_sampling_flags(g) -> None:
     g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
                    help="stop when this token is produced (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
+    g.add_argument("--repetition-penalty", type=float, metavar="R", help="a token already in the prompt or output: "
+                   "its logit / R if positive, x R if not (transformers' formula; default 1: off)")
+    g.add_argument("--presence-penalty", type=float, metavar="P", help="subtract P from the logit of every token the "
+                   "output holds (default 0)")
+    g.add_argument("--frequency-penalty", type=float, metavar="F", help="subtract F x how often the output holds a "
+                   "token from its logit (default 0)")
+    g.add_argument("--min-p", type=float, metavar="P", help="keep tokens at least P x the top token's probability, "
+                   "after top-k and top-p (default 0: off)")
+    g.add_argument("--logit-bias", action="append", type=parse_bias, metavar="ID=BIAS", help="add BIAS to token ID's "
+                   "logit, before everything else (repeatable)")
+
+
+def parse_bias(text: str) -> tuple[int, float]:
+    """--logit-bias ID=BIAS as (id, bias); else a one-line error."""
+    token, equals, bias = text.partition("=")
+    try:
+        if equals and token.strip().isdigit():
+            return int(token), float(bias)
+    except ValueError:
+        pass
+    raise MinirtError(f"--logit-bias takes ID=BIAS, such as 50256=-100, got {text!r}")
 
 
 def flag_overrides(args) -> dict:
@@ -52,7 +73,10 @@ def flag_overrides(args) -> dict:
     given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
              "top_p": args.top_p, "ignore_eos": args.ignore_eos,
              "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
-             "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None}
+             "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
+             "repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
+             "frequency_penalty": args.frequency_penalty, "min_p": args.min_p,
+             "logit_bias": tuple(args.logit_bias) if args.logit_bias else None}
     return {k: v for k, v in given.items() if v is not None}
 
 

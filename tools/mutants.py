@@ -298,6 +298,18 @@ MUTANTS = [
     Mutant("replay_chooses_groups_early", "minirt/scale_out.py",
            "(choosing and len(scheduler.waiting) < self.batch_size)", "(choosing and not scheduler.waiting)",
            "a static group is chosen before all its members arrived: a short group, wrong rounds"),
+    Mutant("repetition_penalty_sign_ignored", "minirt/sampling.py",
+           "np.where(x[seen] > 0, x[seen] / params.repetition_penalty, x[seen] * params.repetition_penalty)",
+           "x[seen] / params.repetition_penalty", "a negative logit is raised by the repetition penalty"),
+    Mutant("presence_counts_like_frequency", "minirt/sampling.py",
+           "params.presence_penalty * (counts > 0)", "params.presence_penalty * counts",
+           "the presence penalty grows with each repeat"),
+    Mutant("min_p_against_the_wrong_top", "minirt/sampling.py",
+           "probs >= params.min_p * probs.max()", "probs >= params.min_p",
+           "min-p compares with min_p itself, not min_p x the top probability"),
+    Mutant("greedy_shortcut_skips_the_bias", "minirt/sampling.py",
+           "and not r.params.changes_logits for r in rows", "for r in rows",
+           "an all-greedy round ignores logit_bias and penalties"),
 ]
 
 

@@ -1,0 +1,182 @@
+"""Issue #14 (first part): logit_bias, the repetition, presence and frequency penalties, and min-p.
+
+Expected values come from hand computations (plain Python loops over the formulas in the issue), and, where
+torch and transformers import, from transformers' own RepetitionPenaltyLogitsProcessor, MinPLogitsWarper and
+greedy `generate(repetition_penalty=1.3)`.  Batch invariance holds with every new field set.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_model, reference_available
+from minirt.engine import Engine
+from minirt.errors import RequestError
+from minirt.sampling import SamplingParams, filtered_distribution, processed_logits
+
+V = 13
+logit_lists = st.lists(st.floats(-8, 8, allow_nan=False), min_size=V, max_size=V)
+histories = st.lists(st.integers(0, V - 1), max_size=12)
+
+
+def by_hand(logits, bias, repetition, presence, frequency, prompt, output):
+    """The issue's formulas, one token at a time: bias, then repetition over prompt and output (each token once),
+    then frequency x count and presence x (count > 0) over the output."""
+    x = [float(v) for v in logits]
+    for token, b in bias.items():
+        x[token] += b
+    for token in set(prompt) | set(output):
+        x[token] = x[token] / repetition if x[token] > 0 else x[token] * repetition
+    for token in range(len(x)):
+        count = output.count(token)
+        x[token] -= frequency * count + presence * (1 if count else 0)
+    return x
+
+
+@settings(max_examples=200, deadline=None)
+@given(logits=logit_lists, prompt=histories, output=histories,
+       bias=st.dictionaries(st.integers(0, V - 1), st.floats(-5, 5), max_size=4),
+       repetition=st.floats(0.2, 3.0), presence=st.floats(-2, 2), frequency=st.floats(-2, 2))
+def test_biases_and_penalties_follow_their_formulas(logits, prompt, output, bias, repetition, presence, frequency):
+    params = SamplingParams(logit_bias=bias, repetition_penalty=repetition, presence_penalty=presence,
+                            frequency_penalty=frequency)
+    got = processed_logits(np.array(logits, dtype=np.float32), params, prompt, output)
+    want = by_hand(np.array(logits, dtype=np.float32).tolist(), bias, repetition, presence, frequency, prompt, output)
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(logits=logit_lists, min_p=st.floats(0.0, 1.0), temperature=st.floats(0.2, 3.0))
+def test_min_p_keeps_what_is_at_least_min_p_of_the_top(logits, min_p, temperature):
+    probs = filtered_distribution(np.array(logits), SamplingParams(temperature=temperature, min_p=min_p))
+    exps = [math.exp(v / temperature - max(logits) / temperature) for v in logits]
+    p = [e / sum(exps) for e in exps]
+    kept = [q if q >= min_p * max(p) else 0.0 for q in p]
+    assert np.allclose(probs, [k / sum(kept) for k in kept], rtol=1e-9, atol=1e-12)
+    assert probs[int(np.argmax(logits))] > 0  # the top token always stays
+
+
+def test_json_keys_are_token_ids_and_bad_values_are_refused():
+    assert SamplingParams(logit_bias={"7": 2.5, 3: -1}).logit_bias == ((3, -1), (7, 2.5))
+    for bad in ({"x": 1}, {"-1": 1}, {5: float("nan")}, {5: "big"}, [1, 2], "7:1"):
+        with pytest.raises(RequestError, match="logit_bias"):
+            SamplingParams(logit_bias=bad)
+    for field, value in (("repetition_penalty", 0), ("repetition_penalty", -1.0), ("presence_penalty", math.inf),
+                         ("frequency_penalty", "1"), ("min_p", 1.5), ("min_p", -0.1), ("min_p", math.nan)):
+        with pytest.raises(RequestError, match=field):
+            SamplingParams(**{field: value})
+
+
+def serve(engine, prompts, params):
+    requests = [engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+    engine.serve(requests)
+    return [r.token_ids for r in requests]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(seed=4, vocab_size=40, n_positions=64)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), batch_size=st.integers(1, 4), policy=st.sampled_from(["static", "continuous"]))
+def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, policy):
+    n = data.draw(st.integers(1, 5), label="requests")
+    prompts = [data.draw(st.lists(st.integers(0, 39), min_size=1, max_size=6), label="prompt") for _ in range(n)]
+    params = [SamplingParams(
+        max_new_tokens=data.draw(st.integers(1, 8)), temperature=data.draw(st.sampled_from([0.0, 0.9])),
+        seed=i, ignore_eos=True, min_p=data.draw(st.sampled_from([0.0, 0.05])),
+        repetition_penalty=data.draw(st.sampled_from([1.0, 1.3])),
+        presence_penalty=data.draw(st.sampled_from([0.0, 0.5])),
+        frequency_penalty=data.draw(st.sampled_from([0.0, 0.7])),
+        logit_bias=data.draw(st.dictionaries(st.integers(0, 39), st.floats(-3, 3), max_size=2)))
+        for i in range(n)]
+    together = serve(Engine(model, None, batch_size=batch_size, policy=policy), prompts, params)
+    alone = [serve(Engine(model, None, batch_size=1), [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    assert together == alone
+
+
+def test_a_bias_steers_greedy_decoding(model):
+    """+100 on token 5 makes greedy pick 5 every time; a repetition penalty alone changes nothing unless seen."""
+    engine = Engine(model, None, batch_size=2)
+    biased = serve(engine, [[1, 2, 3]], [SamplingParams(max_new_tokens=4, logit_bias={5: 100.0}, ignore_eos=True)])
+    assert biased == [[5, 5, 5, 5]]
+    plain, penalised = serve(engine, [[1, 2, 3], [1, 2, 3]], [SamplingParams(max_new_tokens=12, ignore_eos=True),
+                             SamplingParams(max_new_tokens=12, ignore_eos=True, repetition_penalty=50.0)])
+    assert len(set(penalised)) > len(set(plain)) or len(set(plain)) == 12  # it repeats itself less
+
+
+# ----------------------------------------------------------------------------- against live transformers
+
+live = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (.[reference])")
+
+
+@pytest.mark.reference
+@live
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 10**6), penalty=st.floats(0.3, 3.0), min_p=st.floats(0.0, 1.0))
+def test_processors_equal_transformers(seed, penalty, min_p):
+    import torch
+    from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor
+
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, size=(1, 50)).astype(np.float32)
+    ids = rng.integers(0, 50, size=(1, 9))
+    want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor(ids), torch.tensor(logits)).numpy()[0]
+    got = processed_logits(logits[0], SamplingParams(repetition_penalty=penalty), ids[0, :4].tolist(),
+                           ids[0, 4:].tolist())
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
+    warped = MinPLogitsWarper(min_p=min_p)(torch.tensor(ids), torch.tensor(logits)).numpy()[0]
+    want_probs = np.exp(warped - warped.max()) / np.exp(warped - warped.max()).sum()
+    got_probs = filtered_distribution(logits[0], SamplingParams(temperature=1.0, min_p=min_p))
+    assert np.array_equal(got_probs > 0, want_probs > 0) and np.allclose(got_probs, want_probs, atol=1e-6)
+
+
+@pytest.mark.reference
+@live
+def test_greedy_with_repetition_penalty_equals_transformers_generate(tiny_lm):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from minirt import LLM
+
+    reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
+    llm = LLM(tiny_lm, backend="numpy")
+    for prompt in ([5, 6, 7, 8], [40, 41], [3, 3, 3, 9, 1]):
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20, min_new_tokens=20,
+                                     repetition_penalty=1.3, pad_token_id=0)
+        want = out[0, len(prompt):].tolist()
+        got = llm.generate([prompt], SamplingParams(max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True))[0]
+        assert got.token_ids == want
+
+
+def test_jsonl_fields_and_flags_reach_each_request(tiny_lm, tmp_path):
+    """A JSONL line's fields override the flags for that request; a bad value fails that request alone; a bias
+    on a token the model does not have is refused as the request's own error."""
+    import json
+
+    from minirt.cli import EXIT_REQUEST_FAILED, run_command
+    from minirt.generate import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(row) for row in [
+        {"prompt": "To be", "logit_bias": {"5": 100}},
+        {"prompt": "To be"},
+        {"prompt": "To be", "min_p": 7},
+        {"prompt": "To be", "logit_bias": {"100000": 1}}]) + "\n")
+    out = tmp_path / "o.jsonl"
+    code = run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--quiet",
+                              "--max-new-tokens", "4", "--temperature", "0", "--logit-bias", "7=100",
+                              "--ignore-eos", "--no-progress"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert code == EXIT_REQUEST_FAILED
+    assert records[0]["token_ids"] == [5] * 4  # its own bias replaces the flag's
+    assert records[1]["token_ids"] == [7] * 4  # the flag's
+    assert "min_p must be in [0, 1]" in records[2]["error"]
+    assert "logit_bias" in records[3]["error"] and records[3]["token_ids"] == []
