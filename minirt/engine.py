@@ -98,7 +98,7 @@ class Engine:
         """A Request for one prompt (text or token ids).  A bad one, or one given an `error`, comes back refused."""
         request = Request(index=index, id=str(index if request_id is None else request_id),
                           prompt=prompt if isinstance(prompt, str) else None, prompt_ids=[], params=params,
-                          want_logprobs=want_logprobs)
+                          want_logprobs=want_logprobs or params.logprobs is not None)
         try:
             if error is not None:  # already known to be bad (a bad line of a prompts file)
                 raise RequestError(error)
@@ -218,13 +218,14 @@ class Engine:
         """Each active member picks its token from its own logits row, appends it, and checks its own stops;
         on_token hears of it.  Returns how many tokens were added (a member whose logits are not finite fails)."""
         n_positions, added = self.model.config.n_positions, 0
-        for request, (token, logprob) in zip(active, choose_tokens(self.model.backend, logits, active), strict=True):
+        for request, (token, logprob, top) in zip(active, choose_tokens(self.model.backend, logits, active),
+                                                  strict=True):
             if token is None:  # its own failure: the peers' rows are untouched and go on
                 refuse(request, f"the model's logits for its token {len(request.token_ids) + 1} are not finite "
                                 "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)",
                        round_number)
             else:
-                add_token(request, token, logprob, round_number, self.eos_token_id, n_positions)
+                add_token(request, token, logprob, round_number, self.eos_token_id, n_positions, top)
                 on_token(request)
                 added += 1
         return added

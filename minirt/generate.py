@@ -120,7 +120,8 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
 def add_output_flags(o) -> None:
     o.add_argument("--output", metavar="FILE.jsonl",
                    help="write one JSON record per request, in input order, as each is final")
-    o.add_argument("--logprobs", action="store_true", help="add each chosen token's log-probability to the records")
+    o.add_argument("--logprobs", nargs="?", const=0, type=int, metavar="N", help="add each chosen token's "
+                   "log-probability to the records; with N, also the N most likely tokens at each step (top_logprobs)")
     o.add_argument("--trace", action="store_true",
                    help="print the round grid on standard error (each static group's, or the continuous run's)")
     o.add_argument("--stream", action=argparse.BooleanOptionalAction, help="show each completion as its tokens "
@@ -220,7 +221,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
         records = OutputFile(args.output) if args.output else None  # and a bad --output path
         try:
             llm, load_seconds = load(args, folder)
-            requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides), args.logprobs)
+            requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides),
+                                      args.logprobs is not None)
         except BaseException:
             if records is not None:
                 records.discard()  # the run never started: an existing --output stays as it was

@@ -29,6 +29,7 @@ class RequestOutput:
     finish_reason: str  # "stop" (EOS, stop token or stop string), "length" (max_new_tokens or context), "error"
     error: str | None  # why it failed, in one line; None when it did not
     logprobs: list[float] | None  # each token's log-probability under the raw model, when asked for; else None
+    top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (SamplingParams.logprobs)
     group: int | None  # the static group that served it (1-based); None under continuous batching, or if refused
     first_round: int | None  # the round that gave its first token (its prefill); None if it never ran
     finish_round: int | None  # the round that gave its last token
@@ -46,7 +47,8 @@ class RequestOutput:
         return cls(index=request.index, id=request.id, prompt=prompt_text(request, tokenizer),
                    prompt_token_ids=list(request.prompt_ids), text=request.text, token_ids=list(request.token_ids),
                    finish_reason=request.finish_reason, error=request.error,
-                   logprobs=list(request.logprobs) if request.want_logprobs else None, group=request.group,
+                   logprobs=list(request.logprobs) if request.want_logprobs else None,
+                   top_logprobs=list(request.top_logprobs) if request.params.logprobs else None, group=request.group,
                    first_round=request.first_round, finish_round=request.finish_round,
                    rounds_waited=request.rounds_waited)
 
@@ -62,7 +64,9 @@ class RequestOutput:
         if prompt_was_ids:
             out["prompt_token_ids"] = self.prompt_token_ids
         if self.logprobs is not None:
-            out["logprobs"] = [round(lp, 6) if math.isfinite(lp) else None for lp in self.logprobs]
+            out["logprobs"] = [json_logprob(lp) for lp in self.logprobs]
+        if self.top_logprobs is not None:
+            out["top_logprobs"] = [[[token, json_logprob(lp)] for token, lp in step] for step in self.top_logprobs]
         return out
 
 
@@ -81,6 +85,11 @@ class TokenEvent:
         """The event for the token just appended; takes the request's text not yet handed out (`unshown_text`)."""
         return cls(index=request.index, id=request.id, token_id=request.token_ids[-1], text=unshown_text(request),
                    finish_reason=request.finish_reason)
+
+
+def json_logprob(logprob: float) -> float | None:
+    """Rounded to 6 places; a -inf (a token the raw model gave probability 0) as None, as strict JSON needs."""
+    return round(logprob, 6) if math.isfinite(logprob) else None
 
 
 def prompt_text(request: Request, tokenizer: Tokenizer | None) -> str | None:

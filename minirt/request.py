@@ -43,6 +43,7 @@ class Request:
 
     token_ids: list[int] = field(default_factory=list)  # every token produced, in order
     logprobs: list[float] = field(default_factory=list)  # log p(token) under the raw model, if wanted
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: the N most likely
     text: str | None = None  # the completion text (cut before a stop string); None without a tokenizer
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop", "length", or "error"
@@ -75,11 +76,13 @@ def refuse(request: Request, message: str, round_number: int | None = None) -> N
 
 
 def add_token(request: Request, token: int, logprob: float | None, round_number: int,
-              eos_token_id: int | None, n_positions: int) -> None:
-    """Append this round's token to the record and apply every stop rule, in order."""
+              eos_token_id: int | None, n_positions: int, top: list[tuple[int, float]] | None = None) -> None:
+    """Append this round's token (and its logprobs, if wanted) to the record and apply every stop rule, in order."""
     request.token_ids.append(token)
     if request.want_logprobs and logprob is not None:
         request.logprobs.append(logprob)
+    if top is not None:
+        request.top_logprobs.append(top)
     params = request.params
     if (token == eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
         finish(request, "stop", round_number)  # the token is kept in token_ids, its text is not added

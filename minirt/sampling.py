@@ -26,6 +26,7 @@ import numpy as np
 from .errors import RequestError
 
 GREEDY_BELOW = 1e-5  # temperatures under this are treated as 0 (greedy)
+MAX_TOP_LOGPROBS = 100  # the most alternatives a request may ask for at each step
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted once per time the output holds the token
     min_p: float = 0.0  # keep tokens at least min_p x the most likely one's probability (0: off)
     logit_bias: tuple[tuple[int, float], ...] = ()  # {token id: bias} as sorted pairs, added first
+    logprobs: int | None = None  # record each token's logprob (0), and the N most likely at each step (N >= 1)
 
     def __post_init__(self):
         # A bare `stop` string, lists (from JSON) and None become tuples (hashable); validate refuses anything else.
@@ -90,6 +92,8 @@ class SamplingParams:
                 raise RequestError(f"{name} must be a finite number (0 turns it off), got {getattr(self, name)!r}")
         if not is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise RequestError(f"min_p must be in [0, 1] (0 turns it off), got {self.min_p!r}")
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise RequestError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
         if not isinstance(self.logit_bias, tuple) or not all(
                 isinstance(pair, tuple) and is_int(pair[0]) and pair[0] >= 0 and is_number(pair[1])
                 for pair in self.logit_bias):
@@ -208,17 +212,25 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
     return token, (float(log_softmax(logits)[token]) if want_logprob else None)
 
 
-def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None]]:
-    """Every row's (token, log-probability or None), from its own logits row and settings.  `rows` are the
-    round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy
-    shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or
-    inf chooses nothing: its (None, None) tells the caller to fail that request, not to serve garbage."""
+def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n most likely tokens under the raw model, most likely first (ties: the lower id first), with their
+    log-probabilities: [(token id, logprob), ...]."""
+    logprobs = log_softmax(logits)  # [V] float64
+    return [(int(token), float(logprobs[token])) for token in np.argsort(-logprobs, kind="stable")[:n]]
+
+
+def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None, list | None]]:
+    """Every row's (token, log-probability or None, top alternatives or None), from its own logits row and
+    settings.  `rows` are the round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a
+    backend array.  The all-greedy shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest
+    id).  A row holding NaN or inf chooses nothing: (None, None, None) tells the caller to fail that request."""
     finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
     if all(r.params.greedy and not r.want_logprobs and not r.params.changes_logits for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
-        return [(int(token), None) if ok else (None, None) for token, ok in zip(ids, finite, strict=True)]
+        return [(int(token), None, None) if ok else (None, None, None) for token, ok in zip(ids, finite, strict=True)]
     host = backend.to_numpy(logits)  # [B, V] fp32
-    return [choose_token(row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids) if ok else (None, None)
+    return [(*choose_token(row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids),
+             top_logprobs(row, r.params.logprobs) if r.params.logprobs else None) if ok else (None, None, None)
             for row, r, ok in zip(host, rows, finite, strict=True)]
 
 
@@ -233,5 +245,5 @@ def derived_seed(run_seed: int, index: int) -> int:
     return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-__all__ = ["SamplingParams", "RequestError", "choose_token", "choose_tokens", "filtered_distribution",
+__all__ = ["SamplingParams", "RequestError", "choose_token", "choose_tokens", "filtered_distribution", "top_logprobs",
            "log_softmax", "request_rng", "derived_seed"]

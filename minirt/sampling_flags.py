@@ -76,7 +76,8 @@ def flag_overrides(args) -> dict:
              "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
              "repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
              "frequency_penalty": args.frequency_penalty, "min_p": args.min_p,
-             "logit_bias": tuple(args.logit_bias) if args.logit_bias else None}
+             "logit_bias": tuple(args.logit_bias) if args.logit_bias else None,
+             "logprobs": args.logprobs or None}  # --logprobs N (N >= 1) asks for top_logprobs
     return {k: v for k, v in given.items() if v is not None}
 
 

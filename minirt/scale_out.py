@@ -158,7 +158,7 @@ def records_dataset(args, model_folder: Path, source, cpus: int):
     if args.kv_budget_mib is not None:
         llm_kwargs["kv_budget_mib"] = args.kv_budget_mib
     return generate_dataset(source, str(model_folder), workers=args.workers, cpus_per_worker=cpus, fmt=args.format,
-                            overrides=args.overrides, logprobs=args.logprobs, **llm_kwargs)
+                            overrides=args.overrides, logprobs=args.logprobs is not None, **llm_kwargs)
 
 
 def serve_on_ray(args, model_folder: Path, signals) -> int:

@@ -381,7 +381,7 @@ def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
     logits = np.array(rows, dtype=np.float32)
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
     got = choose_tokens(random_model().backend, logits, greedy)
-    assert got == [choose_token(row, SamplingParams(), None, want_logprob=False) for row in logits]
+    assert got == [(*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in logits]
 
 
 def test_generate_refuses_counts_that_do_not_match_the_prompts():

@@ -125,7 +125,7 @@ def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
     host = np.array(rows, dtype=np.float32)
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
     got = choose_tokens(CUPY, CUPY.asarray(host), greedy)
-    assert got == [choose_token(row, SamplingParams(), None, want_logprob=False) for row in host]
+    assert got == [(*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in host]
 
 
 @pytest.mark.parametrize("scratch", [None, 3000], ids=["one tile", "a few tokens a tile"])

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conftest import random_model, reference_available
 from minirt.engine import Engine
 from minirt.errors import RequestError
-from minirt.sampling import SamplingParams, filtered_distribution, processed_logits
+from minirt.sampling import SamplingParams, filtered_distribution, processed_logits, top_logprobs
 
 V = 13
 logit_lists = st.lists(st.floats(-8, 8, allow_nan=False), min_size=V, max_size=V)
@@ -111,6 +111,41 @@ def test_a_bias_steers_greedy_decoding(model):
     assert len(set(penalised)) > len(set(plain)) or len(set(plain)) == 12  # it repeats itself less
 
 
+@settings(max_examples=200, deadline=None)
+@given(logits=st.lists(st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0]), min_size=V, max_size=V), n=st.integers(1, V))
+def test_top_logprobs_are_the_most_likely_by_hand(logits, n):
+    """Most likely first, ties to the lower id, values the log-softmax computed by hand."""
+    total = math.log(sum(math.exp(v) for v in logits))
+    ranked = sorted(range(V), key=lambda t: (-logits[t], t))[:n]
+    got = top_logprobs(np.array(logits, dtype=np.float32), n)
+    assert [t for t, _ in got] == ranked
+    assert np.allclose([lp for _, lp in got], [logits[t] - total for t in ranked], atol=1e-9)
+
+
+def test_logprobs_n_records_the_alternatives_of_every_step(tiny_lm, tmp_path):
+    """--logprobs N: top_logprobs, N pairs per generated token, the greedy choice first; --logprobs alone and a
+    JSONL line's own "logprobs" as the issue says."""
+    import json
+
+    from minirt.cli import run_command
+    from minirt.generate import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "To be"}\n{"prompt": "To be", "logprobs": 1}\n')
+    for flags, sizes in ((["--logprobs", "3"], [3, 1]), (["--logprobs"], [None, 1]), ([], [None, 1])):
+        out = tmp_path / "o.jsonl"
+        assert run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--quiet",
+                                  "--max-new-tokens", "5", "--temperature", "0", "--no-progress", *flags]) == 0
+        for record, size in zip([json.loads(line) for line in out.read_text().splitlines()], sizes, strict=True):
+            if size is None:
+                assert "top_logprobs" not in record
+                continue
+            assert [len(step) for step in record["top_logprobs"]] == [size] * len(record["token_ids"])
+            assert [step[0][0] for step in record["top_logprobs"]] == record["token_ids"]  # greedy: the top one
+            assert [step[0][1] for step in record["top_logprobs"]] == record["logprobs"]
+            assert all(step == sorted(step, key=lambda pair: -pair[1]) for step in record["top_logprobs"])
+
+
 # ----------------------------------------------------------------------------- against live transformers
 
 live = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (.[reference])")
@@ -180,3 +215,24 @@ def test_jsonl_fields_and_flags_reach_each_request(tiny_lm, tmp_path):
     assert records[1]["token_ids"] == [7] * 4  # the flag's
     assert "min_p must be in [0, 1]" in records[2]["error"]
     assert "logit_bias" in records[3]["error"] and records[3]["token_ids"] == []
+
+
+@pytest.mark.reference
+@live
+def test_top_logprobs_equal_transformers_log_softmax(tiny_lm):
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from minirt import LLM
+
+    reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
+    prompt = [5, 6, 7, 8]
+    out = LLM(tiny_lm, backend="numpy").generate([prompt], SamplingParams(max_new_tokens=8, temperature=1.0, seed=2,
+                                                                          logprobs=5, ignore_eos=True))[0]
+    for step, alternatives in enumerate(out.top_logprobs):
+        with torch.no_grad():
+            raw = reference(torch.tensor([prompt + out.token_ids[:step]])).logits[0, -1].double()
+        want = torch.log_softmax(raw, dim=-1)
+        want_ids = torch.argsort(-want, stable=True)[:5].tolist()
+        assert [t for t, _ in alternatives] == want_ids
+        assert np.allclose([lp for _, lp in alternatives], want[want_ids].numpy(), atol=1e-4)

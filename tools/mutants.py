@@ -310,6 +310,9 @@ MUTANTS = [
     Mutant("greedy_shortcut_skips_the_bias", "minirt/sampling.py",
            "and not r.params.changes_logits for r in rows", "for r in rows",
            "an all-greedy round ignores logit_bias and penalties"),
+    Mutant("top_logprobs_least_likely_first", "minirt/sampling.py",
+           "np.argsort(-logprobs, kind=\"stable\")[:n]", "np.argsort(logprobs, kind=\"stable\")[:n]",
+           "top_logprobs lists the least likely tokens"),
 ]
 
 
