@@ -36,7 +36,7 @@ from .errors import InputError, RequestError, require_at_least_one
 from .kv_cache import KVCache
 from .model import GPT2
 from .request import Request, Status, add_token, refuse
-from .sampling import SamplingParams, choose_tokens, derived_seed, request_rng
+from .sampling import SamplingParams, choose_tokens, derived_seed, prompt_logprobs, request_rng
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .tokenizer import Tokenizer, special_ids
 
@@ -199,6 +199,9 @@ class Engine:
             if plan.kv_limited:
                 stats.kv_limited_rows.append(rows)
         for request in plan.admitted:
+            if request.params.prompt_logprobs:  # every prompt position's logits: one scoring pass of its own
+                request.prompt_logprobs = prompt_logprobs(self.model.logits([request.prompt_ids])[0],
+                                                          request.prompt_ids)
             request.slot = self.free_slots.pop(0)
             assert self.kv_cache is not None  # made with its group (or the pool), before any member is admitted
             self.kv_cache.reset_slot(request.slot)  # zeroed, so nothing of an earlier occupant can leak in

@@ -30,6 +30,7 @@ class RequestOutput:
     error: str | None  # why it failed, in one line; None when it did not
     logprobs: list[float] | None  # each token's log-probability under the raw model, when asked for; else None
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (SamplingParams.logprobs)
+    prompt_logprobs: list[float | None] | None  # per prompt token given those before it (the first: None)
     group: int | None  # the static group that served it (1-based); None under continuous batching, or if refused
     first_round: int | None  # the round that gave its first token (its prefill); None if it never ran
     finish_round: int | None  # the round that gave its last token
@@ -48,7 +49,8 @@ class RequestOutput:
                    prompt_token_ids=list(request.prompt_ids), text=request.text, token_ids=list(request.token_ids),
                    finish_reason=request.finish_reason, error=request.error,
                    logprobs=list(request.logprobs) if request.want_logprobs else None,
-                   top_logprobs=list(request.top_logprobs) if request.params.logprobs else None, group=request.group,
+                   top_logprobs=list(request.top_logprobs) if request.params.logprobs else None,
+                   prompt_logprobs=request.prompt_logprobs, group=request.group,
                    first_round=request.first_round, finish_round=request.finish_round,
                    rounds_waited=request.rounds_waited)
 
@@ -67,6 +69,8 @@ class RequestOutput:
             out["logprobs"] = [json_logprob(lp) for lp in self.logprobs]
         if self.top_logprobs is not None:
             out["top_logprobs"] = [[[token, json_logprob(lp)] for token, lp in step] for step in self.top_logprobs]
+        if self.prompt_logprobs is not None:
+            out["prompt_logprobs"] = [None if lp is None else json_logprob(lp) for lp in self.prompt_logprobs]
         return out
 
 

@@ -9,7 +9,8 @@ nothing runs) from a bad line (that request alone gets an error).
 .jsonl One JSON object per line: {"prompt": "...", "id": "optional", ...} plus
        any sampling field to override for that request alone: max_new_tokens,
        temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,
-       repetition_penalty, presence_penalty, frequency_penalty, min_p, logit_bias.
+       repetition_penalty, presence_penalty, frequency_penalty, min_p, logit_bias,
+       logprobs, prompt_logprobs.
        Blank lines are skipped.
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.

@@ -44,6 +44,7 @@ class Request:
     token_ids: list[int] = field(default_factory=list)  # every token produced, in order
     logprobs: list[float] = field(default_factory=list)  # log p(token) under the raw model, if wanted
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: the N most likely
+    prompt_logprobs: list[float | None] | None = None  # per prompt token, given those before it (if asked)
     text: str | None = None  # the completion text (cut before a stop string); None without a tokenizer
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop", "length", or "error"

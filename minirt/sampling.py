@@ -47,6 +47,7 @@ class SamplingParams:
     min_p: float = 0.0  # keep tokens at least min_p x the most likely one's probability (0: off)
     logit_bias: tuple[tuple[int, float], ...] = ()  # {token id: bias} as sorted pairs, added first
     logprobs: int | None = None  # record each token's logprob (0), and the N most likely at each step (N >= 1)
+    prompt_logprobs: bool = False  # record each prompt token's logprob given the tokens before it
 
     def __post_init__(self):
         # A bare `stop` string, lists (from JSON) and None become tuples (hashable); validate refuses anything else.
@@ -82,8 +83,9 @@ class SamplingParams:
             raise RequestError(f"stop must be a list of non-empty strings, got {shown!r}")
         if not isinstance(self.stop_token_ids, tuple) or not all(is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise RequestError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        for flag in ("ignore_eos", "prompt_logprobs"):
+            if not isinstance(getattr(self, flag), bool):
+                raise RequestError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise RequestError(f"repetition_penalty must be a number > 0 (1 turns it off), "
                                f"got {self.repetition_penalty!r}")
@@ -210,6 +212,13 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         token = int(np.searchsorted(cumulative, u, side="right"))
         token = min(token, int(np.flatnonzero(probs)[-1]))  # guard the u == total edge
     return token, (float(log_softmax(logits)[token]) if want_logprob else None)
+
+
+def prompt_logprobs(prompt_logits: np.ndarray, prompt_ids) -> list[float | None]:
+    """Each prompt token's log-probability given the tokens before it, from the logits [L, V] at every prompt
+    position (position i predicts token i + 1); the first token has none (None)."""
+    logprobs = log_softmax(prompt_logits[:-1])  # [L-1, V]
+    return [None] + [float(logprobs[i, token]) for i, token in enumerate(prompt_ids[1:])]
 
 
 def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:

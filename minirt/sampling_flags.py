@@ -55,6 +55,8 @@ def add_sampling_flags(g) -> None:
                    "after top-k and top-p (default 0: off)")
     g.add_argument("--logit-bias", action="append", type=parse_bias, metavar="ID=BIAS", help="add BIAS to token ID's "
                    "logit, before everything else (repeatable)")
+    g.add_argument("--prompt-logprobs", action="store_true", default=None, help="record each prompt token's "
+                   "log-probability given the tokens before it")
 
 
 def parse_bias(text: str) -> tuple[int, float]:
@@ -77,7 +79,8 @@ def flag_overrides(args) -> dict:
              "repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
              "frequency_penalty": args.frequency_penalty, "min_p": args.min_p,
              "logit_bias": tuple(args.logit_bias) if args.logit_bias else None,
-             "logprobs": args.logprobs or None}  # --logprobs N (N >= 1) asks for top_logprobs
+             "logprobs": args.logprobs or None,  # --logprobs N (N >= 1) asks for top_logprobs
+             "prompt_logprobs": args.prompt_logprobs}
     return {k: v for k, v in given.items() if v is not None}
 
 

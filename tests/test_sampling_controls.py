@@ -146,6 +146,25 @@ def test_logprobs_n_records_the_alternatives_of_every_step(tiny_lm, tmp_path):
             assert all(step == sorted(step, key=lambda pair: -pair[1]) for step in record["top_logprobs"])
 
 
+@pytest.mark.parametrize("name", ["base", "untied_head", "odd_heads"])
+def test_prompt_logprobs_equal_the_committed_transformers_logits(name):
+    """The fixtures hold transformers' logits for whole sequences: their log-softmax at position i, taken at
+    token i + 1, is that token's logprob given the ones before it."""
+    from conftest import FIXTURES, load_expected
+    from minirt import LLM
+
+    expected = load_expected(name)
+    llm = LLM(FIXTURES / name, backend="numpy")
+    for b in range(5):
+        seq = expected[f"seq_{b}"].tolist()
+        out = llm.generate([seq], SamplingParams(max_new_tokens=1, prompt_logprobs=True))[0]
+        logits = expected["logits"][b, : len(seq)].astype(np.float64)  # [L, V], transformers'
+        logsumexp = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        want = [logits[i, seq[i + 1]] - logsumexp[i] for i in range(len(seq) - 1)]
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(seq)
+        assert np.allclose(out.prompt_logprobs[1:], want, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- against live transformers
 
 live = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (.[reference])")
@@ -236,3 +255,28 @@ def test_top_logprobs_equal_transformers_log_softmax(tiny_lm):
         want_ids = torch.argsort(-want, stable=True)[:5].tolist()
         assert [t for t, _ in alternatives] == want_ids
         assert np.allclose([lp for _, lp in alternatives], want[want_ids].numpy(), atol=1e-4)
+
+
+@pytest.mark.reference
+@live
+def test_prompt_logprobs_equal_transformers(tiny_lm, tmp_path):
+    import json
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from minirt.cli import run_command
+    from minirt.generate import main
+
+    reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": [5, 6, 7, 8, 30, 31]}\n{"prompt": [9]}\n')
+    out = tmp_path / "o.jsonl"
+    assert run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out),
+                              "--prompt-logprobs", "--max-new-tokens", "2", "--quiet", "--no-progress"]) == 0
+    first, second = [json.loads(line) for line in out.read_text().splitlines()]
+    with torch.no_grad():
+        raw = reference(torch.tensor([[5, 6, 7, 8, 30, 31]])).logits[0].double()
+    want = torch.log_softmax(raw, -1)[torch.arange(5), torch.tensor([6, 7, 8, 30, 31])].numpy()
+    assert first["prompt_logprobs"][0] is None and np.allclose(first["prompt_logprobs"][1:], want, atol=1e-4)
+    assert second["prompt_logprobs"] == [None]  # one token: nothing before it

@@ -313,6 +313,9 @@ MUTANTS = [
     Mutant("top_logprobs_least_likely_first", "minirt/sampling.py",
            "np.argsort(-logprobs, kind=\"stable\")[:n]", "np.argsort(logprobs, kind=\"stable\")[:n]",
            "top_logprobs lists the least likely tokens"),
+    Mutant("prompt_logprobs_off_by_one", "minirt/sampling.py",
+           "for i, token in enumerate(prompt_ids[1:])]", "for i, token in enumerate(prompt_ids[:-1])]",
+           "each prompt token's logprob is read at the wrong token"),
 ]
 
 
