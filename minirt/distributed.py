@@ -141,7 +141,8 @@ class GenerateWorker:
         self.llm.serve(requests)
         lines = [json.dumps(record(r, self.llm.tokenizer), ensure_ascii=False, allow_nan=False) for r in requests]
         engine = self.llm.engine
-        return {"index": np.array(indexes, dtype=np.int64), "record": np.array(lines, dtype=object),
+        return {"index": np.array([r.index for r in requests], dtype=np.int64),  # a prompt's n samples: n rows
+                "record": np.array(lines, dtype=object),
                 "failed": np.array([r.error is not None for r in requests]),
                 # what replaying one process's schedule needs (scale_out.OneProcessSchedule)
                 "max_new_tokens": np.array([r.params.max_new_tokens for r in requests], dtype=np.int64),

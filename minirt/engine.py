@@ -36,7 +36,7 @@ from .errors import InputError, RequestError, require_at_least_one
 from .kv_cache import KVCache
 from .model import GPT2
 from .request import Request, Status, add_token, refuse
-from .sampling import SamplingParams, choose_tokens, derived_seed, prompt_logprobs, request_rng
+from .sampling import SamplingParams, choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .tokenizer import Tokenizer, special_ids
 
@@ -94,11 +94,13 @@ class Engine:
     # ------------------------------------------------------------------ making requests
 
     def make_request(self, index: int, prompt: str | Sequence[int] | None, params: SamplingParams, request_id=None,
-                     run_seed: int = 0, want_logprobs: bool = False, error: str | None = None) -> Request:
+                     run_seed: int = 0, want_logprobs: bool = False, error: str | None = None,
+                     sample: int = 0, position: int | None = None) -> Request:
         """A Request for one prompt (text or token ids).  A bad one, or one given an `error`, comes back refused."""
         request = Request(index=index, id=str(index if request_id is None else request_id),
                           prompt=prompt if isinstance(prompt, str) else None, prompt_ids=[], params=params,
-                          want_logprobs=want_logprobs or params.logprobs is not None)
+                          want_logprobs=want_logprobs or params.logprobs is not None, sample=sample,
+                          position=position)
         try:
             if error is not None:  # already known to be bad (a bad line of a prompts file)
                 raise RequestError(error)
@@ -110,7 +112,8 @@ class Engine:
         except (RequestError, InputError) as exc:
             refuse(request, str(exc))
             return request
-        request.rng = request_rng(params.seed if params.seed is not None else derived_seed(run_seed, index))
+        seed = params.seed if params.seed is not None else derived_seed(run_seed, index)
+        request.rng = request_rng(sample_seed(seed, sample))
         return request
 
     def prompt_ids(self, prompt) -> list[int]:

@@ -59,8 +59,8 @@ prompts files:
   .jsonl  one object per line: {"prompt": "...", "id": "q1", "max_new_tokens": 20, "stop": ["\n"]}
           any sampling field may be set per request: max_new_tokens, temperature, top_k, top_p,
           seed, stop, stop_token_ids, ignore_eos, repetition_penalty, presence_penalty,
-          frequency_penalty, min_p, logit_bias, logprobs, prompt_logprobs; "prompt" may be token
-          ids: {"prompt": [464, 318]}
+          frequency_penalty, min_p, logit_bias, logprobs, prompt_logprobs, n; "prompt" may be
+          token ids: {"prompt": [464, 318]}
   -       standard input (JSONL if the first line starts with "{", text otherwise)
   a line ends at \n (or \r\n); a bad line (not JSON or UTF-8, a bad field, over 1 MiB) fails alone
 

@@ -98,10 +98,12 @@ class LLM:
         self.last_stats: RunStats | None = None
 
     def make_request(self, index: int, prompt: str | Sequence[int] | None, params: SamplingParams | None = None,
-                     request_id=None, logprobs: bool = False, error: str | None = None) -> Request:
+                     request_id=None, logprobs: bool = False, error: str | None = None, sample: int = 0,
+                     position: int | None = None) -> Request:
         """One request: refused at once (with its own error) when it is bad or when `error` is given."""
         return self.engine.make_request(index, prompt, params or self.defaults, request_id=request_id,
-                                        run_seed=self.seed, want_logprobs=logprobs, error=error)
+                                        run_seed=self.seed, want_logprobs=logprobs, error=error, sample=sample,
+                                        position=position)
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """What the model is fed first for a prompt: its ids, BOS alone when empty; a RequestError if bad."""
@@ -120,7 +122,8 @@ class LLM:
                  ids: Sequence | None = None, logprobs: bool = False,
                  on_final: Callable[[RequestOutput], None] | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None) -> list[RequestOutput]:
-        """Serve the prompts (text, or token-id lists) and return their outputs in input order.
+        """Serve the prompts (text, or token-id lists) and return their outputs in input order (a prompt's n samples
+        one after another, each with its `sample` number).
 
         `params`: one SamplingParams for all, or one per prompt (default: the model's generation defaults).
         `ids`: one id per prompt (default: the index).  `logprobs`: record each token's log-probability.
@@ -136,8 +139,10 @@ class LLM:
             raise TypeError("ids must be a list (one per prompt) and logprobs true or false")
         if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
             raise RequestError(f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids")
-        requests = [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs)
-                    for i, (p, sp, rid) in enumerate(zip(prompts, params, ids, strict=True))]
+        requests: list[Request] = []
+        for i, (p, sp, rid) in enumerate(zip(prompts, params, ids, strict=True)):  # n samples: n requests
+            requests += [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs, sample=k,
+                                           position=len(requests) + k) for k in range(sp.n)]
         tell_final = None if on_final is None else (lambda r: on_final(RequestOutput.from_request(r, self.tokenizer)))
         tell_token = None if on_token is None else (lambda r: on_token(TokenEvent.from_request(r)))
         self.serve(requests, on_final=tell_final, on_token=tell_token)

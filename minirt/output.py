@@ -22,6 +22,7 @@ class RequestOutput:
 
     index: int  # its position in the input, 0-based
     id: str  # the id it was given, or its index as a string
+    sample: int  # which of the prompt's n samples (SamplingParams.n), 0-based; 0 when n is 1
     prompt: str | None  # the prompt text; a token-id prompt's decoded text; None without a tokenizer
     prompt_token_ids: list[int]  # what the model was fed first (BOS alone for an empty prompt; [] if refused)
     text: str | None  # the completion (without an EOS's text, cut before a stop string); None without a tokenizer
@@ -45,7 +46,7 @@ class RequestOutput:
     def from_request(cls, request: Request, tokenizer: Tokenizer | None = None) -> RequestOutput:
         """The result of a finished request; a token-id prompt gets its text decoded when a tokenizer is given."""
         assert request.finish_reason is not None, "only a finished request has a result"
-        return cls(index=request.index, id=request.id, prompt=prompt_text(request, tokenizer),
+        return cls(index=request.index, id=request.id, sample=request.sample, prompt=prompt_text(request, tokenizer),
                    prompt_token_ids=list(request.prompt_ids), text=request.text, token_ids=list(request.token_ids),
                    finish_reason=request.finish_reason, error=request.error,
                    logprobs=list(request.logprobs) if request.want_logprobs else None,
@@ -54,7 +55,7 @@ class RequestOutput:
                    first_round=request.first_round, finish_round=request.finish_round,
                    rounds_waited=request.rounds_waited)
 
-    def record(self, prompt_was_ids: bool = False) -> dict:
+    def record(self, prompt_was_ids: bool = False, samples: int = 1) -> dict:
         """The JSON-ready line of `--output`: these fields, `prompt_tokens` (None for a refused request), and
         `prompt_token_ids` only for a prompt given as token ids; logprobs only when asked for, rounded to 6
         places, a -inf (a token the raw model gave probability 0) as null, as strict JSON needs."""
@@ -63,6 +64,8 @@ class RequestOutput:
                      "rounds_waited": self.rounds_waited, "first_round": self.first_round,
                      "finish_round": self.finish_round,
                      "prompt_tokens": len(self.prompt_token_ids) if self.ok else None, "error": self.error}
+        if samples > 1:  # one record per sample, each with the prompt's index and id
+            out["sample"] = self.sample
         if prompt_was_ids:
             out["prompt_token_ids"] = self.prompt_token_ids
         if self.logprobs is not None:

@@ -10,7 +10,7 @@ nothing runs) from a bad line (that request alone gets an error).
        any sampling field to override for that request alone: max_new_tokens,
        temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,
        repetition_penalty, presence_penalty, frequency_penalty, min_p, logit_bias,
-       logprobs, prompt_logprobs.
+       logprobs, prompt_logprobs, n.
        Blank lines are skipped.
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.

@@ -33,12 +33,13 @@ from .tokenizer import Tokenizer
 
 def request_label(request: Request) -> str:
     """'[3]' for a request without an id of its own, '[3] my-id' otherwise."""
-    return f"[{request.index}]" if request.id == str(request.index) else f"[{request.index}] {request.id}"
+    label = f"[{request.index}]" if request.id == str(request.index) else f"[{request.index}] {request.id}"
+    return label if request.params.n == 1 else f"{label} sample {request.sample}"
 
 
 def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
     """The JSON-ready record of a finished request (one line of --output): its `RequestOutput`, as JSON."""
-    return RequestOutput.from_request(request, tokenizer).record(prompt_was_ids=request.prompt is None)
+    return RequestOutput.from_request(request, tokenizer).record(request.prompt is None, request.params.n)
 
 
 def block_header(request: Request) -> str:
@@ -93,15 +94,15 @@ class OrderedOutput:
 
     def token(self, request: Request) -> None:
         """A token was added: if the request's turn has come, its new final text goes to standard output now."""
-        if not self.stream or self.stdout is None or request.index != self.next_index or request.text is None:
+        if not self.stream or self.stdout is None or request.order != self.next_index or request.text is None:
             return
-        start = "" if self.streaming == request.index else \
+        start = "" if self.streaming == request.order else \
             f"### {request_label(request)}: streaming\n{shown_prompt(request, self.tokenizer)}"
-        self.streaming = request.index
+        self.streaming = request.order
         self._write(start + bold(unshown_text(request), self.color))
 
     def final(self, request: Request) -> None:
-        self.ready[request.index] = request
+        self.ready[request.order] = request
         self.done += 1
         while self.next_index in self.ready:
             request = self.ready[self.next_index]
@@ -117,8 +118,8 @@ class OrderedOutput:
         even if an earlier one never finished: the records, then the completions not shown yet, unless the
         interruption cut one short (its reader may not be reading) or a second one comes meanwhile."""
         for request in finished:
-            if request.index >= self.next_index and request.index not in self.ready:
-                self.ready[request.index] = request
+            if request.order >= self.next_index and request.order not in self.ready:
+                self.ready[request.order] = request
                 self.done += 1
         pending = [self.ready.pop(index) for index in sorted(self.ready)]
         if self.showing:
@@ -130,7 +131,7 @@ class OrderedOutput:
             if self.streaming == self.next_index and self.stdout is not None:  # a stream was cut short
                 self._write("\n")
             for request in pending:
-                if self.stdout is not None and request.index > self.last_shown:
+                if self.stdout is not None and request.order > self.last_shown:
                     self._show(request)
         except KeyboardInterrupt:  # every record is written: stop waiting for standard output's reader
             self._drop_stdout()
@@ -141,12 +142,12 @@ class OrderedOutput:
 
     def _show(self, request: Request) -> None:
         """A completion on standard output (the rest of it, if it was streamed)."""
-        if self.streaming == request.index:  # its text so far is out: the rest, then its header line
+        if self.streaming == request.order:  # its text so far is out: the rest, then its header line
             text = bold(unshown_text(request), self.color) + "\n" + block_header(request) + "\n\n"
         else:
             text = completion_block(request, self.color, self.tokenizer) + "\n"
         if self._write(text):
-            self.shown, self.last_shown = self.shown + 1, request.index
+            self.shown, self.last_shown = self.shown + 1, request.order
 
     def _write(self, text: str) -> bool:
         """Write to standard output; False if that failed (its reader has gone, a full disk): standard output is

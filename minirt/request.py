@@ -40,6 +40,8 @@ class Request:
     params: SamplingParams
     rng: np.random.Generator | None = None  # the request's own random stream
     want_logprobs: bool = False
+    sample: int = 0  # which of the prompt's n samples (0 when n is 1)
+    position: int | None = None  # its place among the run's requests (samples counted): output order
 
     token_ids: list[int] = field(default_factory=list)  # every token produced, in order
     logprobs: list[float] = field(default_factory=list)  # log p(token) under the raw model, if wanted
@@ -59,6 +61,11 @@ class Request:
     decoder: StreamDecoder | None = field(default=None, repr=False)  # turns its tokens into text as they come
     decoded: str = field(default="", repr=False)  # all text so far, before stop-string cutting
     shown: int = field(default=0, repr=False)  # how much of `text` a stream has handed out (`unshown_text`)
+
+    @property
+    def order(self) -> int:
+        """Where its record comes in the output: its position, or its index when samples were not counted."""
+        return self.index if self.position is None else self.position
 
     @property
     def prompt_len(self) -> int:

@@ -27,6 +27,7 @@ from .errors import RequestError
 
 GREEDY_BELOW = 1e-5  # temperatures under this are treated as 0 (greedy)
 MAX_TOP_LOGPROBS = 100  # the most alternatives a request may ask for at each step
+MAX_SAMPLES = 1000  # the most samples (n) one prompt may ask for
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # {token id: bias} as sorted pairs, added first
     logprobs: int | None = None  # record each token's logprob (0), and the N most likely at each step (N >= 1)
     prompt_logprobs: bool = False  # record each prompt token's logprob given the tokens before it
+    n: int = 1  # independent samples of the prompt: sample k draws from its own stream (`sample_seed`)
 
     def __post_init__(self):
         # A bare `stop` string, lists (from JSON) and None become tuples (hashable); validate refuses anything else.
@@ -68,6 +70,8 @@ class SamplingParams:
             except OverflowError:  # an integer past float's range (10**400)
                 return False
 
+        if not is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
+            raise RequestError(f"n must be an integer from 1 to {MAX_SAMPLES}, got {self.n!r}")
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if not is_number(self.temperature) or self.temperature < 0:
@@ -246,6 +250,12 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None,
 def request_rng(seed: int) -> np.random.Generator:
     """A request's own random stream."""
     return np.random.Generator(np.random.PCG64(seed))
+
+
+def sample_seed(request_seed: int, sample: int) -> int:
+    """Sample k's seed: the request's own for sample 0 (so n = 1 draws what it always drew), else derived from
+    the request's seed and k alone, so sample k is the same whatever n is."""
+    return request_seed if sample == 0 else derived_seed(request_seed, sample)
 
 
 def derived_seed(run_seed: int, index: int) -> int:

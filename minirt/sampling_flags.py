@@ -57,6 +57,8 @@ def add_sampling_flags(g) -> None:
                    "logit, before everything else (repeatable)")
     g.add_argument("--prompt-logprobs", action="store_true", default=None, help="record each prompt token's "
                    "log-probability given the tokens before it")
+    g.add_argument("--n", type=int, metavar="N", help="N independent samples of each prompt, one record each "
+                   "(with the prompt's index and id, and its `sample` number; default 1)")
 
 
 def parse_bias(text: str) -> tuple[int, float]:
@@ -80,7 +82,7 @@ def flag_overrides(args) -> dict:
              "frequency_penalty": args.frequency_penalty, "min_p": args.min_p,
              "logit_bias": tuple(args.logit_bias) if args.logit_bias else None,
              "logprobs": args.logprobs or None,  # --logprobs N (N >= 1) asks for top_logprobs
-             "prompt_logprobs": args.prompt_logprobs}
+             "prompt_logprobs": args.prompt_logprobs, "n": args.n}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -94,9 +96,10 @@ def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> Sampli
 
 def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingParams, logprobs: bool,
                    indexes: list[int] | None = None) -> list[Request]:
-    """One request per prompts-file line (its index: its place among them, or the one `indexes` gives, as rows
-    spread over workers keep theirs); a bad line becomes a request with its own error, and its peers still run."""
-    requests = []
+    """One request per prompts-file line and sample (its index: the line's place among them, or the one `indexes`
+    gives, as rows spread over workers keep theirs; n samples: n requests, one after another); a bad line becomes
+    a request with its own error, and its peers still run."""
+    requests: list[Request] = []
     for index, entry in zip(indexes or range(len(entries)), entries, strict=True):
         error, params = entry.error, run_defaults
         if error is None:
@@ -104,6 +107,7 @@ def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingP
                 params = run_defaults.updated(**entry.overrides)
             except RequestError as exc:
                 error = f"line {entry.line}: {exc}"
-        requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
-                                         error=error))
+        for sample in range(params.n if error is None else 1):
+            requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
+                                             error=error, sample=sample, position=len(requests)))
     return requests

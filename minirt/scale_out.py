@@ -85,7 +85,7 @@ class OneProcessSchedule:
                                                      self.round_tokens)
         stub = None
         if record["first_round"] is not None:  # it ran, so it was queued in one process too
-            stub = Request(index=record["index"], id=record["id"], prompt=None,
+            stub = Request(index=len(self.active_rounds), id=record["id"], prompt=None,  # index: this stub's own
                            prompt_ids=[0] * record["prompt_tokens"],
                            params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True))
             self.active_rounds[stub.index] = record["finish_round"] - record["first_round"] + 1
@@ -142,8 +142,10 @@ class RayProgress:
 
 def request_from_record(record: dict[str, Any]):
     """A finished request rebuilt from its record, for the completion block standard output shows."""
+    samples = 2 if "sample" in record else 1  # the label says "sample k" only when there are several
     request = Request(index=record["index"], id=record["id"], prompt=record["prompt"],
-                      prompt_ids=record.get("prompt_token_ids") or [], params=SamplingParams())
+                      prompt_ids=record.get("prompt_token_ids") or [], params=SamplingParams(n=samples),
+                      sample=record.get("sample", 0))
     for name in ("text", "token_ids", "finish_reason", "error", "group", "first_round", "finish_round"):
         setattr(request, name, record[name])
     request.status = Status.FINISHED

@@ -156,7 +156,8 @@ def test_an_interrupted_replay_keeps_every_record():
 
 @pytest.mark.parametrize("policy, flags", [("static", ["--kv-budget", "40"]),
                                            ("continuous", ["--batch-size", "5", "--max-round-tokens", "24"]),
-                                           ("continuous", ["--kv-budget", "60", "--batch-size", "6"])])
+                                           ("continuous", ["--kv-budget", "60", "--batch-size", "6"]),
+                                           ("static", ["--n", "3", "--temperature", "1"])])
 def test_the_file_is_the_file_of_one_process(local_ray, tiny_lm, prompts_and_single_run, tmp_path, policy, flags):
     """Byte for byte (without --logprobs), under either policy, with the KV budget or round budget binding."""
     prompts, _ = prompts_and_single_run

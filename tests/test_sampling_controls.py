@@ -165,6 +165,44 @@ def test_prompt_logprobs_equal_the_committed_transformers_logits(name):
         assert np.allclose(out.prompt_logprobs[1:], want, atol=1e-4)
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 4), batch_size=st.integers(1, 5), seed=st.integers(0, 99),
+       policy=st.sampled_from(["static", "continuous"]))
+def test_sample_k_does_not_depend_on_n(tiny_lm, n, batch_size, seed, policy):
+    """Each sample draws from its own stream, fixed by the request's seed and k: asking for more samples never
+    changes the earlier ones, in any batch; samples share nothing that changes their tokens."""
+    from minirt import LLM
+
+    llm = LLM(tiny_lm, batch_size=batch_size, policy=policy)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=seed)
+    four = llm.generate(["To be", "All the world"], params.updated(n=4))
+    some = llm.generate(["To be", "All the world"], params.updated(n=n))
+    assert [(o.index, o.sample) for o in four] == [(i, k) for i in range(2) for k in range(4)]
+    assert [(o.index, o.sample, o.token_ids) for o in some] == [(o.index, o.sample, o.token_ids) for o in four
+                                                                if o.sample < n]
+    alone = LLM(tiny_lm, batch_size=1).generate(["All the world"], params)[0]
+    assert alone.token_ids == four[4].token_ids  # sample 0 of prompt 1 is what n = 1 always drew
+
+
+def test_n_gives_one_record_per_sample(tiny_lm, tmp_path):
+    import json
+
+    from minirt.cli import EXIT_USAGE, run_command
+    from minirt.generate import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "To be", "id": "a", "n": 3}\n{"prompt": "Now"}\n{"prompt": "x", "n": 0}\n')
+    out = tmp_path / "o.jsonl"
+    run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--quiet",
+                       "--max-new-tokens", "5", "--temperature", "1", "--no-progress"])
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["index"], r["id"], r.get("sample")) for r in records] == [(0, "a", 0), (0, "a", 1), (0, "a", 2),
+                                                                         (1, "1", None), (2, "2", None)]
+    assert len({tuple(r["token_ids"]) for r in records[:3]}) > 1  # independent streams
+    assert "n must be an integer from 1" in records[4]["error"]
+    assert run_command(main, ["--model", str(tiny_lm), "--prompt", "x", "--n", "0"]) == EXIT_USAGE
+
+
 # ----------------------------------------------------------------------------- against live transformers
 
 live = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (.[reference])")

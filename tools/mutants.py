@@ -316,6 +316,12 @@ MUTANTS = [
     Mutant("prompt_logprobs_off_by_one", "minirt/sampling.py",
            "for i, token in enumerate(prompt_ids[1:])]", "for i, token in enumerate(prompt_ids[:-1])]",
            "each prompt token's logprob is read at the wrong token"),
+    Mutant("samples_share_a_stream", "minirt/sampling.py",
+           "return request_seed if sample == 0 else derived_seed(request_seed, sample)", "return request_seed",
+           "every sample of a prompt draws the same tokens"),
+    Mutant("sample_seed_depends_on_n", "minirt/llm.py",
+           "logprobs=logprobs, sample=k,", "logprobs=logprobs, sample=k + sp.n - 1,",
+           "sample k's stream changes with n"),
 ]
 
 
