@@ -60,6 +60,7 @@ class RunStats:
     active_rows_per_round: list[int] = field(default_factory=list)
     held_rows_per_round: list[int] = field(default_factory=list)
     kv_limited_rows: list[int] = field(default_factory=list)  # rows of each group or pool the KV budget held down
+    first_token_seconds: list[float] = field(default_factory=list)  # each served request's time to first token
 
     @property
     def utilization(self) -> float:
@@ -89,6 +90,7 @@ class Engine:
         self.eos_token_id, self.bos_token_id = ((tokenizer.eos_token_id, tokenizer.bos_token_id) if tokenizer
                                                 else special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size))
         self.kv_cache: KVCache | None = None  # the running group's (or the continuous pool's) KV buffers
+        self.run_start = 0.0  # when the running serve() started: requests' times count from it
         self.free_slots: list[int] = []  # slots of that cache no running request holds
 
     # ------------------------------------------------------------------ making requests
@@ -152,8 +154,11 @@ class Engine:
         stats = RunStats(batch_size=self.batch_size, policy=self.policy, requests=len(requests),
                          groups=scheduler.groups, active_rows_per_round=scheduler.active_rows,
                          held_rows_per_round=scheduler.held_rows)  # these grow as it runs
-        start = time.perf_counter()
+        start = self.run_start = time.perf_counter()
+        for request in requests:
+            request.arrival_s = 0.0  # an offline run: every request is there when it starts
         for request in self.submit_or_refuse(requests, scheduler):  # these never run: their records are final now
+            request.finish_s = time.perf_counter() - start
             on_final(request)
         try:
             round_number = 0
@@ -167,6 +172,7 @@ class Engine:
                 ended_group = scheduler.complete(plan)  # finished rows leave the compute
                 self.keep_finished(plan.active, on_final)  # ... free their slots, and their records are final
                 stats.rounds, stats.generated_tokens = round_number, stats.generated_tokens + new_tokens
+                stats.first_token_seconds += [r.first_token_s for r in plan.admitted if r.first_token_s is not None]
                 stats.wall_seconds = time.perf_counter() - start
                 on_round(stats)
                 if ended_group is not None:
@@ -232,6 +238,8 @@ class Engine:
                        round_number)
             else:
                 add_token(request, token, logprob, round_number, self.eos_token_id, n_positions, top)
+                if len(request.token_ids) == 1:
+                    request.first_token_s = time.perf_counter() - self.run_start
                 on_token(request)
                 added += 1
         return added
@@ -240,6 +248,7 @@ class Engine:
         """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""
         for request in (r for r in active if r.finished):
             assert request.slot is not None  # it ran, so it held a slot
+            request.finish_s = time.perf_counter() - self.run_start
             self.free_slots = sorted(self.free_slots + [request.slot])  # continuous: the next admission takes it
             on_final(request)
 

@@ -36,6 +36,9 @@ class RequestOutput:
     first_round: int | None  # the round that gave its first token (its prefill); None if it never ran
     finish_round: int | None  # the round that gave its last token
     rounds_waited: int | None  # rounds that ran before its first
+    arrival_s: float | None  # seconds from the start of the run: when it was queued,
+    first_token_s: float | None  # when its first token came (None if it never ran),
+    finish_s: float | None  # and when its record became final
 
     @property
     def ok(self) -> bool:
@@ -53,7 +56,8 @@ class RequestOutput:
                    top_logprobs=list(request.top_logprobs) if request.params.logprobs else None,
                    prompt_logprobs=request.prompt_logprobs, group=request.group,
                    first_round=request.first_round, finish_round=request.finish_round,
-                   rounds_waited=request.rounds_waited)
+                   rounds_waited=request.rounds_waited, arrival_s=request.arrival_s,
+                   first_token_s=request.first_token_s, finish_s=request.finish_s)
 
     def record(self, prompt_was_ids: bool = False, samples: int = 1) -> dict:
         """The JSON-ready line of `--output`: these fields, `prompt_tokens` (None for a refused request), and
@@ -63,7 +67,10 @@ class RequestOutput:
                      "token_ids": self.token_ids, "finish_reason": self.finish_reason, "group": self.group,
                      "rounds_waited": self.rounds_waited, "first_round": self.first_round,
                      "finish_round": self.finish_round,
-                     "prompt_tokens": len(self.prompt_token_ids) if self.ok else None, "error": self.error}
+                     "prompt_tokens": len(self.prompt_token_ids) if self.ok else None, "error": self.error,
+                     **{name: None if value is None else round(value, 6) for name, value in  # timing fields
+                        (("arrival_s", self.arrival_s), ("first_token_s", self.first_token_s),
+                         ("finish_s", self.finish_s))}}
         if samples > 1:  # one record per sample, each with the prompt's index and id
             out["sample"] = self.sample
         if prompt_was_ids:

@@ -283,11 +283,10 @@ def kv_limit_lines(stats: RunStats) -> list[str]:
 
 def summary(stats: RunStats, load_seconds: float) -> str:
     """The closing counts, one fact per line."""
-    ok = stats.requests - stats.failed
-    row_rounds = sum(stats.held_rows_per_round)  # the rows each round's group (or pool) held
-    active = sum(stats.active_rows_per_round)
+    row_rounds, active = sum(stats.held_rows_per_round), sum(stats.active_rows_per_round)  # rows held, rows run
+    ttft = sorted(stats.first_token_seconds) or [0.0]
     lines = [
-        f"requests     {stats.requests} ({ok} ok, {stats.failed} failed)",
+        f"requests     {stats.requests} ({stats.requests - stats.failed} ok, {stats.failed} failed)",
         (f"groups       {len(stats.groups)} (static, batch size {stats.batch_size})" if stats.policy == "static"
          else f"policy       continuous batching, up to {stats.batch_size} rows"),
         *kv_limit_lines(stats),
@@ -295,6 +294,7 @@ def summary(stats: RunStats, load_seconds: float) -> str:
         f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",
         f"tokens       {stats.prompt_tokens} prompt, {stats.generated_tokens} generated",
         f"speed        {tokens_per_second(stats):.1f} generated tokens/s",
+        f"first token  {ttft[len(ttft) // 2]:.3f} s median, {ttft[-1]:.3f} s at most (time to first token)",
         f"wall time    {stats.wall_seconds:.2f} s generating, {load_seconds:.2f} s loading",
     ]
     return "\n".join(lines) + "\n"

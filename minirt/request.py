@@ -57,6 +57,9 @@ class Request:
     first_round: int | None = None  # the round that produced its first token (its prefill)
     finish_round: int | None = None  # the round that produced its last token
     rounds_waited: int | None = None  # rounds that ran before its first round
+    arrival_s: float | None = None  # seconds from the run's start: when it was queued (or refused)
+    first_token_s: float | None = None  # ... when its first token was produced
+    finish_s: float | None = None  # ... when its record became final
 
     decoder: StreamDecoder | None = field(default=None, repr=False)  # turns its tokens into text as they come
     decoded: str = field(default="", repr=False)  # all text so far, before stop-string cutting

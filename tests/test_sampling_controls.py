@@ -318,3 +318,21 @@ def test_prompt_logprobs_equal_transformers(tiny_lm, tmp_path):
     want = torch.log_softmax(raw, -1)[torch.arange(5), torch.tensor([6, 7, 8, 30, 31])].numpy()
     assert first["prompt_logprobs"][0] is None and np.allclose(first["prompt_logprobs"][1:], want, atol=1e-4)
     assert second["prompt_logprobs"] == [None]  # one token: nothing before it
+
+
+def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
+    """arrival <= first token <= finish <= the run's wall time; a request the engine refused has no first token;
+    under static groups, group 2's first tokens come after every group-1 member's finish."""
+    from minirt.report import summary
+
+    engine = Engine(model, None, batch_size=2)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 6, 3, 1)]
+    requests = [engine.make_request(i, [1 + i], sp) for i, sp in enumerate(params)]
+    requests.append(engine.make_request(4, [5], SamplingParams(), error="a bad line"))  # refused, never runs
+    stats = engine.serve(requests)
+    served, refused = requests[:4], requests[4]
+    assert all(r.arrival_s == 0.0 <= r.first_token_s <= r.finish_s <= stats.wall_seconds for r in served)
+    assert refused.error and refused.first_token_s is None and refused.finish_s is not None
+    assert min(r.first_token_s for r in served if r.group == 2) >= max(r.finish_s for r in served if r.group == 1)
+    assert sorted(stats.first_token_seconds) == sorted(r.first_token_s for r in served)
+    assert "first token  " in summary(stats, 0.0)
