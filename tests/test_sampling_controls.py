@@ -336,3 +336,28 @@ def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
     assert min(r.first_token_s for r in served if r.group == 2) >= max(r.finish_s for r in served if r.group == 1)
     assert sorted(stats.first_token_seconds) == sorted(r.first_token_s for r in served)
     assert "first token  " in summary(stats, 0.0)
+
+
+@pytest.mark.reference
+@live
+def test_greedy_with_presence_and_frequency_equals_a_hand_loop_on_transformers_logits(tiny_lm):
+    """At each step: transformers' raw logits for the sequence so far, minus frequency x count + presence x
+    (count > 0) over the output so far (the formula, in a plain loop), then the argmax."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from minirt import LLM
+
+    reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
+    llm = LLM(tiny_lm, backend="numpy")
+    for prompt, presence, frequency in (([5, 6, 7, 8], 0.8, 0.3), ([40, 41], 0.0, 1.5), ([3, 3, 9], 2.0, 0.0)):
+        output: list[int] = []
+        for _ in range(16):
+            with torch.no_grad():
+                logits = reference(torch.tensor([prompt + output])).logits[0, -1].double().tolist()
+            for token in set(output):
+                logits[token] -= frequency * output.count(token) + presence
+            output.append(max(range(len(logits)), key=lambda t: (logits[t], -t)))
+        got = llm.generate([prompt], SamplingParams(max_new_tokens=16, presence_penalty=presence,
+                                                    frequency_penalty=frequency, ignore_eos=True))[0]
+        assert got.token_ids == output
