@@ -94,11 +94,31 @@ def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, po
         repetition_penalty=data.draw(st.sampled_from([1.0, 1.3])),
         presence_penalty=data.draw(st.sampled_from([0.0, 0.5])),
         frequency_penalty=data.draw(st.sampled_from([0.0, 0.7])),
-        logit_bias=data.draw(st.dictionaries(st.integers(0, 39), st.floats(-3, 3), max_size=2)))
+        logit_bias=data.draw(st.dictionaries(st.integers(0, 39), st.floats(-3, 3), max_size=2)),
+        logprobs=data.draw(st.sampled_from([None, 0, 3])), prompt_logprobs=data.draw(st.booleans()),
+        n=data.draw(st.integers(1, 3)))
         for i in range(n)]
-    together = serve(Engine(model, None, batch_size=batch_size, policy=policy), prompts, params)
-    alone = [serve(Engine(model, None, batch_size=1), [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
-    assert together == alone
+    together = served(Engine(model, None, batch_size=batch_size, policy=policy), prompts, params)
+    for request in together:  # each sample alone, in a batch of one, is what it was beside its peers
+        [alone] = [r for r in served(Engine(model, None, batch_size=1), [prompts[request.index]],
+                                     [params[request.index]]) if r.sample == request.sample]
+        assert alone.token_ids == request.token_ids
+        assert len(alone.top_logprobs) == len(request.top_logprobs)
+        for mine, theirs in zip(alone.top_logprobs, request.top_logprobs, strict=True):
+            assert np.allclose([lp for _, lp in mine], [lp for _, lp in theirs], atol=1e-5)
+            pairs = zip(mine, mine[1:], strict=False)  # each with the next: one shorter on purpose
+            near_tie = any(abs(a[1] - b[1]) < 1e-5 for a, b in pairs)  # two may swap within 1e-5
+            assert near_tie or [t for t, _ in mine] == [t for t, _ in theirs]
+        assert np.allclose(alone.logprobs, request.logprobs, atol=1e-5)
+        assert (alone.prompt_logprobs is None) == (request.prompt_logprobs is None)
+
+
+def served(engine, prompts, params):
+    """Every request, a prompt's n samples one after another, after serving them together."""
+    requests = [engine.make_request(i, p, sp, sample=k) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+                for k in range(sp.n)]
+    engine.serve(requests)
+    return requests
 
 
 def test_a_bias_steers_greedy_decoding(model):
