@@ -8,7 +8,8 @@ turns prompts into a Dataset of records.  It is the only module that imports ray
 Why the records are those of one process: a request's tokens never depend on its batch or its neighbours, and
 a request without a seed of its own gets one derived from the run's seed and its global index.  So however the
 rows are split between workers, each request is made exactly as one process makes it (the same index, line
-number, id and parameters) and gives the same tokens, text and finish reason.  Four fields describe where it
+number, id and parameters) and gives the same tokens, text and finish reason (its timings are seconds from its
+worker batch's start).  Four fields describe where it
 ran: a worker counts `group`, `rounds_waited`, `first_round` and `finish_round` within the batch of rows it
 served, and the command replays one process's schedule from them (minirt/scale_out.py).
 

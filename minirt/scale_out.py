@@ -5,7 +5,8 @@ Owns: `serve_on_ray`, which checks what it can before Ray starts (the model fold
 without --ray: each record in input order to --output (`RecordSink`: one JSONL file, replaced only by a run that
 wrote records, or a folder of shards), each completion to standard output, a summary, and exit status 1 if
 any request failed.  `OneProcessSchedule` replays the engine's scheduler on what the workers report, so that
-each record's group and round fields are those one process gives: the file is the file of one process.
+each record's group and round fields are those one process gives: the file is the file of one process, but
+for the timing fields (seconds from each worker batch's start).
 
 Must not know: Ray itself (minirt/distributed.py alone imports it), the layers, or sampling.
 """
