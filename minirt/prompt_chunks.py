@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, cast
 
 from .errors import MinirtError
-from .prompt_file import FORMATS, decoded_lines, entry_for, is_entry
+from .prompt_file import FORMATS, decoded_lines, entry_for, is_entry, resolved_format
 
 LINES_PER_CHUNK = 1024  # prompts-file entries one chunk holds (a read task turns one chunk into rows)
 PROMPT_SUFFIXES = (".txt", ".jsonl", ".ndjson")
@@ -56,18 +56,6 @@ class Chunk:
     entries: int  # how many rows it gives (blank lines give none)
 
 
-def file_format(fmt: str, path: str, first_text: str) -> str:
-    """'txt' or 'jsonl': as asked, else from the file name, else from its first non-blank line."""
-    if fmt != "auto":
-        return fmt
-    suffix = Path(path).suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
-        return "jsonl"
-    if suffix == ".txt":
-        return "txt"
-    return "jsonl" if first_text.lstrip().startswith("{") else "txt"
-
-
 def plan_chunks(paths: list[str], fmt: str = "auto", entries_per_chunk: int = LINES_PER_CHUNK) -> list[Chunk]:
     """Chunks of every file, scanned once, a line at a time (no file is ever held whole): where each chunk starts,
     its first line number and the global index of its first entry.  A file that cannot be read, or in which no
@@ -84,7 +72,7 @@ def plan_chunks(paths: list[str], fmt: str = "auto", entries_per_chunk: int = LI
             raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
         if not decoded_any and file_chunks:
             raise MinirtError(f"{path}: not UTF-8 text; save it as UTF-8")
-        resolved = file_format(fmt, path, first_text)
+        resolved = resolved_format(fmt, path, first_text)
         chunks += [Chunk(path, resolved, *c) for c in file_chunks]
         index += sum(c[-1] for c in file_chunks)
     if index == 0:

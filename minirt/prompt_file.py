@@ -250,8 +250,8 @@ def entry_for(line: Line, fmt: str) -> PromptEntry:
     return PromptEntry(line.number, unescape_txt(line.text))
 
 
-def resolved_format(fmt: str, path: str, lines: list[Line]) -> str:
-    """'txt' or 'jsonl': as asked, else from the file name, else from the first non-blank line."""
+def resolved_format(fmt: str, path: str, first_text: str) -> str:
+    """'txt' or 'jsonl': as asked, else from the file name, else from its first non-blank line (`first_text`)."""
     if fmt != "auto":
         return fmt
     suffix = Path(path).suffix.lower() if path != "-" else ""
@@ -259,15 +259,14 @@ def resolved_format(fmt: str, path: str, lines: list[Line]) -> str:
         return "jsonl"
     if suffix == ".txt":
         return "txt"
-    first = next((line.text for line in lines if line.text and line.text.strip()), "")
-    return "jsonl" if first.lstrip().startswith("{") else "txt"
+    return "jsonl" if first_text.lstrip().startswith("{") else "txt"
 
 
 def read_prompts(path: str, fmt: str = "auto") -> list[PromptEntry]:
     """Read a prompts file (or '-' for standard input).  A file that can't be read is a MinirtError; a bad line
     is an entry with an error of its own."""
     lines = read_stdin_lines() if path == "-" else read_file_lines(path)
-    fmt = resolved_format(fmt, path, lines)
+    fmt = resolved_format(fmt, path, next((line.text for line in lines if line.text and line.text.strip()), ""))
     entries = [entry_for(line, fmt) for line in lines if is_entry(line)]
     if not entries:
         source = "standard input" if path == "-" else path

@@ -39,7 +39,6 @@ class RecordSink:
     --ray), or a folder of shards part-00000.jsonl, part-00001.jsonl, ... of SHARD_RECORDS records each."""
 
     def __init__(self, output: str | None):
-        self.make_file = OutputFile
         self.folder = output if output and (output.endswith(os.sep) or Path(output).is_dir()) else None
         if self.folder is not None:
             try:
@@ -52,7 +51,7 @@ class RecordSink:
     def write(self, line: str) -> None:
         if self.folder is not None and self.written % SHARD_RECORDS == 0:
             self.close_file(interrupted=False)
-            self.file = self.make_file(str(Path(self.folder) / f"part-{self.written // SHARD_RECORDS:05d}.jsonl"))
+            self.file = OutputFile(str(Path(self.folder) / f"part-{self.written // SHARD_RECORDS:05d}.jsonl"))
         if self.file is not None:
             self.file.write(line + "\n")
         self.written += 1
