@@ -10,7 +10,8 @@ before and after it and comparing the two folders:
 Each case is one command, run as a subprocess from the repository root: its
 exit status, standard output, standard error and any file it wrote (the
 `--output` JSONL records, an SVG).  Only what is timing goes: the summary's
-`speed` and `wall time` lines, `inspect`'s load and forward times, and
+`speed`, `first token` and `wall time` lines, the records' `arrival_s`,
+`first_token_s` and `finish_s`, `inspect`'s load and forward times, and
 `evaluate`'s seconds.  Everything else must match byte for byte.
 
 The cases cover the shipped model (default flags, JSONL settings, both
@@ -18,7 +19,7 @@ policies, a KV budget that binds and refuses, bad lines, stop flags, stdin),
 every fixture in tests/fixtures (greedy, seeded sampling, logprobs, both
 policies), a tiny random model with a real tokenizer (stop strings, text,
 empty and non-ASCII prompts), `rounds` (text, JSON, workloads, SVG),
-`evaluate` and `inspect`.  `--with-124m` adds the README's mixed-length run
+`evaluate`, `inspect` and every command's `--help`.  `--with-124m` adds the README's mixed-length run
 on a random gpt2-124M (needs transformers, about a minute).
 """
 
@@ -36,14 +37,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-TIMING_LINE = re.compile(r"^(speed |wall time |loaded in |time  |scored \d+ prompt)")
-SECONDS_FIELD = re.compile(r'"seconds": [0-9.e+-]+')
+TIMING_LINE = re.compile(r"^(speed |wall time |loaded in |time  |scored \d+ prompt|first token )")
+SECONDS_FIELD = re.compile(r'"(seconds|arrival_s|first_token_s|finish_s)": (null|[0-9.e+-]+)')
 
 
 def normalise(text: str) -> str:
     """Drop the lines that are timings and evaluate's JSON seconds; keep everything else exactly."""
     kept = "".join(line for line in text.splitlines(keepends=True) if not TIMING_LINE.match(line))
-    return SECONDS_FIELD.sub('"seconds": "(timing)"', kept)
+    return SECONDS_FIELD.sub(lambda m: f'"{m.group(1)}": "(timing)"', kept)
 
 
 def run_case(out_dir: Path, work: Path, name: str, argv: list[str], stdin: str | None = None,
@@ -62,6 +63,8 @@ def run_case(out_dir: Path, work: Path, name: str, argv: list[str], stdin: str |
         content = path.read_text(encoding="utf-8") if path.is_file() else "(not written)\n"
         if f.endswith(".json"):
             content = json.dumps({k: v for k, v in json.loads(content).items() if k != "seconds"}) + "\n"
+        else:
+            content = normalise(content)
         parts += [f"--- file {f}", content]
     (out_dir / f"{name}.txt").write_text("\n".join(parts).replace(str(work), "{work}").replace(str(ROOT), "{root}"),
                                          encoding="utf-8")
@@ -216,6 +219,13 @@ def evaluate_inspect_cases(out: Path, work: Path) -> None:
                  ["minirt.inspect", str(FIXTURES / name), "--ids", "1,2,3", "--ids", "4"])
 
 
+def help_cases(out: Path, work: Path) -> None:
+    """Every command's --help, as a user reads it."""
+    run_case(out, work, "help_minirt", ["minirt", "--help"])
+    for command in ("generate", "evaluate", "rounds", "inspect"):
+        run_case(out, work, f"help_{command}", [f"minirt.{command}", "--help"])
+
+
 def gpt2_124m_case(out: Path, work: Path) -> None:
     folder = work / "gpt2-124m-random"
     subprocess.run([sys.executable, "tools/reference.py", "make-124m", str(folder)], cwd=ROOT, check=True,
@@ -241,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         tiny_cases(out, work)
         rounds_cases(out, work)
         evaluate_inspect_cases(out, work)
+        help_cases(out, work)
         if args.with_124m:
             gpt2_124m_case(out, work)
     print(f"wrote {len(list(out.glob('*.txt')))} cases to {out}", file=sys.stderr)
