@@ -5,15 +5,16 @@
 docs/walkthrough.md follows one request through the modules in the order to read them.
 """
 
-from .backend import get_backend
-from .checkpoint import load_checkpoint
-from .config import GPT2Config
+from .model.backend import get_backend
+from .loading.checkpoint import load_checkpoint
+from .model.config import GPT2Config
 from .errors import BackendError, CheckpointError, InputError, MinirtError, RequestError, TokenizerError
 from .llm import LLM
-from .output import RequestOutput, TokenEvent
-from .model import GPT2, load_model
-from .sampling import SamplingParams
-from .tokenizer import Tokenizer, load_tokenizer
+from .engine.output import RequestOutput, TokenEvent
+from .model.gpt2 import GPT2
+from .llm import load_model
+from .engine.params import SamplingParams
+from .loading.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "LLM", "SamplingParams", "RequestOutput", "TokenEvent", "GPT2", "GPT2Config", "Tokenizer", "get_backend",

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 from . import __version__
-from .cli import EXIT_OK, EXIT_USAGE, run_command
+from .cli.command import EXIT_OK, EXIT_USAGE, run_command
 
 SUBCOMMANDS = {
     "generate": "serve a file of prompts (or standard input) in static groups or with continuous batching",

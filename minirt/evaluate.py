@@ -24,14 +24,14 @@ import time
 
 import numpy as np
 
-from .backend import BACKEND_NAMES
-from .batch import Batch
-from .cli import EXIT_OK, add_version_flag, run_command
+from .model.backend import BACKEND_NAMES
+from .model.batch import Batch
+from .cli.command import EXIT_OK, add_version_flag, run_command
 from .errors import MinirtError
-from .checkpoint import shipped_model_folder
+from .loading.checkpoint import shipped_model_folder
 from .llm import LLM
-from .model import GPT2
-from .sampling import log_softmax
+from .model.gpt2 import GPT2
+from .engine.sampler import log_softmax
 
 HEAD_BYTES_PER_BATCH = 128 * 2**20  # cap on the fp32 logits held at once (their float64 log-softmax is twice that)
 

@@ -28,18 +28,24 @@ import sys
 import time
 from pathlib import Path
 
-from .backend import BACKEND_NAMES
-from .checkpoint import resolve_model_folder, shipped_model_folder
-from .cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, OutputFile, StopSignals,
-                  add_version_flag, parse_kv_budget, run_command, writing_changes)
+from .model.backend import BACKEND_NAMES
+from .loading.checkpoint import resolve_model_folder, shipped_model_folder
+from .cli.command import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, add_version_flag, run_command
+from .cli.output_file import OutputFile, writing_changes
+from .cli.signals import StopSignals
+from .cli.kv_budget import parse_kv_budget
 from .errors import MinirtError, Terminated, require_at_least_one
 from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
-from .prompt_file import FORMATS, PromptEntry, read_prompts
-from .sampling_flags import add_sampling_flags, build_requests, flag_overrides, sampling_defaults
-from .report import OrderedOutput, Progress, continuous_grid, group_grid, summary
-from .request import Request
-from .sampling import SamplingParams
-from .scheduler import POLICIES
+from .cli.prompt_file import FORMATS, PromptEntry, read_prompts
+from .cli.sampling_flags import add_sampling_flags, flag_overrides, sampling_defaults
+from .cli.requests_from_prompts import build_requests
+from .cli.records import OrderedOutput
+from .cli.progress import Progress
+from .cli.grids import continuous_grid, group_grid
+from .cli.summary import summary
+from .engine.request import Request
+from .engine.params import SamplingParams
+from .engine.scheduler import POLICIES
 
 
 EPILOG = r"""
@@ -214,7 +220,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
     with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
         args = parse_args(argv, prog)
         if args.ray:  # the same records, from worker processes on Ray
-            from .scale_out import serve_on_ray  # noqa: PLC0415 (ray is imported only with --ray)
+            from .distributed.serve_on_ray import serve_on_ray  # noqa: PLC0415 (ray is imported only with --ray)
             return serve_on_ray(args, model_folder(args), signals)
         entries = ([PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)] if args.prompt  # as given, or
                    else read_prompts(args.prompts, args.format))  # a bad prompts file stops here, before loading

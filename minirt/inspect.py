@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from .backend import BACKEND_NAMES, resolve_dtype
-from .checkpoint import load_checkpoint, shipped_model_folder
-from .cli import EXIT_OK, add_version_flag, run_command
+from .model.backend import BACKEND_NAMES, resolve_dtype
+from .loading.checkpoint import load_checkpoint, shipped_model_folder
+from .cli.command import EXIT_OK, add_version_flag, run_command
 from .errors import MinirtError, require_at_least_one
 from .llm import LLM
-from .sampling import log_softmax
+from .engine.sampler import log_softmax
 
 EXAMPLES = """examples:
   python -m minirt.inspect --prompt "ROMEO:" --top-k 5            # the model shipped with minirt

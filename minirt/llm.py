@@ -21,21 +21,28 @@ Must not know: command-line flags or file formats.
 from __future__ import annotations
 
 from pathlib import Path
+import numpy as np
 from typing import Callable, Sequence
 
-import numpy as np
-
-from .backend import get_backend, resolve_dtype
-from .checkpoint import Checkpoint, load_checkpoint, shipped_model_folder
-from .config import read_json_file
-from .engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, RunStats
+from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine
+from .engine.output import RequestOutput, TokenEvent
+from .engine.params import SamplingParams
+from .engine.request import Request
+from .engine.scheduler import GroupRecord
+from .engine.stats import RunStats
 from .errors import CheckpointError, RequestError
-from .model import GPT2
-from .output import RequestOutput, TokenEvent
-from .request import Request
-from .sampling import SamplingParams
-from .scheduler import GroupRecord
-from .tokenizer import load_tokenizer
+from .loading.checkpoint import Checkpoint, load_checkpoint, shipped_model_folder
+from .loading.json_file import read_json_file
+from .loading.tokenizer import load_tokenizer
+from .model.backend import get_backend, resolve_dtype
+from .model.gpt2 import GPT2
+
+
+def load_model(model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32") -> GPT2:
+    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend."""
+    chosen, _note = get_backend(backend)
+    checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
+    return GPT2(checkpoint, chosen, resolve_dtype(dtype))
 
 
 def generation_defaults(folder: Path) -> SamplingParams:

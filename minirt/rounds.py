@@ -1,14 +1,10 @@
 """`python -m minirt.rounds`: static groups beside continuous batching, counted in rounds, without a model.
 
-Owns: the simulation (requests that finish after known output lengths, run through the engine's own
-schedulers, `Request` records and stop rule), its text and JSON reports, long-tailed workloads, and the SVG.
+Owns: the command: its flags, and its reports of given lengths (grids, tables, JSON) or of a long-tailed
+workload at several batch sizes, and the SVG file.  The simulation is minirt/cli/simulation.py.
 
     python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
     python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
-
-A round is one forward pass; a request with output length L is active for L
-consecutive rounds, the first being its prefill.  Utilization = active
-row-rounds / (rows x rounds).
 
 Must not know: models, arrays or text.
 """
@@ -18,168 +14,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
-from .cli import EXIT_OK, add_version_flag, parse_kv_budget, run_command
-from .engine import DEFAULT_ROUND_TOKENS
+from .cli.command import EXIT_OK, add_version_flag, run_command
+from .cli.kv_budget import parse_kv_budget
+from .cli.round_tables import comparison_table, grid_text, request_table
+from .cli.simulation import Simulation, UNLIMITED, long_tailed_workload, simulate
+from .cli.svg import svg_panels
+from .engine.engine import DEFAULT_ROUND_TOKENS
+from .engine.scheduler import POLICIES
 from .errors import MinirtError, require_at_least_one
-from .report import cell_mark, grid_lines
-from .request import Request, add_token
-from .sampling import SamplingParams
-from .scheduler import POLICIES, SCHEDULERS, RoundPlan, Scheduler
 
-UNLIMITED = 10**12  # a context / KV budget that never binds
+
 MAX_LENGTH = 1_000_000  # the longest output or prompt length simulated: a request of it takes seconds
+
+
 MAX_WORKLOAD = 10_000  # the most --workload requests: the simulation holds every one of them
-
-
-@dataclass
-class Simulation:
-    """One policy's run over a workload."""
-    policy: str
-    rows: int
-    requests: list[Request]  # each asks for its output length as max_new_tokens
-    scheduler: Scheduler
-
-    @property
-    def total_rounds(self) -> int:
-        return len(self.scheduler.active_rows)
-
-    @property
-    def utilization(self) -> float:
-        return sum(self.scheduler.active_rows) / max(1, sum(self.scheduler.held_rows))  # as generate's summary
-
-    def row_held_until(self, request: Request) -> int | None:
-        """The last round a request's row was held: its group's end (static) or its own finish (continuous)."""
-        if request.group is not None:
-            return self.scheduler.groups[request.group - 1].last_round
-        return request.finish_round
-
-    def summary(self) -> dict:
-        requests = [{"index": r.index, "output_len": r.params.max_new_tokens, "rounds_waited": r.rounds_waited,
-                     "first_round": r.first_round, "finish_round": r.finish_round} for r in self.requests]
-        return {"total_rounds": self.total_rounds, "utilization": round(self.utilization, 6), "requests": requests}
-
-
-def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[int] | None = None,
-             kv_budget: int = UNLIMITED, round_tokens: int = DEFAULT_ROUND_TOKENS,
-             on_plan: Callable[[Scheduler, RoundPlan], None] | None = None) -> Simulation:
-    """Run requests with the given output (and prompt) lengths through the engine's scheduler."""
-    prompt_lens = prompt_lens or [1] * len(output_lens)
-    if len(prompt_lens) != len(output_lens):
-        raise MinirtError(f"got {len(output_lens)} output lengths but {len(prompt_lens)} prompt lengths")
-    if any(n < 1 for n in output_lens) or any(p < 1 for p in prompt_lens):
-        raise MinirtError("every output and prompt length must be at least 1")
-    requests = [Request(index=i, id=str(i), prompt=None, prompt_ids=[0] * p,
-                        params=SamplingParams(max_new_tokens=n, ignore_eos=True))
-                for i, (n, p) in enumerate(zip(output_lens, prompt_lens, strict=True))]
-    scheduler = SCHEDULERS[policy](rows, kv_budget, UNLIMITED, round_tokens)
-    for request in requests:
-        reason = scheduler.refusal(request)
-        if reason is not None:
-            raise MinirtError(f"request {request.index} can never run: {reason}")
-        scheduler.submit(request)
-    round_number = 0
-    while scheduler.has_work():
-        round_number += 1
-        plan = scheduler.plan(round_number)
-        if on_plan:
-            on_plan(scheduler, plan)
-        for request in plan.active:  # the "forward pass": every active row produces one token (id 0)
-            add_token(request, 0, None, round_number, None, UNLIMITED)
-        scheduler.complete(plan)
-    return Simulation(policy, rows, requests, scheduler)
-
-
-def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:
-    """(output lengths, prompt lengths): log-normal, so most are short and a few are very long."""
-    rng = np.random.default_rng(seed)
-    outputs = np.clip(np.round(rng.lognormal(mean=np.log(24), sigma=1.0, size=n)), 1, 512).astype(int)
-    prompts = np.clip(np.round(rng.lognormal(mean=np.log(32), sigma=0.8, size=n)), 1, 512).astype(int)
-    return outputs.tolist(), prompts.tolist()
-
-
-# ----------------------------------------------------------------------------- text and picture
-
-
-def grid_text(sim: Simulation, max_columns: int = 120) -> str:
-    rounds = range(1, sim.total_rounds + 1)
-    lines = [f"{sim.policy}: {len(sim.requests)} requests, {sim.rows} rows, {sim.total_rounds} rounds, "
-             f"utilization {sim.utilization:.1%}   (# active, - waiting, . finished but row held)"]
-    if len(rounds) > max_columns:
-        lines.append(f"(grid not drawn: {len(rounds)} rounds is wider than {max_columns} columns; use --svg)")
-        return "\n".join(lines)
-    rows = [(f"req {r.index:<3d}", "".join(cell_mark(r, n, sim.row_held_until(r)) for n in rounds), "")
-            for r in sim.requests]
-    return "\n".join(lines + grid_lines(rows, rounds, sim.scheduler.active_rows, "active", gap=1))
-
-
-def request_table(sim: Simulation) -> str:
-    rows = [f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
-            for r in sim.requests]
-    return "\n".join([f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"] + rows)
-
-
-def comparison_table(sims: list[Simulation]) -> str:
-    lines = [f"{'policy':12s} {'rounds':>7s} {'utilization':>12s} {'mean waited':>12s} {'mean finish':>12s}"]
-    for sim in sims:
-        waited = np.mean([r.rounds_waited for r in sim.requests])
-        finish = np.mean([r.finish_round for r in sim.requests])
-        lines.append(f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} {finish:12.1f}")
-    return "\n".join(lines)
-
-
-COLOURS = {"#": "#2b6cb0", "-": "#e2e8f0", ".": "#f6ad55", " ": "#ffffff"}
-
-
-def svg_panels(sims: list[Simulation], title: str) -> str:
-    """One SVG: for each simulation, a grid of cells (a row per request, a column per round)."""
-    width_rounds = max(s.total_rounds for s in sims)
-    n_requests = max(len(s.requests) for s in sims)
-    cell = max(2, min(24, 900 // max(width_rounds, 1), 480 // max(n_requests, 1)))
-    left, top, gap = 110, 40, 62
-    panel_h = n_requests * cell
-    width = max(left + width_rounds * cell + 20, 720)  # room for the legend
-    tick_every = next(step for step in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9) if width_rounds / step <= 20)
-    height = top + len(sims) * (panel_h + gap) + 40
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12" data-cell="{cell}">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="10" y="20" font-size="14" font-weight="bold">{title}</text>']
-    for k, sim in enumerate(sims):
-        y0 = top + k * (panel_h + gap) + 16
-        parts.append(f'<text x="10" y="{y0 - 20}">{sim.policy}: {sim.total_rounds} rounds, '
-                     f'utilization {sim.utilization:.1%}</text>')
-        for n in [1] + list(range(tick_every, sim.total_rounds + 1, tick_every)):  # round numbers on top
-            parts.append(f'<text x="{left + (n - 0.5) * cell}" y="{y0 - 4}" text-anchor="middle" font-size="10" '
-                         f'fill="#555">{n}</text>')
-        for i, r in enumerate(sim.requests):
-            if cell >= 10:
-                parts.append(f'<text x="{left - 6}" y="{y0 + i * cell + cell - 3}" text-anchor="end" '
-                             f'font-size="{min(11, cell - 2)}">req {r.index}</text>')
-            n, held_until = 1, sim.row_held_until(r)
-            gap_px = 1 if cell >= 10 else 0  # big cells are drawn one by one, with a gap; small ones as runs
-            while n <= sim.total_rounds:  # one rect per run of equal cells keeps big grids small
-                mark, run = cell_mark(r, n, held_until), 1
-                while not gap_px and n + run <= sim.total_rounds and cell_mark(r, n + run, held_until) == mark:
-                    run += 1
-                if mark != " ":
-                    parts.append(f'<rect x="{left + (n - 1) * cell}" y="{y0 + i * cell}" width="{run * cell - gap_px}" '
-                                 f'height="{cell - gap_px}" fill="{COLOURS[mark]}"/>')
-                n += run
-    for j, (mark, label) in enumerate([("#", "active (produces a token)"), ("-", "waiting for a row"),
-                                        (".", "finished, row still held by its static group")]):
-        x = 10 + j * 200
-        parts.append(f'<rect x="{x}" y="{height - 26}" width="12" height="12" fill="{COLOURS[mark]}"/>')
-        parts.append(f'<text x="{x + 18}" y="{height - 16}">{label}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
-
-
-# ----------------------------------------------------------------------------- command
 
 
 def parse_lengths(text: str, flag: str, what: str = "length", cap: int | None = MAX_LENGTH,

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-from minirt import backend as backend_module
-from minirt.backend import numpy_backend
-from minirt.batch import Batch
-from minirt.checkpoint import Checkpoint
-from minirt.config import GPT2Config
-from minirt.model import GPT2
+from minirt.model import backend as backend_module
+from minirt.model.backend import numpy_backend
+from minirt.model.batch import Batch
+from minirt.loading.checkpoint import Checkpoint
+from minirt.model.config import GPT2Config
+from minirt.model.gpt2 import GPT2
 
 # In CI, hypothesis draws the same examples every run, so a run is repeatable; locally it explores.
 settings.register_profile("ci", derandomize=True, print_blob=True)

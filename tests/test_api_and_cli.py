@@ -8,8 +8,8 @@ import pytest
 
 import minirt
 from conftest import FIXTURES, ROOT, load_expected, random_model
-from minirt.batch import Batch
-from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
+from minirt.model.batch import Batch
+from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.inspect import main as inspect_main
 
 
@@ -58,7 +58,7 @@ def test_kv_cache_budget_arithmetic():
     model = random_model()
     cache = model.new_kv_cache(n_slots=3, capacity=5)
     held = cache.keys.nbytes + cache.values.nbytes
-    assert held == minirt.kv_cache.KVCache.bytes_needed(2, 2, 8, 3, 5, np.float32) == 2 * 2 * 3 * 2 * 5 * 8 * 4
+    assert held == minirt.model.kv_cache.KVCache.bytes_needed(2, 2, 8, 3, 5, np.float32) == 2 * 2 * 3 * 2 * 5 * 8 * 4
     with pytest.raises(ValueError, match="exceeds the model's context"):
         model.new_kv_cache(n_slots=1, capacity=33)
 

@@ -5,7 +5,7 @@ import pytest
 
 import minirt
 from conftest import FIXTURES
-from minirt.backend import get_backend, resolve_dtype
+from minirt.model.backend import get_backend, resolve_dtype
 from minirt.errors import BackendError
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import minirt
 from conftest import FIXTURES
-from minirt.checkpoint import load_checkpoint, resolve_model_folder
+from minirt.loading.checkpoint import load_checkpoint, resolve_model_folder
 from minirt.errors import CheckpointError
 
 
@@ -195,7 +195,7 @@ def test_loaded_values_equal_the_safetensors_library():
 
 def test_bf16_is_widened_exactly(tmp_path):
     words = np.array([0x3F80, 0xC000, 0x3EAA, 0x7F80], dtype=np.uint16)  # 1.0, -2.0, 0.33203125, +inf
-    from minirt.checkpoint import bf16_to_float32
+    from minirt.loading.checkpoint import bf16_to_float32
 
     assert bf16_to_float32(words).tolist() == [1.0, -2.0, 0.33203125, float("inf")]
 

@@ -26,8 +26,9 @@ import pytest
 ray = pytest.importorskip("ray", reason="needs ray (pip install -e .[ray])")
 pytestmark = pytest.mark.ray
 
-from minirt import distributed, scale_out  # noqa: E402 (after the importorskip above)
-from minirt.cli import EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command  # noqa: E402
+from minirt.cli.command import EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command  # noqa: E402
+from minirt.distributed import ray_data as distributed  # noqa: E402 (after the importorskip above)
+from minirt.distributed import serve_on_ray as scale_out  # noqa: E402
 from minirt.generate import main as generate_main  # noqa: E402
 
 WHAT_A_REQUEST_PRODUCED = ("index", "id", "prompt", "text", "token_ids", "finish_reason", "error", "prompt_tokens",

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURE_NAMES, FIXTURES, load_expected, random_model
 from minirt import LLM, SamplingParams
-from minirt.engine import Engine
+from minirt.engine.engine import Engine
 from minirt.errors import RequestError
-from minirt.sampling import log_softmax
+from minirt.engine.sampler import log_softmax
 
 
 def engine_for(model, batch_size, tokenizer=None, **kw):
@@ -278,7 +278,7 @@ def test_an_overflowed_slot_cannot_poison_its_next_occupant(model):
     cache.values[:, 0] = np.inf  # whatever an earlier request left behind, even an fp16 overflow
     cache.keys[:, 0] = np.nan
     cache.reset_slot(0)
-    from minirt.batch import Batch
+    from minirt.model.batch import Batch
 
     logits = model.backend.to_numpy(model.forward(Batch([[4, 5, 6]], model.backend), cache, logits_at=[0, 1, 2]))
     assert np.isfinite(logits).all()
@@ -301,7 +301,7 @@ def test_a_vanishing_temperature_is_greedy(model):
 ])
 def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
     """Three 2-token prompts wanting 4 tokens need 5 positions each; a 10-position budget holds 2 rows."""
-    from minirt.report import summary
+    from minirt.cli.summary import summary
 
     engine = engine_for(model, batch_size=3, policy=policy)
     engine.kv_budget_positions = 10
@@ -321,7 +321,7 @@ def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_submit_only_queues(model, policy):
     """refusal() and submit() change neither the request nor the scheduler's limits."""
-    from minirt.scheduler import SCHEDULERS
+    from minirt.engine.scheduler import SCHEDULERS
 
     scheduler = SCHEDULERS[policy](4, 12, model.config.n_positions, 3)
     fits, too_big = (Engine(model, None).make_request(i, p, SamplingParams(max_new_tokens=n))
@@ -335,7 +335,7 @@ def test_submit_only_queues(model, policy):
 
 
 def test_the_continuous_pool_refuses_what_its_slots_cannot_hold(model):
-    from minirt.scheduler import ContinuousScheduler
+    from minirt.engine.scheduler import ContinuousScheduler
 
     scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
     engine = Engine(model, None)
@@ -361,7 +361,7 @@ def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(mode
 
 
 def test_scoring_never_allocates_a_kv_cache(model, monkeypatch):
-    from minirt.kv_cache import KVCache
+    from minirt.model.kv_cache import KVCache
 
     def refuse_allocation(*args, **kwargs):
         raise AssertionError("scoring allocated a KV cache")
@@ -376,7 +376,7 @@ def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
     """The device argmax (only B ids cross) and the per-row host path agree, ties included."""
     from types import SimpleNamespace
 
-    from minirt.sampling import choose_token, choose_tokens
+    from minirt.engine.sampler import choose_token, choose_tokens
 
     logits = np.array(rows, dtype=np.float32)
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
@@ -421,7 +421,7 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
 
 
 def queued(index: int, prompt_len: int, max_new_tokens: int):
-    from minirt.request import Request
+    from minirt.engine.request import Request
 
     return Request(index=index, id=str(index), prompt=None, prompt_ids=[1] * prompt_len,
                    params=SamplingParams(max_new_tokens=max_new_tokens))
@@ -435,7 +435,7 @@ def test_continuous_admission_rule_keeps_both_budgets_by_itself(budget, reserved
     """Issue #16's third survivor: the rule is checked directly, not through the pool's shape, which happens to
     keep the budget too.  A candidate fits when its KV need fits beside what is reserved, and its prompt beside
     this round's tokens: the arithmetic by hand."""
-    from minirt.scheduler import ContinuousScheduler
+    from minirt.engine.scheduler import ContinuousScheduler
 
     scheduler = ContinuousScheduler(4, budget, 64, token_budget)
     candidate = queued(0, prompt_len, max_new)
@@ -446,7 +446,7 @@ def test_continuous_admission_rule_keeps_both_budgets_by_itself(budget, reserved
 
 def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget():
     """Mid-run submissions go through the same rule: never more KV reserved than the budget, in any round."""
-    from minirt.scheduler import ContinuousScheduler
+    from minirt.engine.scheduler import ContinuousScheduler
 
     scheduler = ContinuousScheduler(3, 12, 64, None)
     for i in range(3):
@@ -457,7 +457,7 @@ def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget()
         for request in plan.active:  # each finishes after two rounds; a new one arrives every round
             request.token_ids.append(0)
             if len(request.token_ids) == 2:
-                from minirt.request import Status
+                from minirt.engine.request import Status
 
                 request.status = Status.FINISHED
         scheduler.complete(plan)
@@ -466,7 +466,7 @@ def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget()
 
 def test_two_stop_strings_in_one_piece_of_text_cut_before_the_earlier():
     """By hand: "xyz" starts at 13 and "ab" at 6, in the text that arrives in one step: the cut is at 6."""
-    from minirt.request import Request, found_stop_string
+    from minirt.engine.request import Request, found_stop_string
 
     for stops in (("xyz", "ab"), ("ab", "xyz")):
         request = Request(index=0, id="0", prompt="p", prompt_ids=[1], params=SamplingParams(stop=stops))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_reference
-from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
+from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.errors import MinirtError
 from minirt.evaluate import main, text_loss, windows
 from minirt.llm import LLM

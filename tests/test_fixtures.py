@@ -26,8 +26,8 @@ def test_every_fixture_kind_is_present():
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_padded_batch_logits_match_transformers(name, scratch, monkeypatch):
     if scratch is not None:  # scratch budgets shrunk until a prompt spans many attention and MLP tiles
-        monkeypatch.setattr(minirt.model, "ATTENTION_SCRATCH_BYTES", scratch)
-        monkeypatch.setattr(minirt.model, "MLP_SCRATCH_BYTES", scratch)
+        monkeypatch.setattr(minirt.model.layers, "ATTENTION_SCRATCH_BYTES", scratch)
+        monkeypatch.setattr(minirt.model.layers, "MLP_SCRATCH_BYTES", scratch)
     expected = load_expected(name)
     sequences = [expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))]
     assert len({len(s) for s in sequences}) > 2, "the fixture must mix lengths, or padding goes untested"
@@ -55,7 +55,7 @@ def test_batched_greedy_with_kv_cache_matches_transformers(name):
 
 
 def test_no_prefix_fixture_really_has_no_prefix_and_mask_buffers():
-    from minirt.checkpoint import read_safetensors_header
+    from minirt.loading.safetensors_header import read_safetensors_header
 
     entries, _ = read_safetensors_header(FIXTURES / "no_prefix_with_mask_buffers" / "model.safetensors")
     assert not any(n.startswith("transformer.") for n in entries)

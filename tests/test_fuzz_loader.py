@@ -37,9 +37,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURES, bounded
-from minirt.checkpoint import load_checkpoint
+from minirt.loading.checkpoint import load_checkpoint
 from minirt.errors import MinirtError
-from minirt.safetensors_header import read_safetensors_header
+from minirt.loading.safetensors_header import read_safetensors_header
 
 
 BASE = FIXTURES / "base"

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from conftest import ROOT
-from minirt.cli import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
-from minirt.model import GPT2
+from minirt.cli.command import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
+from minirt.model.gpt2 import GPT2
 from minirt.generate import main
-from minirt.prompt_file import read_prompts, unescape_txt
+from minirt.cli.prompt_file import read_prompts, unescape_txt
 
 REQUIRED_FIELDS = {"index", "id", "prompt", "text", "token_ids", "finish_reason", "group", "rounds_waited",
                    "first_round", "finish_round", "error"}
@@ -154,7 +154,7 @@ def test_interrupt_keeps_every_final_record(tiny_lm, tmp_path, capsys, monkeypat
 
 
 def test_no_model_and_nothing_shipped(tmp_path, capsys, monkeypatch):
-    import minirt.checkpoint as checkpoint
+    import minirt.loading.checkpoint as checkpoint
 
     monkeypatch.setattr(checkpoint, "SHIPPED_WEIGHTS", [tmp_path / "weights", tmp_path / "elsewhere"])
     (tmp_path / "p.txt").write_text("hi\n")
@@ -205,7 +205,7 @@ def test_the_progress_bar_names_the_running_group_and_draws_its_final_state(tiny
     """5 requests in static groups of 2: three groups.  Before, the bar never drew its final state (the last
     records come after the last round), so it stopped short of 5/5."""
     import minirt.generate as generate
-    from minirt.report import Progress
+    from minirt.cli.progress import Progress
 
     stream = io.StringIO()
 

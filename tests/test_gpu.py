@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURES, random_model
-from minirt.backend import get_backend
-from minirt.engine import Engine
+from minirt.model.backend import get_backend
+from minirt.engine.engine import Engine
 from minirt.errors import BackendError
-from minirt.sampling import SamplingParams
+from minirt.engine.params import SamplingParams
 
 
 def cupy_backend_or_none():
@@ -120,7 +120,7 @@ def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
     """All-greedy rounds take the argmax on the GPU (only B ids cross); it must match the host's pick, ties included."""
     from types import SimpleNamespace
 
-    from minirt.sampling import choose_token, choose_tokens
+    from minirt.engine.sampler import choose_token, choose_tokens
 
     host = np.array(rows, dtype=np.float32)
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
@@ -134,8 +134,8 @@ def test_fixture_logits_on_the_gpu_match_transformers(scratch, monkeypatch):
     from conftest import load_expected
 
     if scratch is not None:  # many attention and MLP tiles, as in test_fixtures, on the device this time
-        monkeypatch.setattr(minirt.model, "ATTENTION_SCRATCH_BYTES", scratch)
-        monkeypatch.setattr(minirt.model, "MLP_SCRATCH_BYTES", scratch)
+        monkeypatch.setattr(minirt.model.layers, "ATTENTION_SCRATCH_BYTES", scratch)
+        monkeypatch.setattr(minirt.model.layers, "MLP_SCRATCH_BYTES", scratch)
 
     expected = load_expected("base")
     seqs = [expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))]

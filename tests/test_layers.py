@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_reference
-from minirt.batch import attention_mask
-from minirt.model import LayerNorm, erf, gelu, layer_norm, softmax_attention
+from minirt.model.batch import attention_mask
+from minirt.model.layers import LayerNorm, erf, gelu, layer_norm, softmax_attention
 
 
 def test_gelu_tanh_matches_the_formula_elementwise():
@@ -109,8 +109,8 @@ def test_a_padding_query_never_reads_past_its_rows_keys():
     """Row 0 has 1 real token beside a row of 3, so its queries 1 and 2 are padding.  Causally they could see
     keys 1 and 2, which are not its row's (NaN keys and huge values here); key-is-real hides them, so every
     output, padding included, stays finite and a padding query averages only its row's real key."""
-    from minirt.backend import numpy_backend
-    from minirt.batch import Batch
+    from minirt.model.backend import numpy_backend
+    from minirt.model.batch import Batch
 
     batch = Batch([[5], [6, 7, 8]], numpy_backend())
     rng = np.random.default_rng(0)
@@ -186,10 +186,10 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, 
     float64 by a plain loop.  With a KV cache the keys are the slot's history plus this round; the slots are
     shuffled, and what lies past a row's end (stale keys: NaN, huge values) must not matter.  Without one
     (scoring whole sequences, no history), they are the round's own tokens."""
-    from minirt.backend import numpy_backend
-    from minirt.batch import Batch
-    from minirt.kv_cache import LayerKV
-    from minirt.model import prompt_attention
+    from minirt.model.backend import numpy_backend
+    from minirt.model.batch import Batch
+    from minirt.model.kv_cache import LayerKV
+    from minirt.model.layers import prompt_attention
 
     if not cached:
         rows = [(0, n) for _, n in rows]
@@ -205,13 +205,13 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, 
         cache.values[slot, :, :past[b]] = rng.standard_normal((H, past[b], D))
     if cached:
         cache.write(k, v, batch)
-    import minirt.model
+    import minirt.model.layers
 
-    budget, minirt.model.ATTENTION_SCRATCH_BYTES = minirt.model.ATTENTION_SCRATCH_BYTES, scratch
+    budget, minirt.model.layers.ATTENTION_SCRATCH_BYTES = minirt.model.layers.ATTENTION_SCRATCH_BYTES, scratch
     try:
         got = prompt_attention(np, q, k, v, batch, cache if cached else None, 0.5)  # [N, H, D]
     finally:
-        minirt.model.ATTENTION_SCRATCH_BYTES = budget
+        minirt.model.layers.ATTENTION_SCRATCH_BYTES = budget
     for b, slot in enumerate(slots):
         first = int(batch.first_index[b])
         keys = cache.keys[slot] if cached else k[first:first + rows[b][1]].transpose(1, 0, 2)  # [H, *, D]
@@ -228,8 +228,8 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, 
 def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
     """A fresh 10-token row at one query a tile: tile t needs keys 0..t only, never the other 9 - t; rows go
     one at a time, each with its own key count (no padding to the longest row)."""
-    from minirt.backend import numpy_backend
-    from minirt.batch import Batch
+    from minirt.model.backend import numpy_backend
+    from minirt.model.batch import Batch
 
     batch = Batch([list(range(10))], numpy_backend())
     assert list(batch.query_tiles(n_head=1, scratch_bytes=40)) == [(0, t, t + 1, t + 1) for t in range(10)]
@@ -243,7 +243,7 @@ def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
 
 def test_a_blocked_transpose_equals_the_transpose_across_many_blocks():
     """`Backend.transposed` copies 256 rows at a time: 1000 rows span four blocks, the last one partial."""
-    from minirt.backend import numpy_backend
+    from minirt.model.backend import numpy_backend
 
     rows = np.random.default_rng(0).standard_normal((1000, 7)).astype(np.float32)
     for dtype in (np.float32, np.float16):
@@ -254,7 +254,7 @@ def test_a_blocked_transpose_equals_the_transpose_across_many_blocks():
 
 def test_the_head_in_row_chunks_equals_one_product():
     """`lm_head` writes 1024 rows at a time: 2500 rows span three chunks, the last one partial."""
-    from minirt.model import lm_head
+    from minirt.model.layers import lm_head
 
     rng = np.random.default_rng(1)
     hidden, head = rng.standard_normal((2500, 8)).astype(np.float16), rng.standard_normal((8, 11)).astype(np.float32)
@@ -269,7 +269,7 @@ def test_float16_embeddings_stay_float16(fixture):
     activations of an fp16 model stay fp16 (an untied model's come from its own fp16 table)."""
     from conftest import FIXTURES
     from minirt import load_model
-    from minirt.model import embed
+    from minirt.model.layers import embed
 
     model = load_model(FIXTURES / fixture, dtype="float16")
     ids, positions = np.array([1, 2, 3]), np.array([0, 1, 2])
@@ -283,7 +283,7 @@ def test_a_round_with_history_but_no_cache_is_refused():
     """Without a KV cache there are no past keys to attend to: a round that claims some is an error, not a
     silent read of another row's tokens."""
     from conftest import random_model
-    from minirt.batch import Batch
+    from minirt.model.batch import Batch
     from minirt.errors import InputError
 
     model = random_model(seed=0)

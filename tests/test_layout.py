@@ -1,40 +1,100 @@
-"""The source is one of minirt's products: these limits keep it readable (and its imports within bounds).
+"""The architecture, held by tests: what each folder of minirt/ may import, and the limits that keep it readable.
 
-  * no module in minirt/ over 300 lines, no function over 50, no line over 120 characters;
-  * the core (minirt/ without the command-line, output, report, rounds, inspect, evaluate and
-    prompt-file modules) at most 2,400 lines.  #9 set 2,000 (from 2,283); #10's checks of hostile input
-    in core modules (JSON files read with a size cap, tokenizer failures as a request's error, the API's
-    argument checks) took about 35 more, and #11's tiled attention, MLP tiles and [C, V] head about 90
-    (2,125), and #12's finding of the shipped model in the loader, so that `LLM()` needs no model, 16 (2,141),
-    and streaming (the engine's per-token hook, `unshown_text`, `LLM.generate(on_token=...)` and its docs), 30,
-    and the rest of #12 (asserts that narrow optional values for mypy, `auto_backend`, the rows each round
-    held for utilization, a KV budget in tokens), 45 (2,215), and #14's logit processors (logit_bias, the
-    repetition, presence and frequency penalties, min-p, with their formulas), 70 (2,286), and the rest of #14
-    so far (top and prompt logprobs, n samples, per-request timings), 67 (2,353).
-    The public result objects (minirt/output.py) are outside the core: like report.py, they are what a caller
-    is handed, not a step a request takes;
-    so are #13's scale-out modules (distributed.py, scale_out.py, prompt_chunks.py) and the sampling flags
-    the command line and its Ray workers share (sampling_flags.py): they serve many requests around the core;
-    the safetensors-header checker is outside the core too: like the prompt-file reader, it is a parser of an
-    untrusted file format, not a step a request takes;
-  * every module's docstring says what it owns and what it must not know;
-  * minirt/ imports only the standard library, numpy, safetensors, tokenizers, cupy
-    (optional) and, in minirt/distributed.py alone, ray.
+The folders, from the bottom up (each may import the ones before it, never the ones after):
+
+    errors.py      the exceptions every part raises                   imports no other part of minirt
+    model/         backend, config, batch metadata, KV cache, layers  errors
+    loading/       checkpoint, safetensors header, tokenizer, JSON    errors, model
+    engine/        params, sampler, request, scheduler, the loop      errors, model, loading
+    llm.py         the Python API                                     errors, model, loading, engine
+    cli/           what the commands share                            all of the above
+    distributed/   Ray Data (ray only in distributed/ray_data.py)     all of the above and cli
+    server/        `minirt serve` (its web stack only there)          all of the above but distributed
+    the commands   generate, evaluate, rounds, inspect, __main__      anything
+
+Third-party imports: numpy, safetensors and tokenizers anywhere; cupy only in model/backend.py (and the
+tests); ray only in distributed/ray_data.py; the web stack only in server/.  Functions are at most 50 lines
+and lines at most 100 characters; `ruff format --check` holds the rest of the layout (tests/test_lint.py).
 """
 
 import ast
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
 
 PACKAGE = ROOT / "minirt"
-MODULES = sorted(PACKAGE.glob("*.py"))
-NOT_CORE = {"cli.py", "generate.py", "output.py", "report.py", "sampling_flags.py", "distributed.py", "scale_out.py",
-            "prompt_chunks.py", "rounds.py", "inspect.py", "evaluate.py",
-            "prompt_file.py", "safetensors_header.py", "__main__.py"}
-THIRD_PARTY = {"numpy", "safetensors", "tokenizers", "cupy", "cupyx"}
+MODULES = sorted(PACKAGE.rglob("*.py"))
+COMMANDS = {"generate", "evaluate", "rounds", "inspect", "__main__"}
+
+# What each part of minirt may import from minirt (by its top-level part: a folder or a module).
+MAY_IMPORT = {
+    "errors": set(),
+    "model": {"errors"},
+    "loading": {"errors", "model"},
+    "engine": {"errors", "model", "loading"},
+    "llm": {"errors", "model", "loading", "engine"},
+    "cli": {"errors", "model", "loading", "engine", "llm", "__init__"},  # __init__: the version
+    "distributed": {"errors", "model", "loading", "engine", "llm", "cli"},
+    "server": {"errors", "model", "loading", "engine", "llm", "cli"},
+    "__init__": {"errors", "model", "loading", "engine", "llm"},
+}
+EVERYWHERE = {"numpy", "safetensors", "tokenizers"}
+ONLY_IN = {  # a third-party package, and the only files (relative to minirt/) or folders that may import it
+    "cupy": ("model/backend.py",),
+    "cupyx": ("model/backend.py",),
+    "ray": ("distributed/ray_data.py",),
+    "fastapi": ("server/",),
+    "starlette": ("server/",),
+    "uvicorn": ("server/",),
+    "pydantic": ("server/",),
+    "prometheus_client": ("server/",),
+}
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+def part_of(path: Path) -> str:
+    """The top-level part a module belongs to: its folder, or its own name for a top-level module."""
+    first = path.relative_to(PACKAGE).parts[0]
+    return first.removesuffix(".py")
+
+
+def minirt_imports(path: Path) -> set[str]:
+    """The parts of minirt (folders or top-level modules) that a module imports, lazily or not."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package_parts = path.relative_to(PACKAGE).parent.parts  # () for a top-level module
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            # Resolve the relative import against the module's own package.
+            base = list(package_parts[: len(package_parts) - (node.level - 1)])
+            target = base + (node.module.split(".") if node.module else [])
+            if not target:  # `from .. import __version__`: the package itself
+                found.add("__init__")
+                continue
+            found.add(target[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("minirt."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("minirt."):
+                    found.add(alias.name.split(".")[1])
+    return found
+
+
+def third_party_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"minirt"}
 
 
 def functions(tree: ast.AST):
@@ -43,42 +103,75 @@ def functions(tree: ast.AST):
             yield node
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
-def test_module_function_and_line_lengths(path):
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_each_part_imports_only_the_parts_below_it(path):
+    part = part_of(path)
+    if part in COMMANDS:
+        return  # a command may use anything
+    allowed = MAY_IMPORT[part] | {part}
+    forbidden = minirt_imports(path) - allowed
+    assert not forbidden, f"{relative(path)} ({part}/) imports {sorted(forbidden)}; it may import {sorted(allowed)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_optional_packages_stay_in_their_own_place(path):
+    where = relative(path)
+    for name in third_party_imports(path):
+        if name in EVERYWHERE:
+            continue
+        assert name in ONLY_IN, f"{where} imports {name}, which minirt does not depend on"
+        homes = ONLY_IN[name]
+        assert any(where == home or (home.endswith("/") and where.startswith(home)) for home in homes), \
+            f"{where} imports {name}, which only {', '.join(homes)} may import"
+
+
+def test_every_folder_in_the_contract_exists_or_is_still_to_come():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders - set(MAY_IMPORT) == set(), f"a folder without a contract: {folders - set(MAY_IMPORT)}"
+    assert {"model", "loading", "engine", "cli", "distributed"} <= folders
+
+
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_functions_and_lines_stay_readable(path):
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 300, f"{path.name} has {len(lines)} lines"
-    long_lines = [i + 1 for i, line in enumerate(lines) if len(line) > 120]
-    assert not long_lines, f"{path.name}: lines over 120 characters: {long_lines}"
-    tree = ast.parse("\n".join(lines))
-    for fn in functions(tree):
+    long_lines = [i + 1 for i, line in enumerate(lines) if len(line) > 100]
+    assert not long_lines, f"{relative(path)}: lines over 100 characters: {long_lines}"
+    for fn in functions(ast.parse("\n".join(lines))):
         length = fn.end_lineno - fn.lineno + 1
-        assert length <= 50, f"{path.name}: {fn.name} (line {fn.lineno}) is {length} lines"
+        assert length <= 50, f"{relative(path)}: {fn.name} (line {fn.lineno}) is {length} lines"
 
 
-def test_the_core_is_at_most_2400_lines():
-    core = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in MODULES if p.name not in NOT_CORE}
-    assert "model.py" in core and "engine.py" in core
-    assert sum(core.values()) <= 2400, core
+def packed_assignments(tree: ast.AST) -> list[int]:
+    """Lines of `a, b = x, y`: two values assigned in one statement to save a line."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple):
+            if any(isinstance(target, ast.Tuple) for target in node.targets):
+                lines.append(node.lineno)
+    return lines
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "__init__.py"], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_no_packed_assignments(path):
+    found = packed_assignments(ast.parse(path.read_text(encoding="utf-8")))
+    assert not found, f"{relative(path)}: packed assignments (a, b = x, y) on lines {found}"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if p.name != "__init__.py"], ids=relative)
 def test_every_module_says_what_it_owns_and_must_not_know(path):
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    assert "Owns" in doc and "Must not know" in doc, path.name
+    assert "Owns" in doc and "Must not know" in doc, relative(path)
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
-def test_imports_stay_within_bounds(path):
-    allowed = set(sys.stdlib_module_names) | THIRD_PARTY | ({"ray"} if path.name == "distributed.py" else set())
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names = [node.module]
-        else:
-            continue
-        for name in names:
-            assert name.split(".")[0] in allowed, f"{path.name} imports {name}"
+def test_a_contract_breach_is_seen():
+    """The contract's reader itself: a model module that imports the engine must be caught."""
+    probe = PACKAGE / "model" / "_probe_for_test.py"
+    try:
+        probe.write_text("from ..engine.request import Request\nfrom .. import errors\n", encoding="utf-8")
+        assert minirt_imports(probe) == {"engine", "__init__"}
+    finally:
+        probe.unlink()
+    assert packed_assignments(ast.parse("a, b = 1, 2\nc = d = 3\n")) == [1]
 
 
 @pytest.mark.parametrize("name", ["generate.py", "evaluate.py", "inspect.py"])
@@ -88,7 +181,9 @@ def test_the_command_lines_use_the_public_api(name):
     attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     imported = {alias.name for node in imports for alias in node.names}
+    modules = {node.module for node in imports}
     assert "engine" not in attributes, f"{name} reaches into llm.engine"
-    assert not {"engine", "kv_cache"} & {node.module for node in imports}, f"{name} imports from the engine"
-    forbidden = {"Engine", "KVCache", "StaticScheduler", "ContinuousScheduler", "SCHEDULERS", "add_token", "refuse"}
+    assert not {"engine.engine", "model.kv_cache"} & modules, f"{name} imports the engine loop or the KV cache"
+    forbidden = {"Engine", "KVCache", "StaticScheduler", "ContinuousScheduler", "SCHEDULERS", "add_token",
+                 "fail_request"}
     assert not imported & forbidden, f"{name} imports {imported & forbidden}"

@@ -8,9 +8,9 @@ import tracemalloc
 
 import pytest
 
-from minirt import prompt_chunks
+from minirt.distributed import prompt_chunks
 from minirt.errors import MinirtError
-from minirt.prompt_file import read_prompts
+from minirt.cli.prompt_file import read_prompts
 
 
 def workload(n: int) -> list[str]:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import random_model, relative_error
-from minirt.batch import Batch
+from minirt.model.batch import Batch
 
 TOL = 1e-5  # fp32: different batch shapes reorder BLAS sums, nothing more
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURES
 from minirt import LLM, SamplingParams
-from minirt.cli import run_command
+from minirt.cli.command import run_command
 from minirt.generate import main as generate_main
 
 

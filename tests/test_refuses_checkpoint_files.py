@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 
 from conftest import FIXTURES, ROOT, bounded
 from minirt import LLM
-from minirt.checkpoint import load_checkpoint
-from minirt.cli import EXIT_USAGE, run_command
+from minirt.loading.checkpoint import load_checkpoint
+from minirt.cli.command import EXIT_USAGE, run_command
 from minirt.errors import CheckpointError
 from minirt.generate import main as generate_main
-from minirt.safetensors_header import read_safetensors_header
+from minirt.loading.safetensors_header import read_safetensors_header
 
 
 BASE = FIXTURES / "base"

@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from minirt.cli import EXIT_OK, EXIT_USAGE, parse_kv_budget, run_command
+from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
+from minirt.cli.kv_budget import parse_kv_budget
 from minirt.generate import main
 from minirt.llm import LLM
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minirt
-import minirt.checkpoint as checkpoint
+import minirt.loading.checkpoint as checkpoint
 from conftest import FIXTURES, ROOT, fake_hub_cache
 from minirt.errors import CheckpointError
 

@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from minirt.cli import EXIT_USAGE, run_command
+from minirt.cli.command import EXIT_USAGE, run_command
 from minirt.evaluate import main as evaluate_main
 from minirt.generate import main as generate_main
-from minirt.report import record
-from minirt.request import Request
-from minirt.sampling import SamplingParams
+from minirt.cli.records import record
+from minirt.engine.request import Request
+from minirt.engine.params import SamplingParams
 
 
 def strict(line: str) -> dict:

@@ -32,12 +32,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, fake_hub_cache
-from minirt.cli import (EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_FAILED, EXIT_STDOUT_CLOSED, EXIT_TERMINATED, EXIT_USAGE,
-                        OutputFile, StopSignals, run_command)
+from minirt.cli.command import EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_FAILED, EXIT_STDOUT_CLOSED, EXIT_TERMINATED, EXIT_USAGE, run_command
+from minirt.cli.output_file import OutputFile
+from minirt.cli.signals import StopSignals
 from minirt.errors import OutputError, Terminated
-from minirt.engine import Engine
+from minirt.engine.engine import Engine
 from minirt.generate import main
-from minirt.model import GPT2
+from minirt.model.gpt2 import GPT2
 
 OLD = b'{"an": "existing record"}\n'
 
@@ -172,7 +173,7 @@ def test_a_write_that_fails_part_way_is_cut_back_to_the_last_whole_record(tmp_pa
 
     records = [json.dumps(x, ensure_ascii=False) + "\n" for x in lines]
     file, kept = OutputFile(str(target)), 0
-    with mock.patch("minirt.cli.os.write", full_disk):
+    with mock.patch("minirt.cli.output_file.os.write", full_disk):
         try:
             for line in records:
                 file.write(line)

@@ -22,12 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minirt.cli import EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
+from minirt.cli.command import EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
 from minirt.errors import RequestError
 from minirt.generate import main
-import minirt.prompt_file as prompt_file
-from minirt.prompt_file import MAX_LINE_BYTES, numbered_lines, read_prompts
-from minirt.sampling import SamplingParams
+import minirt.cli.prompt_file as prompt_file
+from minirt.cli.prompt_file import MAX_LINE_BYTES, numbered_lines, read_prompts
+from minirt.engine.params import SamplingParams
 
 GOOD = ["To be", "All the world", "Now is the winter"]  # the good lines every case keeps, in this order
 CLI = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

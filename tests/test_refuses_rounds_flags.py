@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, random_model
-from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
-from minirt.engine import Engine
-from minirt.model import GPT2
+from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
+from minirt.engine.engine import Engine
+from minirt.model.gpt2 import GPT2
 from minirt.rounds import MAX_LENGTH, MAX_WORKLOAD, main, parse_lengths
-from minirt.sampling import SamplingParams
+from minirt.engine.params import SamplingParams
 
 FAST = settings(max_examples=60, deadline=None)
 not_a_count = st.integers(-10**12, 0)

@@ -26,11 +26,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from minirt.cli import EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
+from minirt.cli.command import EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command
 from minirt.errors import CheckpointError, TokenizerError
 from minirt.generate import main as generate_main
-from minirt.llm import LLM, generation_defaults
-from minirt.sampling import SamplingParams
+from minirt.llm import LLM
+from minirt.loading.generation_config import generation_defaults
+from minirt.engine.params import SamplingParams
 from tiny_random_model import train_tokenizer
 
 OLD = b'{"an": "existing record"}\n'

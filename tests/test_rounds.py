@@ -8,10 +8,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import random_model
-from minirt.cli import EXIT_OK, EXIT_USAGE, run_command
-from minirt.engine import Engine
-from minirt.rounds import main, simulate, svg_panels
-from minirt.sampling import SamplingParams
+from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
+from minirt.engine.engine import Engine
+from minirt.rounds import main
+from minirt.cli.simulation import simulate
+from minirt.cli.svg import svg_panels
+from minirt.engine.params import SamplingParams
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 lengths = st.lists(st.integers(1, 12), min_size=1, max_size=12)

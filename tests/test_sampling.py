@@ -7,8 +7,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from minirt.sampling import (RequestError, SamplingParams, choose_token, derived_seed, filtered_distribution,
-                             log_softmax, request_rng)
+from minirt.errors import RequestError
+from minirt.engine.params import SamplingParams
+from minirt.engine.sampler import choose_token, derived_seed, filtered_distribution, log_softmax, request_rng
 
 
 def brute_force_distribution(logits, temperature, top_k, top_p):

@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import random_model, reference_available
-from minirt.engine import Engine
+from minirt.engine.engine import Engine
 from minirt.errors import RequestError
-from minirt.sampling import SamplingParams, filtered_distribution, processed_logits, top_logprobs
+from minirt.engine.params import SamplingParams
+from minirt.engine.sampler import filtered_distribution, processed_logits, top_logprobs
 
 V = 13
 logit_lists = st.lists(st.floats(-8, 8, allow_nan=False), min_size=V, max_size=V)
@@ -147,7 +148,7 @@ def test_logprobs_n_records_the_alternatives_of_every_step(tiny_lm, tmp_path):
     JSONL line's own "logprobs" as the issue says."""
     import json
 
-    from minirt.cli import run_command
+    from minirt.cli.command import run_command
     from minirt.generate import main
 
     prompts = tmp_path / "p.jsonl"
@@ -207,7 +208,7 @@ def test_sample_k_does_not_depend_on_n(tiny_lm, n, batch_size, seed, policy):
 def test_n_gives_one_record_per_sample(tiny_lm, tmp_path):
     import json
 
-    from minirt.cli import EXIT_USAGE, run_command
+    from minirt.cli.command import EXIT_USAGE, run_command
     from minirt.generate import main
 
     prompts = tmp_path / "p.jsonl"
@@ -273,7 +274,7 @@ def test_jsonl_fields_and_flags_reach_each_request(tiny_lm, tmp_path):
     on a token the model does not have is refused as the request's own error."""
     import json
 
-    from minirt.cli import EXIT_REQUEST_FAILED, run_command
+    from minirt.cli.command import EXIT_REQUEST_FAILED, run_command
     from minirt.generate import main
 
     prompts = tmp_path / "p.jsonl"
@@ -323,7 +324,7 @@ def test_prompt_logprobs_equal_transformers(tiny_lm, tmp_path):
     import torch
     from transformers import GPT2LMHeadModel
 
-    from minirt.cli import run_command
+    from minirt.cli.command import run_command
     from minirt.generate import main
 
     reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
@@ -343,7 +344,7 @@ def test_prompt_logprobs_equal_transformers(tiny_lm, tmp_path):
 def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
     """arrival <= first token <= finish <= the run's wall time; a request the engine refused has no first token;
     under static groups, group 2's first tokens come after every group-1 member's finish."""
-    from minirt.report import summary
+    from minirt.cli.summary import summary
 
     engine = Engine(model, None, batch_size=2)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 6, 3, 1)]

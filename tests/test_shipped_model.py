@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, requires_reference
 from minirt import LLM, SamplingParams
 from minirt.evaluate import text_loss
-from minirt.checkpoint import shipped_model_folder
+from minirt.loading.checkpoint import shipped_model_folder
 
 SHIPPED = ROOT / "weights" / "shakespeare-gpt2-tiny"
 PROMPTS = ["ROMEO:\n", "To be, or not to be", "KING LEAR.\n", "Shall I compare thee to a summer's day?",

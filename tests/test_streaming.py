@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from conftest import ROOT
 from minirt import LLM, SamplingParams, TokenEvent
-from minirt.cli import run_command
+from minirt.cli.command import run_command
 from minirt.generate import main as generate_main
-from minirt.request import Request, Status, unshown_text
+from minirt.engine.request import Request, Status, unshown_text
 
 PROMPTS = ["To be, or not to be", "Café", "", "All the world's a stage, and all the men and women merely players"]
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import DATA
 from minirt.errors import TokenizerError
-from minirt.tokenizer import byte_to_unicode, load_tokenizer
+from minirt.loading.tokenizer import byte_to_unicode, load_tokenizer
 
 VOCAB_DIR = DATA / "gpt2-vocab"
 SHA256 = {
@@ -190,7 +190,7 @@ def test_non_byte_level_tokenizer_streams_by_redecoding(tmp_path):
 @pytest.mark.parametrize("vocab_size", [1, 5, 50257])
 def test_a_special_id_is_used_only_inside_the_vocabulary(vocab_size):
     """The last id is an id; one past it is not (a tiny model that kept GPT-2's 50256 falls back)."""
-    from minirt.tokenizer import special_ids
+    from minirt.loading.tokenizer import special_ids
 
     assert special_ids(vocab_size - 1, None, vocab_size) == (vocab_size - 1, vocab_size - 1)
     assert special_ids(vocab_size, vocab_size, vocab_size) == (None, None)

@@ -196,7 +196,7 @@ def matrix(args) -> None:
 def decode_floor(args) -> None:
     """A decode step against its own weight GEMMs, at batch 1, 8 and 32 (see the module docstring)."""
     import minirt
-    from minirt.batch import Batch
+    from minirt.model.batch import Batch
 
     model, kv_len, steps = minirt.load_model(args.model, dtype=args.dtype), 40, 21
     c, rng = model.config, np.random.default_rng(args.seed)

@@ -132,7 +132,7 @@ def kv_bytes_per_step(config, dtype, batch: int, kv_len: float) -> float:
 
 
 def section_environment(args, deadline, state) -> dict:
-    from minirt.model import gelu
+    from minirt.model.layers import gelu
 
     out = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()}
     for name in ("torch", "transformers", "safetensors", "tokenizers"):
@@ -235,7 +235,7 @@ def host_overhead(model, batch: int, args) -> dict:
     """
     from cupyx.profiler import benchmark
 
-    from minirt.batch import Batch
+    from minirt.model.batch import Batch
 
     cache = model.new_kv_cache(n_slots=batch, capacity=args.prompt_len + 1)
     model.forward(Batch([[1] * args.prompt_len] * batch, model.backend), cache)

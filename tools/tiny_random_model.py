@@ -19,8 +19,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minirt.checkpoint import expected_shapes  # noqa: E402 (after the sys.path insert above)
-from minirt.config import GPT2Config  # noqa: E402 (after the sys.path insert above)
+from minirt.loading.checkpoint import expected_shapes  # noqa: E402 (after the sys.path insert above)
+from minirt.model.config import GPT2Config  # noqa: E402 (after the sys.path insert above)
 
 CORPUS = (
     "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer "

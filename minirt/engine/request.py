@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sampling import SamplingParams
-from .tokenizer import StreamDecoder
+from .params import SamplingParams
+from ..loading.tokenizer import StreamDecoder
 
 
 class Status(enum.Enum):

@@ -1,10 +1,8 @@
-"""The sampling flags of the commands that serve prompts, and how a prompts file's entries become requests.
+"""The sampling flags of the commands that serve prompts.
 
-Owns: the sampling flags (`add_sampling_flags`, with the real defaults in their help; `flag_overrides`, what
-the command line set), the order in which settings override each other (built-in defaults < the model's
-generation_config.json < flags < a JSONL line's own fields: `sampling_defaults`, `build_requests`), and
-`build_requests`, one request per entry, a bad entry becoming a request with its own error.  Shared by
-`python -m minirt.generate` and its Ray workers (minirt/distributed.py), so that both make the same requests.
+Owns: `add_sampling_flags` (with the real defaults in their help), `flag_overrides` (what the command line
+set) and `sampling_defaults` (the model's generation_config.json with the flags applied: built-in defaults
+< the model's generation_config.json < flags < a JSONL line's own fields).
 
 Must not know: files, output, or how requests are served.
 """
@@ -13,12 +11,10 @@ from __future__ import annotations
 
 from contextlib import suppress
 
-from .checkpoint import shipped_model_folder
-from .errors import MinirtError, RequestError
-from .llm import LLM, generation_defaults
-from .prompt_file import PromptEntry
-from .request import Request
-from .sampling import SamplingParams
+from ..engine.params import SamplingParams
+from ..errors import MinirtError, RequestError
+from ..loading.checkpoint import shipped_model_folder
+from ..llm import generation_defaults
 
 
 def shipped_defaults() -> dict[str, str]:
@@ -92,22 +88,3 @@ def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> Sampli
         return model_defaults.updated(**overrides)
     except RequestError as exc:
         raise MinirtError(f"bad sampling flag: {exc}") from None
-
-
-def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingParams, logprobs: bool,
-                   indexes: list[int] | None = None) -> list[Request]:
-    """One request per prompts-file line and sample (its index: the line's place among them, or the one `indexes`
-    gives, as rows spread over workers keep theirs; n samples: n requests, one after another); a bad line becomes
-    a request with its own error, and its peers still run."""
-    requests: list[Request] = []
-    for index, entry in zip(indexes or range(len(entries)), entries, strict=True):
-        error, params = entry.error, run_defaults
-        if error is None:
-            try:
-                params = run_defaults.updated(**entry.overrides)
-            except RequestError as exc:
-                error = f"line {entry.line}: {exc}"
-        for sample in range(params.n if error is None else 1):
-            requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
-                                             error=error, sample=sample, position=len(requests)))
-    return requests

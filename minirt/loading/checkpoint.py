@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import GPT2Config, read_json_file
-from .errors import CheckpointError
+from ..model.config import GPT2Config
+from .json_file import read_config, read_json_file
+from ..errors import CheckpointError
 from .safetensors_header import TensorEntry, read_safetensors_header
 
 SINGLE_FILE = "model.safetensors"
@@ -74,7 +75,7 @@ def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
     return None, looked
 
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent  # minirt/, which holds loading/
 SHIPPED_WEIGHTS = [PACKAGE / "weights", PACKAGE.parent / "weights"]  # installed (the build copies it), or a clone
 
 
@@ -216,7 +217,7 @@ def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) ->
 def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     """Resolve, open and check a GPT-2 checkpoint.  Raises CheckpointError in one line."""
     folder = resolve_model_folder(model)
-    config = GPT2Config.from_file(folder / "config.json")
+    config = read_config(folder / "config.json")
     files = weight_files(folder)
     headers = [(path, *read_safetensors_header(path)) for path in files]  # each file's damage is named first
     check_files_can_hold(config, files, folder / "config.json")  # then, before anything is sized by the config

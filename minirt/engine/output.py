@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from .request import Request, unshown_text
-from .tokenizer import Tokenizer
+from ..loading.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,20 @@
-"""GPT-2, written out by hand: the layers as pure functions, and the model that runs them.
+"""GPT-2's layers, written out by hand as pure functions, and the weights they read.
 
-Owns: the arithmetic of GPT-2 (embeddings, layer norm, attention, GELU, MLP, head) over one round's batch,
-and `GPT2`, which holds the weights on a backend and has one way through:
-`forward(batch, kv_cache, logits_at)`.
-
-Read it top to bottom.  Each layer is one function of its input and its own weights, which travel in small
-dataclasses named as in the checkpoint (`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`).  Shape
-letters:
+Owns: the arithmetic of GPT-2 over one round's packed tokens (embeddings, layer norm, attention, GELU, MLP,
+head), and the small dataclasses that carry each layer's weights, named as in the checkpoint
+(`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`).  Read it top to bottom.  Shape letters:
 
     B  rows in the batch          T  new tokens per row this round (padded)
     N  real tokens in the round   L  key positions attended, max(kv_lens)
     C  n_embd                     H  n_head      D  head_dim = C // H
     I  n_inner (MLP width)        V  vocab_size  M  positions whose logits are asked for
+    S  KV slots in the cache      P  n_positions (the context)
 
 Real tokens travel packed, [N, C], so every weight GEMM is 2-D and none runs on padding.  A prompt's attention
-takes each row alone; a decode step's lays the rows out padded [B, H, 1, L] (minirt/batch.py builds the masks).
-With a KV cache the keys are each row's history plus this round's; scoring whole sequences needs none.  Layers
-take `xp` (numpy or cupy), so the GPU runs this same code; layer-norm statistics, softmax and logits are fp32.
+takes each row alone; a decode step's lays the rows out padded [B, H, 1, L] (minirt/model/batch.py builds the
+masks).  With a KV cache the keys are each row's history plus this round's; scoring whole sequences needs
+none.  Layers take `xp` (numpy or cupy), so the GPU runs this same code; layer-norm statistics, softmax and
+logits are fp32.
 
 Must not know: files, tokenizers, requests, sampling or scheduling.
 """
@@ -25,23 +23,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
 import numpy as np
 
-from .backend import Backend, get_backend, resolve_dtype
-from .batch import Batch, check_token_ids
-from .checkpoint import Checkpoint, load_checkpoint
+from .batch import Batch
 from .config import GPT2Config
-from .errors import InputError
-from .kv_cache import KVCache, LayerKV
+from .kv_cache import LayerKV
+
 
 # Scratch per tile of a prompt, however long: attention's fp32 scores [H, queries, keys] (a tile is at least one
 # query), and the MLP's hidden activations [tokens, I] (so [N, I] never exists).  8 MiB each measured fastest.
 ATTENTION_SCRATCH_BYTES = MLP_SCRATCH_BYTES = 8 * 2**20
-
-# ---------------------------------------------------------------------------- weights, by the checkpoint's names
 
 
 @dataclass(frozen=True)
@@ -85,9 +77,6 @@ def block_weights(params: dict[str, Any], i: int) -> Block:
     attn = Attention(c_attn=Linear(*pair("attn.c_attn")), c_proj=Linear(*pair("attn.c_proj")))
     mlp = MLP(c_fc=Linear(*pair("mlp.c_fc")), c_proj=Linear(*pair("mlp.c_proj")))
     return Block(ln_1=LayerNorm(*pair("ln_1")), attn=attn, ln_2=LayerNorm(*pair("ln_2")), mlp=mlp)
-
-
-# ---------------------------------------------------------------------------- layers
 
 
 def embed(wte_t, wpe, token_ids, positions):
@@ -214,87 +203,3 @@ def lm_head(xp, hidden, head_weight):
     for first in range(0, len(hidden), 1024):
         xp.matmul(hidden[first:first + 1024], head_weight, out=logits[first:first + 1024])  # [rows, V]
     return logits  # [M, V] fp32
-
-
-# ---------------------------------------------------------------------------- the model
-
-
-class GPT2:
-    """GPT-2's weights on a backend, and the forward pass over one round."""
-
-    def __init__(self, checkpoint: Checkpoint, backend: Backend, dtype):
-        self.config, self.folder, self.backend, self.xp = checkpoint.config, checkpoint.folder, backend, backend.xp
-        self.dtype = np.dtype(dtype)
-        with np.errstate(over="ignore"):  # a weight past float16's range becomes inf: forward checks
-            # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped file.
-            self.params = {name: backend.asarray(host).astype(self.dtype, copy=False)
-                           for name, host in checkpoint.tensors.items() if name not in ("wte.weight", "lm_head.weight")}
-            # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a contiguous [C, V]
-            # than on the file's [V, C] transposed: stored once so, fp32.  A tied model's embeddings are its
-            # columns; an untied model's are a [C, V] view of its own table (no copy on NumPy).
-            tensors = checkpoint.tensors
-            self.head_weight = backend.transposed(tensors["lm_head.weight"], np.float32)  # [C, V] fp32 logits
-            self.wte_t = (self.head_weight if checkpoint.head_is_tied
-                          else backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False).T)  # [C, V]
-        p = self.params
-        self.wpe = p["wpe.weight"]  # [P, C]
-        self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
-        self.ln_f = LayerNorm(p["ln_f.weight"], p["ln_f.bias"])
-
-    @property
-    def n_params(self) -> int:
-        """Learned numbers, counting a tied head once."""
-        tables = {id(a): a for a in (self.head_weight, self.wte_t)}.values()
-        return sum(int(array.size) for array in [*self.params.values(), *tables])
-
-    def new_kv_cache(self, n_slots: int, capacity: int) -> KVCache:
-        """Preallocate KV buffers for n_slots requests of up to `capacity` positions each."""
-        c = self.config
-        if capacity > c.n_positions:
-            raise ValueError(f"KV capacity {capacity} exceeds the model's context of {c.n_positions} positions")
-        return KVCache(self.xp, c.n_layer, c.n_head, c.head_dim, n_slots, capacity, self.dtype)
-
-    def forward(self, batch: Batch, kv_cache: KVCache | None = None, logits_at=None):
-        """One forward pass of a round; returns fp32 logits [M, V] on the backend.  `logits_at` picks the
-        packed tokens whose logits come back: by default each row's last token, where its next token comes
-        from (the head, the biggest GEMM of a small model, runs on those alone).  With a `kv_cache`, each
-        row's new keys are written to its slot and the slot's length advances."""
-        xp, c = self.xp, self.config
-        if int(batch.positions.max(initial=0)) >= c.n_positions:
-            raise InputError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
-        if kv_cache is None and batch.past_lens.any():  # without a cache there is no history to attend to
-            raise InputError("a round with past keys (past_lens > 0) needs the KV cache that holds them")
-        if kv_cache is not None:
-            kv_cache.prepare_round(batch)
-        with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf weights, float16 overflow: callers check
-            x = embed(self.wte_t, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
-            for i, block in enumerate(self.blocks):
-                kv = None if kv_cache is None else kv_cache.layer(i)
-                x = transformer_block(xp, x, block, c, batch, kv)  # [N, C]
-            x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
-            if kv_cache is not None:
-                kv_cache.advance(batch)
-            at = batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)  # [M]
-            if not (logits_at is None and at.size == batch.n_tokens):  # at decode every token is some row's last
-                x = x[self.backend.asarray(at)]  # [M, C]
-            return lm_head(xp, x, self.head_weight)  # [M, V] fp32
-
-    def logits(self, token_ids) -> np.ndarray:
-        """Score whole sequences of different lengths in one padded batch, without a KV cache: NumPy fp32
-        logits [B, max_len, V], where row b's first len(token_ids[b]) positions are its logits (padding: 0)."""
-        if isinstance(token_ids, np.ndarray) or not isinstance(token_ids, (list, tuple)):
-            raise InputError("token_ids must be a list of token-id lists, one per sequence")
-        V, P = self.config.vocab_size, self.config.n_positions
-        rows = [check_token_ids(seq, V, f"sequence {b}", max_len=P) for b, seq in enumerate(token_ids)]
-        if not any(rows):  # nothing to score
-            return np.zeros((len(rows), 0, V), dtype=np.float32)
-        batch = Batch(rows, self.backend)
-        logits = self.forward(batch, logits_at=np.arange(batch.n_tokens))  # [N, V]
-        return batch.unpack_on_host(self.backend.to_numpy(logits))  # [B, T, V]
-
-
-def load_model(model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32") -> GPT2:
-    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend."""
-    chosen, _note = get_backend(backend)
-    checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    return GPT2(checkpoint, chosen, resolve_dtype(dtype))

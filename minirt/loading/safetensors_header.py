@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 # Every dtype code the format defines, with its size in bytes, so that a foreign dtype is named, not misread.
 KNOWN_DTYPES = {

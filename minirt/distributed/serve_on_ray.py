@@ -21,15 +21,16 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Iterator
 
-from .backend import get_backend
-from .checkpoint import load_checkpoint
-from .cli import EXIT_OK, EXIT_REQUEST_FAILED, OutputFile
-from .distributed import PromptsDatasource, connect, generate_dataset, worker_errors_as_one_line
-from .errors import MinirtError
-from .report import completion_block
-from .request import Request, Status
-from .sampling import SamplingParams
-from .scheduler import SCHEDULERS, Scheduler
+from ..model.backend import get_backend
+from ..loading.checkpoint import load_checkpoint
+from ..cli.command import EXIT_OK, EXIT_REQUEST_FAILED
+from ..cli.output_file import OutputFile
+from .ray_data import PromptsDatasource, connect, generate_dataset, worker_errors_as_one_line
+from ..errors import MinirtError
+from ..cli.records import completion_block
+from ..engine.request import Request, Status
+from ..engine.params import SamplingParams
+from ..engine.scheduler import SCHEDULERS, Scheduler
 
 SHARD_RECORDS = 100_000  # records per file of a folder --output
 

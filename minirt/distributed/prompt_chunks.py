@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, cast
 
-from .errors import MinirtError
-from .prompt_file import FORMATS, decoded_lines, entry_for, is_entry, resolved_format
+from ..errors import MinirtError
+from ..cli.prompt_file import FORMATS, decoded_lines, entry_for, is_entry, resolved_format
 
 LINES_PER_CHUNK = 1024  # prompts-file entries one chunk holds (a read task turns one chunk into rows)
 PROMPT_SUFFIXES = (".txt", ".jsonl", ".ndjson")

@@ -18,7 +18,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import RequestError, TokenizerError
+from ..errors import RequestError, TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
 

@@ -38,9 +38,9 @@ from ray.data import ActorPoolStrategy, Dataset, DataContext
 from ray.data.block import BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from .errors import MinirtError
+from ..errors import MinirtError
 from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prompt_files
-from .prompt_file import PromptEntry
+from ..cli.prompt_file import PromptEntry
 
 DEFAULT_WORKERS = 2
 GROUPS_PER_BATCH = 4  # a worker serves rows in batches of this many static groups (batch_size rows each)
@@ -125,16 +125,16 @@ class GenerateWorker:
     config: WorkerConfig
 
     def __init__(self) -> None:
-        from .checkpoint import shipped_model_folder  # noqa: PLC0415 (the worker's imports, in its own process)
-        from .llm import LLM  # noqa: PLC0415
-        from .sampling_flags import sampling_defaults  # noqa: PLC0415
+        from ..loading.checkpoint import shipped_model_folder  # noqa: PLC0415 (the worker's imports, in its own process)
+        from ..llm import LLM  # noqa: PLC0415
+        from ..cli.sampling_flags import sampling_defaults  # noqa: PLC0415
 
         self.llm = LLM(self.config.model or shipped_model_folder(), **self.config.llm_kwargs)
         self.defaults = sampling_defaults(self.llm.defaults, self.config.overrides)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from .report import record  # noqa: PLC0415
-        from .sampling_flags import build_requests  # noqa: PLC0415
+        from ..cli.records import record  # noqa: PLC0415
+        from ..cli.requests_from_prompts import build_requests  # noqa: PLC0415
 
         indexes = [int(i) for i in batch["index"]]
         entries = [PromptEntry(**json.loads(text)) for text in batch["entry"]]

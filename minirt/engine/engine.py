@@ -26,46 +26,25 @@ Must not know: the layers' arithmetic, files, command-line flags or output forma
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
-
 import numpy as np
 
-from .batch import Batch, check_token_ids
-from .errors import InputError, RequestError, require_at_least_one
-from .kv_cache import KVCache
-from .model import GPT2
+from .params import SamplingParams
 from .request import Request, Status, add_token, refuse
-from .sampling import SamplingParams, choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
-from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
-from .tokenizer import Tokenizer, special_ids
+from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
+from .scheduler import GroupRecord, POLICIES, RoundPlan, SCHEDULERS, Scheduler
+from .stats import RunStats
+from ..errors import InputError, RequestError, require_at_least_one
+from ..loading.tokenizer import Tokenizer, special_ids
+from ..model.batch import Batch, check_token_ids
+from ..model.gpt2 import GPT2
+from ..model.kv_cache import KVCache
+
 
 DEFAULT_KV_BUDGET_MIB = 4096
+
+
 DEFAULT_ROUND_TOKENS = 2048  # continuous batching: tokens one round may process (a prefill counts its prompt)
-
-
-@dataclass
-class RunStats:
-    """Counts for the run summary.  Utilization = active row-rounds / held row-rounds (a round holds the rows of
-    its static group, or of the continuous pool: a single request is active in every row-round it holds)."""
-    batch_size: int
-    policy: str = "static"
-    requests: int = 0
-    failed: int = 0
-    rounds: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    wall_seconds: float = 0.0
-    groups: list[GroupRecord] = field(default_factory=list)  # static groups (none under continuous)
-    active_rows_per_round: list[int] = field(default_factory=list)
-    held_rows_per_round: list[int] = field(default_factory=list)
-    kv_limited_rows: list[int] = field(default_factory=list)  # rows of each group or pool the KV budget held down
-    first_token_seconds: list[float] = field(default_factory=list)  # each served request's time to first token
-
-    @property
-    def utilization(self) -> float:
-        held = sum(self.held_rows_per_round)
-        return sum(self.active_rows_per_round) / held if held else 0.0
 
 
 class Engine:

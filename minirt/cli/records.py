@@ -1,15 +1,12 @@
-"""What a generate run shows: completions in input order, JSONL records, progress, the round grid, the summary.
+"""What a generate run shows of each request: its completion and its JSONL record, in input order.
 
 Owns:
   * `record`: a finished request as the JSON object --output writes;
-  * `OrderedOutput`: records leave in input order, each as soon as it and
-    every earlier one are final, to standard output and to the JSONL file,
-    flushed at once so an interrupted run keeps what is done; a closed or
-    failing standard output (`| head`, a full disk) stops the run unless
-    --output still wants records;
-  * `Progress`: a one-line progress bar on standard error;
-  * `group_grid`: a static group's round grid (the `--trace` view);
-  * `summary`: the closing counts.
+  * `completion_block`: a finished request as standard output shows it;
+  * `OrderedOutput`: records leave in input order, each as soon as it and every earlier one are final, to
+    standard output and to the JSONL file, flushed at once so an interrupted run keeps what is done; a
+    closed or failing standard output (`| head`, a full disk) stops the run unless --output still wants
+    records; with `stream`, the request whose turn it is shows its text as its tokens come.
 
 Must not know: models, sampling or how groups are chosen.
 """
@@ -17,18 +14,15 @@ Must not know: models, sampling or how groups are chosen.
 from __future__ import annotations
 
 import json
-import sys
-import time
 from contextlib import nullcontext
 from typing import IO, Callable, ContextManager
 
-from .cli import OutputFile, mute_stdout, stdout_error
-from .errors import OutputError
-from .engine import RunStats
-from .output import RequestOutput, prompt_text
-from .scheduler import GroupRecord
-from .request import Request, unshown_text
-from .tokenizer import Tokenizer
+from .output_file import OutputFile
+from .stdout import mute_stdout, stdout_error
+from ..engine.output import RequestOutput, prompt_text
+from ..engine.request import Request, unshown_text
+from ..errors import OutputError
+from ..loading.tokenizer import Tokenizer
 
 
 def request_label(request: Request) -> str:
@@ -173,128 +167,3 @@ class OrderedOutput:
         if self.stdout is not None:
             self.stdout = None
             mute_stdout()
-
-
-class Progress:
-    """A progress bar on standard error, redrawn at most ten times a second."""
-
-    def __init__(self, total: int, stream: IO = sys.stderr, enabled: bool = True, width: int = 24):
-        self.total, self.stream, self.width, self.enabled = total, stream, width, enabled
-        self.last_draw, self.drawn = 0.0, False
-
-    def update(self, stats: RunStats, done: int, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if not force and now - self.last_draw < 0.1:
-            return
-        self.last_draw = now
-        filled = int(self.width * done / self.total) if self.total else self.width
-        bar = "#" * filled + "-" * (self.width - filled)
-        if stats.policy != "static":
-            where = "continuous"
-        else:  # a group is recorded when it starts: the last one is the one running
-            where = f"{len(stats.groups)} groups" if done == self.total else f"group {len(stats.groups)}"
-        line = (f"\rgenerating [{bar}] {done}/{self.total} requests | {where} | "
-                f"round {stats.rounds} | {stats.generated_tokens} tokens | {tokens_per_second(stats):.1f} tok/s")
-        self.stream.write(line)
-        self.stream.flush()
-        self.drawn = True
-
-    def close(self) -> None:
-        """End the bar's line (so other text can follow); the next update starts a new one."""
-        if self.enabled and self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-        self.drawn = False
-
-
-def cell_mark(request: Request, round_number: int, row_held_until: int | None) -> str:
-    """One cell of a round grid: '#' it produced a token, '-' it was waiting for a row,
-    '.' it had finished but its row was still held (by its static group), blank once its row was freed."""
-    first, finish = request.first_round, request.finish_round
-    if first is not None and finish is not None and first <= round_number <= finish:
-        return "#"
-    if first is not None and round_number < first:
-        return "-"
-    return "." if row_held_until is not None and round_number <= row_held_until else " "
-
-
-def grid_lines(rows: list[tuple[str, str, str]], rounds: range, active_rows: list[int], active_label: str,
-               gap: int, header_note: str = "") -> list[str]:
-    """A round grid, a line per request: rows are (label, cells, suffix); a column per round, spaced when
-    40 rounds or fewer fit; round numbers (last digit) on top and the active rows per round underneath."""
-    spaced = len(rounds) <= 40
-    sep = " " if spaced else ""
-    width = max(len(label) for label, _, _ in rows + [(active_label, "", "")]) + gap
-    lines = [" " * width + sep.join(str(n % 10) for n in rounds) + header_note] if spaced else []
-    lines += [f"{label:<{width}}{sep.join(cells)}{suffix}" for label, cells, suffix in rows]
-    lines.append(f"{active_label:<{width}}" + sep.join(str(n) if n < 10 else "+" for n in active_rows))
-    return lines
-
-
-def request_grid(title: str, members: list[Request], rounds: range, active_rows: list[int],
-                 held_until: Callable[[Request], int | None]) -> list[str]:
-    """The --trace grid of some requests, each row ending with its token count and finish reason."""
-    rows = [(request_label(r), "".join(cell_mark(r, n, held_until(r)) for n in rounds),
-             f"   {len(r.token_ids)} tokens, {r.finish_reason if r.error is None else 'error'}") for r in members]
-    return [title] + grid_lines(rows, rounds, active_rows, "active rows", gap=2, header_note="   (round, last digit)")
-
-
-def group_grid(group: GroupRecord, waiting: list[Request]) -> str:
-    """A static group's rounds, and which requests waited for the whole group."""
-    members = f"{len(group.members)} member{'s' if len(group.members) != 1 else ''}"
-    lines = request_grid(f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}",
-                         group.members, range(group.first_round, group.last_round + 1), group.active_rows,
-                         held_until=lambda r: group.last_round)
-    if waiting:
-        rounds = group.last_round - group.first_round + 1
-        shown = ", ".join(f"[{r.index}]" for r in waiting[:8]) + (" ..." if len(waiting) > 8 else "")
-        lines.append(f"waiting through all {rounds} rounds of this group: {shown} "
-                     f"(the next group starts in round {group.last_round + 1})")
-    return "\n".join(lines) + "\n"
-
-
-def continuous_grid(requests: list[Request], stats: RunStats) -> str:
-    """The whole run under continuous batching: rows are freed and refilled every round."""
-    served = [r for r in requests if r.first_round is not None]
-    if not served:
-        return ""
-    title = f"continuous batching: {len(served)} requests in up to {stats.batch_size} rows, rounds 1-{stats.rounds}"
-    lines = request_grid(title, served, range(1, stats.rounds + 1), stats.active_rows_per_round,
-                         held_until=lambda r: r.finish_round)
-    return "\n".join(lines) + "\n"
-
-
-def tokens_per_second(stats: RunStats) -> float:
-    return stats.generated_tokens / stats.wall_seconds if stats.wall_seconds > 0 else 0.0
-
-
-def kv_limit_lines(stats: RunStats) -> list[str]:
-    """A summary line when the KV budget held a group (or the continuous pool) below the batch size."""
-    if not stats.kv_limited_rows:
-        return []
-    if stats.policy == "static":
-        n = len(stats.kv_limited_rows)
-        return [f"kv budget    held {n} group{'s' if n != 1 else ''} below {stats.batch_size} rows "
-                f"(rows: {', '.join(map(str, stats.kv_limited_rows))})"]
-    return [f"kv budget    held the pool to {stats.kv_limited_rows[0]} of {stats.batch_size} rows"]
-
-
-def summary(stats: RunStats, load_seconds: float) -> str:
-    """The closing counts, one fact per line."""
-    row_rounds, active = sum(stats.held_rows_per_round), sum(stats.active_rows_per_round)  # rows held, rows run
-    ttft = sorted(stats.first_token_seconds) or [0.0]
-    lines = [
-        f"requests     {stats.requests} ({stats.requests - stats.failed} ok, {stats.failed} failed)",
-        (f"groups       {len(stats.groups)} (static, batch size {stats.batch_size})" if stats.policy == "static"
-         else f"policy       continuous batching, up to {stats.batch_size} rows"),
-        *kv_limit_lines(stats),
-        f"rounds       {stats.rounds}",
-        f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",
-        f"tokens       {stats.prompt_tokens} prompt, {stats.generated_tokens} generated",
-        f"speed        {tokens_per_second(stats):.1f} generated tokens/s",
-        f"first token  {ttft[len(ttft) // 2]:.3f} s median, {ttft[-1]:.3f} s at most (time to first token)",
-        f"wall time    {stats.wall_seconds:.2f} s generating, {load_seconds:.2f} s loading",
-    ]
-    return "\n".join(lines) + "\n"

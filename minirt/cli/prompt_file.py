@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import MinirtError
-from .sampling import FIELD_NAMES
+from ..errors import MinirtError
+from ..engine.params import FIELD_NAMES
 
 FORMATS = ("auto", "txt", "jsonl")
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: a longer line fails alone, read past without being held whole

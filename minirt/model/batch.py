@@ -25,7 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from .backend import Backend
-from .errors import InputError
+from ..errors import InputError
 
 
 def check_token_ids(seq, vocab_size: int, subject: str, max_len: int | None = None) -> list[int]:

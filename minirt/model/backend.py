@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BackendError
+from ..errors import BackendError
 
 BACKEND_NAMES = ("auto", "numpy", "cupy")
 

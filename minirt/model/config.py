@@ -1,4 +1,4 @@
-"""The GPT-2 hyperparameters, read from a Hugging Face `config.json` and checked.
+"""The GPT-2 hyperparameters, from a Hugging Face `config.json`, checked.
 
 Owns: `GPT2Config`, the fields the layers use, and the validation that turns a config the layers cannot
 honour into a clear, one-line refusal instead of silently wrong numbers.
@@ -8,17 +8,18 @@ Must not know: weights, tensors, backends or tokenizers.
 
 from __future__ import annotations
 
-import json
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
+
 
 # Activation names Hugging Face uses for GPT-2's MLP, grouped by formula; GPT-2 was trained with tanh ("gelu_new").
 GELU_TANH_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
+
+
 GELU_ERF_NAMES = ("gelu", "gelu_python")
+
 
 # Options that change the computation in ways the layers do not implement: refused when on, not computed wrongly.
 UNSUPPORTED_WHEN_TRUE = {
@@ -27,15 +28,9 @@ UNSUPPORTED_WHEN_TRUE = {
     "add_cross_attention": "cross-attention (an encoder-decoder GPT-2)",
     "is_encoder_decoder": "an encoder-decoder model",
 }
+
+
 REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # n_inner is optional
-MAX_JSON_BYTES = 16 * 2**20  # a model's JSON files are kilobytes; nothing bigger (or a FIFO, /dev/zero) is read
-
-
-def read_json_file(path: Path):
-    """A small regular file's parsed JSON.  OSError (FileNotFoundError if missing), or ValueError for bad text."""
-    if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > MAX_JSON_BYTES:
-        raise OSError(0, f"not a regular file of at most {MAX_JSON_BYTES // 2**20} MiB")
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)
@@ -89,22 +84,6 @@ class GPT2Config:
         read: dict[str, Any] = {**sizes, **flags, **token_ids}  # each checked above; Any: a mix of types
         return cls(**read, layer_norm_epsilon=float(eps), activation_function=activation)
 
-    @classmethod
-    def from_file(cls, path: str | Path) -> GPT2Config:
-        path = Path(path)
-        try:
-            raw = read_json_file(path)
-        except FileNotFoundError:
-            raise CheckpointError(f"{path}: no config.json here; "
-                                  "a model folder needs config.json beside its weights") from None
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read config ({exc.strerror})") from None
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path}: not valid JSON "
-                                  f"(line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-        except (ValueError, RecursionError):  # not UTF-8, an integer of over 4,300 digits, nesting too deep
-            raise CheckpointError(f"{path}: not JSON in UTF-8 that minirt can read (too deep or too long)") from None
-        return cls.from_dict(raw, source=str(path))
 
 
 def refuse_other_models_and_options(raw: dict[str, Any], source: str) -> None:
