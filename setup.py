@@ -14,8 +14,12 @@ WEIGHTS = Path(__file__).resolve().parent / "weights"
 class BuildPyWithWeights(build_py):
     def run(self):
         super().run()
-        if WEIGHTS.is_dir():  # an sdist carries weights/ too (MANIFEST.in), so a wheel built from it has them
-            shutil.copytree(WEIGHTS, Path(self.build_lib) / "minirt" / "weights", dirs_exist_ok=True)
+        if (
+            WEIGHTS.is_dir()
+        ):  # an sdist carries weights/ too (MANIFEST.in), so a wheel built from it has them
+            shutil.copytree(
+                WEIGHTS, Path(self.build_lib) / "minirt" / "weights", dirs_exist_ok=True
+            )
 
 
 setup(cmdclass={"build_py": BuildPyWithWeights})

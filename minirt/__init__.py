@@ -8,7 +8,14 @@ docs/walkthrough.md follows one request through the modules in the order to read
 from .model.backend import get_backend
 from .loading.checkpoint import load_checkpoint
 from .model.config import GPT2Config
-from .errors import BackendError, CheckpointError, InputError, MinirtError, RequestError, TokenizerError
+from .errors import (
+    BackendError,
+    CheckpointError,
+    InputError,
+    MinirtError,
+    RequestError,
+    TokenizerError,
+)
 from .llm import LLM
 from .engine.output import RequestOutput, TokenEvent
 from .model.gpt2 import GPT2
@@ -17,8 +24,22 @@ from .engine.params import SamplingParams
 from .loading.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
-    "LLM", "SamplingParams", "RequestOutput", "TokenEvent", "GPT2", "GPT2Config", "Tokenizer", "get_backend",
-    "load_checkpoint", "load_model", "load_tokenizer",
-    "MinirtError", "CheckpointError", "BackendError", "TokenizerError", "RequestError", "InputError",
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "TokenEvent",
+    "GPT2",
+    "GPT2Config",
+    "Tokenizer",
+    "get_backend",
+    "load_checkpoint",
+    "load_model",
+    "load_tokenizer",
+    "MinirtError",
+    "CheckpointError",
+    "BackendError",
+    "TokenizerError",
+    "RequestError",
+    "InputError",
 ]
 __version__ = "0.1.0"

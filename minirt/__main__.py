@@ -20,8 +20,10 @@ SUBCOMMANDS = {
     "rounds": "static groups beside continuous batching, counted in rounds (no model needed)",
     "inspect": "describe a checkpoint and show its next-token guesses for a prompt",
 }
-USAGE = "usage: minirt {generate,evaluate,rounds,inspect} [options]   (minirt SUBCOMMAND --help for each)\n\n" + \
-    "\n".join(f"  {name:9s} {what}" for name, what in SUBCOMMANDS.items()) + """
+USAGE = (
+    "usage: minirt {generate,evaluate,rounds,inspect} [options]   (minirt SUBCOMMAND --help for each)\n\n"
+    + "\n".join(f"  {name:9s} {what}" for name, what in SUBCOMMANDS.items())
+    + """
 
 examples:
   minirt generate --prompts prompts.txt            # the model shipped in weights/
@@ -29,19 +31,27 @@ examples:
   minirt generate --model gpt2 --prompts prompts.jsonl --output out.jsonl
   minirt rounds --lengths 2,5,8,4 --batch-size 3
   minirt --version"""
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] in (["-h"], ["--help"], ["--version"]):
         text = f"minirt {__version__}" if args[0] == "--version" else USAGE
-        return run_command(lambda _: print(text) or EXIT_OK, prog="minirt")  # `| head` gets one line, not a traceback
+        return run_command(
+            lambda _: print(text) or EXIT_OK, prog="minirt"
+        )  # `| head` gets one line, not a traceback
     if not args or args[0] not in SUBCOMMANDS:
         what = "a subcommand is missing" if not args else f"unknown subcommand {args[0]!r}"
-        print(f"minirt: error: {what}; choose one of {', '.join(SUBCOMMANDS)} (minirt --help)", file=sys.stderr)
+        print(
+            f"minirt: error: {what}; choose one of {', '.join(SUBCOMMANDS)} (minirt --help)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     module, prog = importlib.import_module(f"minirt.{args[0]}"), f"minirt {args[0]}"
-    return run_command(lambda argv: module.main(argv, prog=prog), args[1:], prog=prog)  # its --help: `minirt X`
+    return run_command(
+        lambda argv: module.main(argv, prog=prog), args[1:], prog=prog
+    )  # its --help: `minirt X`
 
 
 def entry() -> None:

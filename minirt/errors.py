@@ -12,6 +12,7 @@ import operator
 
 class MinirtError(Exception):
     """A problem with the user's input or environment, told in one line."""
+
     exit_code = 2  # a bad flag, file, model or backend: nothing was run
 
 
@@ -37,11 +38,13 @@ class InputError(MinirtError, ValueError):
 
 class OutputError(MinirtError):
     """Writing results failed (a full disk, /dev/full); the records already written are kept whole."""
+
     exit_code = 74  # sysexits' EX_IOERR
 
 
 class StdoutClosed(OutputError):
     """Standard output's reader went away, as in `| head`."""
+
     exit_code = 141  # 128 + SIGPIPE
 
 
@@ -51,7 +54,9 @@ class Terminated(KeyboardInterrupt):
 
 def require_at_least_one(value, name: str) -> int:
     """`value` as an int when it is an integer >= 1 (NumPy's too), else a RequestError naming it (`--batch-size`)."""
-    is_integer = not isinstance(value, bool) and hasattr(value, "__index__")  # 2.0 and True are no counts
+    is_integer = not isinstance(value, bool) and hasattr(
+        value, "__index__"
+    )  # 2.0 and True are no counts
     if not is_integer or operator.index(value) < 1:
         raise RequestError(f"{name} must be at least 1, got {value!r}")
     return operator.index(value)

@@ -33,7 +33,9 @@ from .llm import LLM
 from .model.gpt2 import GPT2
 from .engine.sampler import log_softmax
 
-HEAD_BYTES_PER_BATCH = 128 * 2**20  # cap on the fp32 logits held at once (their float64 log-softmax is twice that)
+HEAD_BYTES_PER_BATCH = (
+    128 * 2**20
+)  # cap on the fp32 logits held at once (their float64 log-softmax is twice that)
 
 
 def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -42,8 +44,12 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
     A window covers ids[start:stop]; it predicts targets start+1 .. stop-1 and
     scores those from `first` on (absolute indices).
     """
-    if window < 2 or not 1 <= stride < window:  # windows must overlap, or boundary tokens go unscored
-        raise MinirtError(f"need window >= 2 and 1 <= stride < window, got window {window}, stride {stride}")
+    if (
+        window < 2 or not 1 <= stride < window
+    ):  # windows must overlap, or boundary tokens go unscored
+        raise MinirtError(
+            f"need window >= 2 and 1 <= stride < window, got window {window}, stride {stride}"
+        )
     spans, scored_through, start = [], 0, 0
     while n_tokens >= 2:
         stop = min(start + window, n_tokens)
@@ -55,18 +61,26 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
     return spans
 
 
-def text_loss(model: GPT2, ids: list[int], window: int, stride: int, progress=None) -> tuple[float, int]:
+def text_loss(
+    model: GPT2, ids: list[int], window: int, stride: int, progress=None
+) -> tuple[float, int]:
     """(total negative log-likelihood in nats, number of predictions) of a token sequence."""
     spans = windows(len(ids), window, stride)
     per_batch = max(1, HEAD_BYTES_PER_BATCH // (window * model.config.vocab_size * 4))
     token_ids = np.asarray(ids, dtype=np.int64)  # [n_tokens]
     total, count = 0.0, 0
     for first in range(0, len(spans), per_batch):
-        group = spans[first:first + per_batch]
-        batch = Batch([ids[start:stop] for start, stop, _ in group], model.backend)  # one row per window, no KV cache
+        group = spans[first : first + per_batch]
+        batch = Batch(
+            [ids[start:stop] for start, stop, _ in group], model.backend
+        )  # one row per window, no KV cache
         # The hidden state at absolute position t predicts target t + 1.
-        scored = np.concatenate([batch.first_index[w] + np.arange(s0 - 1 - start, stop - 1 - start)
-                                 for w, (start, stop, s0) in enumerate(group)])  # [S] packed tokens that are scored
+        scored = np.concatenate(
+            [
+                batch.first_index[w] + np.arange(s0 - 1 - start, stop - 1 - start)
+                for w, (start, stop, s0) in enumerate(group)
+            ]
+        )  # [S] packed tokens that are scored
         targets = np.concatenate([token_ids[s0:stop] for start, stop, s0 in group])  # [S]
         logits = model.backend.to_numpy(model.forward(batch, logits_at=scored))  # [S, V] fp32
         total -= float(log_softmax(logits)[np.arange(len(targets)), targets].sum())
@@ -89,11 +103,19 @@ window (default: the model's context, stride half of it); each token after the f
 is predicted once.  Loss is in nats per token; perplexity = exp(loss).""",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--text", required=True, metavar="FILE", help="a UTF-8 text file, or - for standard input")
-    p.add_argument("--model", help="a model folder or cached hub id (default: the model shipped in weights/)")
+    p.add_argument(
+        "--text", required=True, metavar="FILE", help="a UTF-8 text file, or - for standard input"
+    )
+    p.add_argument(
+        "--model", help="a model folder or cached hub id (default: the model shipped in weights/)"
+    )
     p.add_argument("--window", type=int, help="tokens per window (default: the model's context)")
-    p.add_argument("--stride", type=int, help="tokens between window starts (default: half the window)")
-    p.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto)")
+    p.add_argument(
+        "--stride", type=int, help="tokens between window starts (default: half the window)"
+    )
+    p.add_argument(
+        "--backend", choices=BACKEND_NAMES, default="auto", help="array backend (default auto)"
+    )
     p.add_argument("--dtype", default="float32", help="compute dtype (default float32)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_version_flag(p)
@@ -127,7 +149,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
     stride = args.stride or max(1, window // 2)
     ids = llm.tokenizer.encode(text)
     if len(ids) < 2:
-        raise MinirtError(f"{args.text} has {len(ids)} token(s); at least 2 are needed to score a prediction")
+        raise MinirtError(
+            f"{args.text} has {len(ids)} token(s); at least 2 are needed to score a prediction"
+        )
 
     interactive = sys.stderr.isatty() and not args.json
 
@@ -141,17 +165,39 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
     if interactive:
         print(file=sys.stderr)
     loss = total / count
-    if not math.isfinite(loss):  # NaN or infinite weights, or an fp16 overflow: no perplexity to report
-        raise MinirtError(f"{llm.model.folder}: the loss over {count} predictions is {loss}, because the model's "
-                          "logits are not finite (NaN or infinite weights, or an fp16 overflow); check the checkpoint")
-    result = {"model": str(llm.model.folder), "text": args.text, "tokens": len(ids), "predictions": count,
-              "window": window, "stride": stride, "loss": loss, "perplexity": perplexity(loss), "seconds": seconds}
+    if not math.isfinite(
+        loss
+    ):  # NaN or infinite weights, or an fp16 overflow: no perplexity to report
+        raise MinirtError(
+            f"{llm.model.folder}: the loss over {count} predictions is {loss}, because the model's "
+            "logits are not finite (NaN or infinite weights, or an fp16 overflow); check the checkpoint"
+        )
+    result = {
+        "model": str(llm.model.folder),
+        "text": args.text,
+        "tokens": len(ids),
+        "predictions": count,
+        "window": window,
+        "stride": stride,
+        "loss": loss,
+        "perplexity": perplexity(loss),
+        "seconds": seconds,
+    }
     if args.json:  # strict JSON: an infinite perplexity is null
-        print(json.dumps({**result, "perplexity": result["perplexity"] if result["perplexity"] < math.inf else None}))
+        print(
+            json.dumps(
+                {
+                    **result,
+                    "perplexity": result["perplexity"] if result["perplexity"] < math.inf else None,
+                }
+            )
+        )
     else:
         print(f"model        {result['model']}")
-        print(f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions "
-              f"(window {window}, stride {stride})")
+        print(
+            f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions "
+            f"(window {window}, stride {stride})"
+        )
         print(f"loss         {loss:.4f} nats/token")
         print(f"perplexity   {perplexity(loss):.2f}")
         print(f"time         {seconds:.2f} s")

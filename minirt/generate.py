@@ -30,7 +30,14 @@ from pathlib import Path
 
 from .model.backend import BACKEND_NAMES
 from .loading.checkpoint import resolve_model_folder, shipped_model_folder
-from .cli.command import EXIT_INTERRUPTED, EXIT_OK, EXIT_REQUEST_FAILED, EXIT_TERMINATED, add_version_flag, run_command
+from .cli.command import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REQUEST_FAILED,
+    EXIT_TERMINATED,
+    add_version_flag,
+    run_command,
+)
 from .cli.output_file import OutputFile, writing_changes
 from .cli.signals import StopSignals
 from .cli.kv_budget import parse_kv_budget
@@ -90,52 +97,126 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
     p = argparse.ArgumentParser(
         prog=prog,
         description="Generate completions for a file of prompts with a GPT-2 model, served in static groups "
-                    "(or with continuous batching, --policy continuous).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "(or with continuous batching, --policy continuous).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prompts", metavar="FILE", help="a .txt or .jsonl prompts file, or - for standard input")
-    p.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt itself (repeatable), not --prompts")
-    p.add_argument("--format", choices=FORMATS, default="auto",
-                   help="prompts file format (default: from the file name)")
-    p.add_argument("--model", help="a model folder or a hub id in the local Hugging Face cache "
-                                   "(default: the model shipped in weights/)")
-    p.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
-                   help="array backend (default auto: cupy if a GPU is usable)")
-    p.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16, float64")
-    p.add_argument("--policy", choices=POLICIES, default="static",
-                   help="static groups (default), or continuous batching that refills free rows every round")
-    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)")
-    p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
-                   help="continuous: tokens one round may process, a prefill counting its prompt "
-                        f"(default {DEFAULT_ROUND_TOKENS})")
-    p.add_argument("--kv-budget", default=f"{DEFAULT_KV_BUDGET_MIB}MiB", metavar="SIZE",
-                   help="what a static group's (or the continuous pool's) KV cache may hold: tokens (20000) or "
-                        f"memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)")
-    add_sampling_flags(p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)"))
+    p.add_argument(
+        "--prompts", metavar="FILE", help="a .txt or .jsonl prompts file, or - for standard input"
+    )
+    p.add_argument(
+        "--prompt",
+        action="append",
+        metavar="TEXT",
+        help="a prompt itself (repeatable), not --prompts",
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="auto",
+        help="prompts file format (default: from the file name)",
+    )
+    p.add_argument(
+        "--model",
+        help="a model folder or a hub id in the local Hugging Face cache "
+        "(default: the model shipped in weights/)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="auto",
+        help="array backend (default auto: cupy if a GPU is usable)",
+    )
+    p.add_argument(
+        "--dtype", default="float32", help="compute dtype: float32 (default), float16, float64"
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="static",
+        help="static groups (default), or continuous batching that refills free rows every round",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)"
+    )
+    p.add_argument(
+        "--max-round-tokens",
+        type=int,
+        default=DEFAULT_ROUND_TOKENS,
+        metavar="N",
+        help="continuous: tokens one round may process, a prefill counting its prompt "
+        f"(default {DEFAULT_ROUND_TOKENS})",
+    )
+    p.add_argument(
+        "--kv-budget",
+        default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
+        metavar="SIZE",
+        help="what a static group's (or the continuous pool's) KV cache may hold: tokens (20000) or "
+        f"memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)",
+    )
+    add_sampling_flags(
+        p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
+    )
     add_output_flags(p.add_argument_group("output"))
-    r = p.add_argument_group("scale-out on Ray Data (pip install minirt[ray]; the README's \"Scaling out\")")
-    r.add_argument("--ray", metavar="ADDRESS", help="serve on Ray: local (starts one here), auto (the running "
-                   "cluster), or ray://HOST:PORT; --output FILE gets the same records, DIR/ gets them in shards")
-    r.add_argument("--workers", type=int, default=2, metavar="N", help="with --ray: worker actors, each loading the "
-                   "model once (default 2)")
-    r.add_argument("--worker-cpus", type=int, metavar="N", help="with --ray: CPUs (and BLAS threads) per worker "
-                   "(default: local, this machine's cores / --workers; on a cluster, 1)")
+    r = p.add_argument_group(
+        'scale-out on Ray Data (pip install minirt[ray]; the README\'s "Scaling out")'
+    )
+    r.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="serve on Ray: local (starts one here), auto (the running "
+        "cluster), or ray://HOST:PORT; --output FILE gets the same records, DIR/ gets them in shards",
+    )
+    r.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --ray: worker actors, each loading the model once (default 2)",
+    )
+    r.add_argument(
+        "--worker-cpus",
+        type=int,
+        metavar="N",
+        help="with --ray: CPUs (and BLAS threads) per worker "
+        "(default: local, this machine's cores / --workers; on a cluster, 1)",
+    )
     add_version_flag(p)
     return p
 
 
 def add_output_flags(o) -> None:
-    o.add_argument("--output", metavar="FILE.jsonl",
-                   help="write one JSON record per request, in input order, as each is final")
-    o.add_argument("--logprobs", nargs="?", const=0, type=int, metavar="N", help="add each chosen token's "
-                   "log-probability to the records; with N, also the N most likely tokens at each step (top_logprobs)")
-    o.add_argument("--trace", action="store_true",
-                   help="print the round grid on standard error (each static group's, or the continuous run's)")
-    o.add_argument("--stream", action=argparse.BooleanOptionalAction, help="show each completion as its tokens "
-                   "come, in input order (default: only a single prompt, on a terminal)")
+    o.add_argument(
+        "--output",
+        metavar="FILE.jsonl",
+        help="write one JSON record per request, in input order, as each is final",
+    )
+    o.add_argument(
+        "--logprobs",
+        nargs="?",
+        const=0,
+        type=int,
+        metavar="N",
+        help="add each chosen token's "
+        "log-probability to the records; with N, also the N most likely tokens at each step (top_logprobs)",
+    )
+    o.add_argument(
+        "--trace",
+        action="store_true",
+        help="print the round grid on standard error (each static group's, or the continuous run's)",
+    )
+    o.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        help="show each completion as its tokens "
+        "come, in input order (default: only a single prompt, on a terminal)",
+    )
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    o.add_argument("--quiet", action="store_true",
-                   help="print no completions on standard output (records still go to --output)")
+    o.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print no completions on standard output (records still go to --output)",
+    )
 
 
 def check_flags(args) -> None:
@@ -143,20 +224,31 @@ def check_flags(args) -> None:
     require_at_least_one(args.batch_size, "--batch-size")
     require_at_least_one(args.max_round_tokens, "--max-round-tokens")
     unit, amount = parse_kv_budget(args.kv_budget)  # memory, or a number of tokens
-    args.kv_budget_mib, args.kv_budget_tokens = (amount / 2**20, None) if unit == "bytes" else (None, amount)
+    args.kv_budget_mib, args.kv_budget_tokens = (
+        (amount / 2**20, None) if unit == "bytes" else (None, amount)
+    )
     if args.seed < 0:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
     if (args.prompts is None) == (args.prompt is None):
-        raise MinirtError("give the prompts one way: --prompts FILE (- for standard input), or --prompt TEXT")
+        raise MinirtError(
+            "give the prompts one way: --prompts FILE (- for standard input), or --prompt TEXT"
+        )
     require_at_least_one(args.workers, "--workers")
     if args.worker_cpus is not None:
         require_at_least_one(args.worker_cpus, "--worker-cpus")
     if args.ray and (args.prompts == "-" or args.trace or args.stream):
-        raise MinirtError("--ray reads prompts from files (a file, a folder or a glob), not -, and has no --trace "
-                          "or --stream: those show one process's rounds")
-    if args.output and args.prompts not in (None, "-") and \
-            os.path.realpath(args.output) == os.path.realpath(args.prompts):
-        raise MinirtError(f"--output {args.output} is the prompts file; write the records somewhere else")
+        raise MinirtError(
+            "--ray reads prompts from files (a file, a folder or a glob), not -, and has no --trace "
+            "or --stream: those show one process's rounds"
+        )
+    if (
+        args.output
+        and args.prompts not in (None, "-")
+        and os.path.realpath(args.output) == os.path.realpath(args.prompts)
+    ):
+        raise MinirtError(
+            f"--output {args.output} is the prompts file; write the records somewhere else"
+        )
 
 
 def parse_args(argv: list[str] | None, prog: str = "python -m minirt.generate"):
@@ -168,10 +260,14 @@ def parse_args(argv: list[str] | None, prog: str = "python -m minirt.generate"):
     return args
 
 
-def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> RunStats | KeyboardInterrupt:
+def serve(
+    llm: LLM, requests: list[Request], args, output: OrderedOutput
+) -> RunStats | KeyboardInterrupt:
     """Serve the requests, writing each record as soon as the input order allows.  If Ctrl-C or SIGTERM
     stops the run, every record already final is written and the interruption is returned."""
-    progress = Progress(len(requests), enabled=not (args.no_progress or output.stream) and sys.stderr.isatty())
+    progress = Progress(
+        len(requests), enabled=not (args.no_progress or output.stream) and sys.stderr.isatty()
+    )
 
     def on_group_end(group, waiting):
         if args.trace:
@@ -179,9 +275,16 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> Run
             print(group_grid(group, waiting), file=sys.stderr)
 
     try:
-        stats = llm.serve(requests, on_final=output.final, on_round=lambda s: progress.update(s, output.done),
-                          on_group_end=on_group_end, on_token=output.token)
-        progress.update(stats, output.done, force=True)  # the final state (the last records come after the last round)
+        stats = llm.serve(
+            requests,
+            on_final=output.final,
+            on_round=lambda s: progress.update(s, output.done),
+            on_group_end=on_group_end,
+            on_token=output.token,
+        )
+        progress.update(
+            stats, output.done, force=True
+        )  # the final state (the last records come after the last round)
         return stats
     except KeyboardInterrupt as interruption:
         output.flush_out_of_order([r for r in requests if r.finished])  # kept, even out of order
@@ -193,24 +296,38 @@ def serve(llm: LLM, requests: list[Request], args, output: OrderedOutput) -> Run
 def model_folder(args) -> Path:
     """The folder the model is loaded from; --output is refused (before it is opened) if writing it could change
     a file there: a path inside it, a link to one of its files, anywhere in a hub-cache entry's repo folder."""
-    folder = resolve_model_folder(args.model or shipped_model_folder())  # no --model: the one minirt ships
+    folder = resolve_model_folder(
+        args.model or shipped_model_folder()
+    )  # no --model: the one minirt ships
     why = writing_changes(args.output, folder) if args.output else None
     if why:
-        raise MinirtError(f"--output {args.output} {why} the model folder {folder}; write the records somewhere else")
+        raise MinirtError(
+            f"--output {args.output} {why} the model folder {folder}; write the records somewhere else"
+        )
     return folder
 
 
 def load(args, folder: Path) -> tuple[LLM, float]:
     """The model, and the check that needs it: it refuses the run before anything is served."""
     start = time.perf_counter()
-    llm = LLM(folder, backend=args.backend, dtype=args.dtype, batch_size=args.batch_size, seed=args.seed,
-              kv_budget_mib=args.kv_budget_mib or DEFAULT_KV_BUDGET_MIB, kv_budget_tokens=args.kv_budget_tokens,
-              policy=args.policy, round_token_budget=args.max_round_tokens)
+    llm = LLM(
+        folder,
+        backend=args.backend,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        kv_budget_mib=args.kv_budget_mib or DEFAULT_KV_BUDGET_MIB,
+        kv_budget_tokens=args.kv_budget_tokens,
+        policy=args.policy,
+        round_token_budget=args.max_round_tokens,
+    )
     load_seconds = time.perf_counter() - start
     vocab_size = llm.model.config.vocab_size
     for token_id in args.stop_token_id or ():
         if not 0 <= token_id < vocab_size:
-            raise MinirtError(f"--stop-token-id {token_id} is not in the model's vocabulary (0-{vocab_size - 1})")
+            raise MinirtError(
+                f"--stop-token-id {token_id} is not in the model's vocabulary (0-{vocab_size - 1})"
+            )
     if llm.backend_note:
         print(llm.backend_note, file=sys.stderr)
     return llm, load_seconds
@@ -221,22 +338,39 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
         args = parse_args(argv, prog)
         if args.ray:  # the same records, from worker processes on Ray
             from .distributed.serve_on_ray import serve_on_ray  # noqa: PLC0415 (ray is imported only with --ray)
+
             return serve_on_ray(args, model_folder(args), signals)
-        entries = ([PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)] if args.prompt  # as given, or
-                   else read_prompts(args.prompts, args.format))  # a bad prompts file stops here, before loading
+        entries = (
+            [PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)]
+            if args.prompt  # as given, or
+            else read_prompts(args.prompts, args.format)
+        )  # a bad prompts file stops here, before loading
         folder = model_folder(args)  # and an --output in the model folder
         records = OutputFile(args.output) if args.output else None  # and a bad --output path
         try:
             llm, load_seconds = load(args, folder)
-            requests = build_requests(llm, entries, sampling_defaults(llm.defaults, args.overrides),
-                                      args.logprobs is not None)
+            requests = build_requests(
+                llm,
+                entries,
+                sampling_defaults(llm.defaults, args.overrides),
+                args.logprobs is not None,
+            )
         except BaseException:
             if records is not None:
                 records.discard()  # the run never started: an existing --output stays as it was
             raise
-        stream = args.stream if args.stream is not None else len(requests) == 1 and sys.stdout.isatty()
-        output = OrderedOutput(len(requests), None if args.quiet else sys.stdout, records, color=sys.stdout.isatty(),
-                               hold=signals.held, tokenizer=llm.tokenizer, stream=stream)
+        stream = (
+            args.stream if args.stream is not None else len(requests) == 1 and sys.stdout.isatty()
+        )
+        output = OrderedOutput(
+            len(requests),
+            None if args.quiet else sys.stdout,
+            records,
+            color=sys.stdout.isatty(),
+            hold=signals.held,
+            tokenizer=llm.tokenizer,
+            stream=stream,
+        )
         stats = None
         try:
             stats = serve(llm, requests, args, output)
@@ -247,13 +381,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
         return report(stats, requests, output, args, load_seconds)
 
 
-def report(stats: RunStats | KeyboardInterrupt, requests: list[Request], output: OrderedOutput, args,
-           load_seconds: float) -> int:
+def report(
+    stats: RunStats | KeyboardInterrupt,
+    requests: list[Request],
+    output: OrderedOutput,
+    args,
+    load_seconds: float,
+) -> int:
     """What is left to say once the records are out: the continuous grid, the summary; the exit status."""
     if isinstance(stats, KeyboardInterrupt):
         terminated = isinstance(stats, Terminated)
-        print(f"minirt.generate: {'terminated' if terminated else 'interrupted'}; {output.done} of {len(requests)} "
-              "records were final and written", file=sys.stderr)
+        print(
+            f"minirt.generate: {'terminated' if terminated else 'interrupted'}; {output.done} of {len(requests)} "
+            "records were final and written",
+            file=sys.stderr,
+        )
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     if output.stdout_failure:
         print(f"minirt.generate: error: {output.stdout_failure}", file=sys.stderr)

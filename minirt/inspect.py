@@ -39,28 +39,56 @@ def parse_ids(text: str) -> list[int]:
     try:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token ids like 5,6,7, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids like 5,6,7, got {text!r}"
+        ) from None
 
 
 def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token predictions "
-                    "for prompts.",
+        "for prompts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", nargs="?", help="a model folder, or a hub id in the local Hugging Face cache "
-                                                 "(default: the model shipped with minirt)")
-    parser.add_argument("--prompt", action="append", default=[], metavar="TEXT",
-                        help="a prompt to score (repeatable; needs a tokenizer)")
-    parser.add_argument("--ids", action="append", default=[], type=parse_ids, metavar="IDS",
-                        help="a prompt as token ids, e.g. 5,6,7 (repeatable)")
-    parser.add_argument("--top-k", type=int, default=5, metavar="K",
-                        help="how many next tokens to show per prompt (default 5)")
-    parser.add_argument("--backend", choices=BACKEND_NAMES, default="auto",
-                        help="array backend (default auto: cupy if a GPU is usable)")
-    parser.add_argument("--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64")
+    parser.add_argument(
+        "model",
+        nargs="?",
+        help="a model folder, or a hub id in the local Hugging Face cache "
+        "(default: the model shipped with minirt)",
+    )
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a prompt to score (repeatable; needs a tokenizer)",
+    )
+    parser.add_argument(
+        "--ids",
+        action="append",
+        default=[],
+        type=parse_ids,
+        metavar="IDS",
+        help="a prompt as token ids, e.g. 5,6,7 (repeatable)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=5,
+        metavar="K",
+        help="how many next tokens to show per prompt (default 5)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="auto",
+        help="array backend (default auto: cupy if a GPU is usable)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64"
+    )
     add_version_flag(parser)
     return parser
 
@@ -84,8 +112,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") 
     prompts: list[tuple[str, list[int]]] = [(f"ids {ids}", ids) for ids in args.ids]
     if args.prompt:
         if llm.tokenizer is None:
-            raise MinirtError(f"--prompt needs a tokenizer, and {checkpoint.folder} has none; "
-                              "pass token ids with --ids instead")
+            raise MinirtError(
+                f"--prompt needs a tokenizer, and {checkpoint.folder} has none; "
+                "pass token ids with --ids instead"
+            )
         prompts += [(repr(text), llm.tokenizer.encode(text)) for text in args.prompt]
     if prompts:
         show_next_tokens(llm, prompts, args.top_k)
@@ -97,41 +127,67 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
     model, c, tokenizer = llm.model, llm.model.config, llm.tokenizer
     files = sorted({str(p) for p in checkpoint.folder.glob("*.safetensors")})
     file_dtypes = ", ".join(sorted(set(checkpoint.file_dtypes.values())))
-    mapped = model.backend.name == "numpy" and all(not a.flags.owndata for a in model.params.values())
+    mapped = model.backend.name == "numpy" and all(
+        not a.flags.owndata for a in model.params.values()
+    )
     print(f"model      {checkpoint.folder}")
-    print(f"config     {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads (head_dim {c.head_dim}), MLP {c.n_inner}, "
-          f"vocab {c.vocab_size}, context {c.n_positions}, {c.activation_function} ({c.gelu_form}), "
-          f"eps {c.layer_norm_epsilon:g}")
-    print(f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
-          f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}")
-    weights = ("memory-mapped, not copied (the head: one [C, V] fp32 copy)" if mapped else "converted on load")
+    print(
+        f"config     {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads (head_dim {c.head_dim}), MLP {c.n_inner}, "
+        f"vocab {c.vocab_size}, context {c.n_positions}, {c.activation_function} ({c.gelu_form}), "
+        f"eps {c.layer_norm_epsilon:g}"
+    )
+    print(
+        f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
+        f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}"
+    )
+    weights = (
+        "memory-mapped, not copied (the head: one [C, V] fp32 copy)"
+        if mapped
+        else "converted on load"
+    )
     print(f"compute    {model.backend.name}, {dtype.name}; weights {weights}")
     print(f"loaded in  {load_seconds:.3f} s")
     if tokenizer is not None:
-        print(f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, "
-              f"bos {tokenizer.bos_token_id}")
+        print(
+            f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, "
+            f"bos {tokenizer.bos_token_id}"
+        )
     else:
-        print("tokenizer  none (the folder has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe; "
-              "prompts must be token-id lists)")
+        print(
+            "tokenizer  none (the folder has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe; "
+            "prompts must be token-id lists)"
+        )
 
 
 def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int) -> None:
     """Score every prompt in one padded batch and print each one's most likely next tokens."""
-    sequences = [llm.prompt_ids(ids) for _, ids in prompts]  # checked; an empty prompt starts from BOS
+    sequences = [
+        llm.prompt_ids(ids) for _, ids in prompts
+    ]  # checked; an empty prompt starts from BOS
     start = time.perf_counter()
     logits = llm.model.logits(sequences)  # [B, max_len, V], one padded batch
-    print(f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s")
+    print(
+        f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s"
+    )
     k = min(top_k, llm.model.config.vocab_size)
     for (label, _), seq, row in zip(prompts, sequences, logits, strict=True):
-        if not np.isfinite(row[len(seq) - 1]).all():  # nothing to rank: say so, as generate and evaluate do
-            raise MinirtError(f"prompt {label}: the model's logits are not finite (NaN or inf): its weights hold "
-                              "NaN/inf, or float16 overflowed (try float32); check the checkpoint")
+        if not np.isfinite(
+            row[len(seq) - 1]
+        ).all():  # nothing to rank: say so, as generate and evaluate do
+            raise MinirtError(
+                f"prompt {label}: the model's logits are not finite (NaN or inf): its weights hold "
+                "NaN/inf, or float16 overflowed (try float32); check the checkpoint"
+            )
         logprobs = log_softmax(row[len(seq) - 1])  # [V] after the prompt's last token
         top = np.argsort(-logprobs)[:k]
-        print(f"\nprompt {label} ({len(seq)} token{'s' if len(seq) != 1 else ''}): most likely next tokens")
+        print(
+            f"\nprompt {label} ({len(seq)} token{'s' if len(seq) != 1 else ''}): most likely next tokens"
+        )
         for token_id in top:
-            print(f"  {describe_token(llm.tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   "
-                  f"p {np.exp(logprobs[token_id]):6.1%}")
+            print(
+                f"  {describe_token(llm.tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   "
+                f"p {np.exp(logprobs[token_id]):6.1%}"
+            )
 
 
 if __name__ == "__main__":

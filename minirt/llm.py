@@ -38,7 +38,9 @@ from .model.backend import get_backend, resolve_dtype
 from .model.gpt2 import GPT2
 
 
-def load_model(model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32") -> GPT2:
+def load_model(
+    model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32"
+) -> GPT2:
     """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend."""
     chosen, _note = get_backend(backend)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
@@ -54,13 +56,22 @@ def generation_defaults(folder: Path) -> SamplingParams:
         raw = read_json_file(path) if path.exists() else {}
         if not isinstance(raw, dict) or not isinstance(raw.get("do_sample"), (bool, type(None))):
             raise RequestError("expected a JSON object whose do_sample is true or false")
-        read = {name: raw[name] for name in ("temperature", "top_k", "top_p", "max_new_tokens")
-                if raw.get(name) is not None}
-        SamplingParams(**read)  # every value the file gives is checked, even one that greedy decoding ignores
+        read = {
+            name: raw[name]
+            for name in ("temperature", "top_k", "top_p", "max_new_tokens")
+            if raw.get(name) is not None
+        }
+        SamplingParams(
+            **read
+        )  # every value the file gives is checked, even one that greedy decoding ignores
         if raw.get("do_sample") is True:
             return SamplingParams(**{"temperature": 1.0, "top_k": 50, **read})
         return SamplingParams(**{**read, "temperature": 0.0})
-    except (OSError, ValueError, RecursionError) as exc:  # RequestError is a ValueError, and so are JSON's
+    except (
+        OSError,
+        ValueError,
+        RecursionError,
+    ) as exc:  # RequestError is a ValueError, and so are JSON's
         raise CheckpointError(f"{path}: {exc}; fix or remove the file") from None
 
 
@@ -69,66 +80,132 @@ def check_prompts(prompts) -> list:
     if isinstance(prompts, str):
         return [prompts]
     if not isinstance(prompts, (list, tuple)):
-        raise TypeError(f"prompts must be a string or a list of prompts, got {type(prompts).__name__}")
+        raise TypeError(
+            f"prompts must be a string or a list of prompts, got {type(prompts).__name__}"
+        )
     for i, prompt in enumerate(prompts):
         is_ids = isinstance(prompt, (list, tuple, np.ndarray)) and all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt)
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt
+        )
         if not (isinstance(prompt, str) or is_ids):
-            shown = type(prompt).__name__ if not isinstance(prompt, (list, tuple)) else "a list holding non-integers"
-            raise TypeError(f"prompts[{i}] must be a string or a list of integer token ids, got {shown}"
-                            + ("; wrap one token-id prompt in a list: [[1, 2, 3]]" if isinstance(prompt, int) else ""))
+            shown = (
+                type(prompt).__name__
+                if not isinstance(prompt, (list, tuple))
+                else "a list holding non-integers"
+            )
+            raise TypeError(
+                f"prompts[{i}] must be a string or a list of integer token ids, got {shown}"
+                + (
+                    "; wrap one token-id prompt in a list: [[1, 2, 3]]"
+                    if isinstance(prompt, int)
+                    else ""
+                )
+            )
     return list(prompts)
 
 
 class LLM:
     """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by default)."""
 
-    def __init__(self, model: str | Path | Checkpoint | None = None, backend: str = "auto", dtype: str = "float32",
-                 batch_size: int = 8, kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB, seed: int = 0,
-                 policy: str = "static", round_token_budget: int = DEFAULT_ROUND_TOKENS,
-                 kv_budget_tokens: int | None = None):
+    def __init__(
+        self,
+        model: str | Path | Checkpoint | None = None,
+        backend: str = "auto",
+        dtype: str = "float32",
+        batch_size: int = 8,
+        kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB,
+        seed: int = 0,
+        policy: str = "static",
+        round_token_budget: int = DEFAULT_ROUND_TOKENS,
+        kv_budget_tokens: int | None = None,
+    ):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
-        model = shipped_model_folder() if model is None else model  # no model: the one shipped with minirt
+        model = (
+            shipped_model_folder() if model is None else model
+        )  # no model: the one shipped with minirt
         if not isinstance(model, (str, Path, Checkpoint)):
-            raise TypeError(f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}")
-        chosen, self.backend_note = get_backend(backend)  # the note says what "auto" chose, for the user
+            raise TypeError(
+                f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}"
+            )
+        chosen, self.backend_note = get_backend(
+            backend
+        )  # the note says what "auto" chose, for the user
         checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
         c = self.model.config
         # None when the folder has no tokenizer (token-id prompts still work); a broken or mismatched one is refused.
-        self.tokenizer = load_tokenizer(checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size)
+        self.tokenizer = load_tokenizer(
+            checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size
+        )
         self.defaults = generation_defaults(checkpoint.folder)
-        self.engine = Engine(self.model, self.tokenizer, batch_size=batch_size, kv_budget_mib=kv_budget_mib,
-                             policy=policy, round_token_budget=round_token_budget, kv_budget_tokens=kv_budget_tokens)
+        self.engine = Engine(
+            self.model,
+            self.tokenizer,
+            batch_size=batch_size,
+            kv_budget_mib=kv_budget_mib,
+            policy=policy,
+            round_token_budget=round_token_budget,
+            kv_budget_tokens=kv_budget_tokens,
+        )
         self.seed = seed
         self.last_stats: RunStats | None = None
 
-    def make_request(self, index: int, prompt: str | Sequence[int] | None, params: SamplingParams | None = None,
-                     request_id=None, logprobs: bool = False, error: str | None = None, sample: int = 0,
-                     position: int | None = None) -> Request:
+    def make_request(
+        self,
+        index: int,
+        prompt: str | Sequence[int] | None,
+        params: SamplingParams | None = None,
+        request_id=None,
+        logprobs: bool = False,
+        error: str | None = None,
+        sample: int = 0,
+        position: int | None = None,
+    ) -> Request:
         """One request: refused at once (with its own error) when it is bad or when `error` is given."""
-        return self.engine.make_request(index, prompt, params or self.defaults, request_id=request_id,
-                                        run_seed=self.seed, want_logprobs=logprobs, error=error, sample=sample,
-                                        position=position)
+        return self.engine.make_request(
+            index,
+            prompt,
+            params or self.defaults,
+            request_id=request_id,
+            run_seed=self.seed,
+            want_logprobs=logprobs,
+            error=error,
+            sample=sample,
+            position=position,
+        )
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """What the model is fed first for a prompt: its ids, BOS alone when empty; a RequestError if bad."""
         return self.engine.prompt_ids(prompt)
 
-    def serve(self, requests: list[Request], on_final: Callable[[Request], None] | None = None,
-              on_round: Callable[[RunStats], None] | None = None,
-              on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
-              on_token: Callable[[Request], None] | None = None) -> RunStats:
+    def serve(
+        self,
+        requests: list[Request],
+        on_final: Callable[[Request], None] | None = None,
+        on_round: Callable[[RunStats], None] | None = None,
+        on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
+        on_token: Callable[[Request], None] | None = None,
+    ) -> RunStats:
         """Serve requests made by `make_request`; the callbacks report as tokens come and records become final."""
-        self.last_stats = self.engine.serve(requests, on_final=on_final, on_round=on_round, on_group_end=on_group_end,
-                                            on_token=on_token)
+        self.last_stats = self.engine.serve(
+            requests,
+            on_final=on_final,
+            on_round=on_round,
+            on_group_end=on_group_end,
+            on_token=on_token,
+        )
         return self.last_stats
 
-    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ids: Sequence | None = None, logprobs: bool = False,
-                 on_final: Callable[[RequestOutput], None] | None = None,
-                 on_token: Callable[[TokenEvent], None] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        ids: Sequence | None = None,
+        logprobs: bool = False,
+        on_final: Callable[[RequestOutput], None] | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> list[RequestOutput]:
         """Serve the prompts (text, or token-id lists) and return their outputs in input order (a prompt's n samples
         one after another, each with its `sample` number).
 
@@ -139,18 +216,38 @@ class LLM:
         prompts = check_prompts(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
-        elif not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
+        elif not isinstance(params, (list, tuple)) or not all(
+            isinstance(p, SamplingParams) for p in params
+        ):
             raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
         ids = ids if ids is not None else [None] * len(prompts)
         if not isinstance(ids, (list, tuple)) or not isinstance(logprobs, bool):
             raise TypeError("ids must be a list (one per prompt) and logprobs true or false")
         if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
-            raise RequestError(f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids")
+            raise RequestError(
+                f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids"
+            )
         requests: list[Request] = []
-        for i, (p, sp, rid) in enumerate(zip(prompts, params, ids, strict=True)):  # n samples: n requests
-            requests += [self.make_request(i, p, sp, request_id=rid, logprobs=logprobs, sample=k,
-                                           position=len(requests) + k) for k in range(sp.n)]
-        tell_final = None if on_final is None else (lambda r: on_final(RequestOutput.from_request(r, self.tokenizer)))
+        for i, (p, sp, rid) in enumerate(
+            zip(prompts, params, ids, strict=True)
+        ):  # n samples: n requests
+            requests += [
+                self.make_request(
+                    i,
+                    p,
+                    sp,
+                    request_id=rid,
+                    logprobs=logprobs,
+                    sample=k,
+                    position=len(requests) + k,
+                )
+                for k in range(sp.n)
+            ]
+        tell_final = (
+            None
+            if on_final is None
+            else (lambda r: on_final(RequestOutput.from_request(r, self.tokenizer)))
+        )
         tell_token = None if on_token is None else (lambda r: on_token(TokenEvent.from_request(r)))
         self.serve(requests, on_final=tell_final, on_token=tell_token)
         return [RequestOutput.from_request(r, self.tokenizer) for r in requests]

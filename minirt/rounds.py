@@ -26,17 +26,22 @@ from .engine.scheduler import POLICIES
 from .errors import MinirtError, require_at_least_one
 
 
-MAX_LENGTH = 1_000_000  # the longest output or prompt length simulated: a request of it takes seconds
+MAX_LENGTH = (
+    1_000_000  # the longest output or prompt length simulated: a request of it takes seconds
+)
 
 
 MAX_WORKLOAD = 10_000  # the most --workload requests: the simulation holds every one of them
 
 
-def parse_lengths(text: str, flag: str, what: str = "length", cap: int | None = MAX_LENGTH,
-                  usage: bool = True) -> list[int]:
+def parse_lengths(
+    text: str, flag: str, what: str = "length", cap: int | None = MAX_LENGTH, usage: bool = True
+) -> list[int]:
     """The integers of `flag`'s list (2,5,8,4), each from 1 to `cap`.  A refusal is one line (a MinirtError, which
     argparse lets through), but for a non-integer or one below 1 with `usage`: argparse's usage, then a line."""
-    error = argparse.ArgumentTypeError if usage else lambda message: MinirtError(f"{flag}: {message}")
+    error = (
+        argparse.ArgumentTypeError if usage else lambda message: MinirtError(f"{flag}: {message}")
+    )
     items = text.replace(" ", "").split(",")
     try:
         values = [int(v) for v in items if v]
@@ -45,7 +50,9 @@ def parse_lengths(text: str, flag: str, what: str = "length", cap: int | None = 
     if not values or any(v < 1 for v in values):
         raise error(f"every {what} must be an integer >= 1, got {text!r}")
     if "" in items:
-        raise MinirtError(f"{flag}: {text!r} has an empty item (two commas in a row, or one at an end)")
+        raise MinirtError(
+            f"{flag}: {text!r} has an empty item (two commas in a row, or one at an end)"
+        )
     if cap is not None and max(values) > cap:
         raise MinirtError(f"{flag}: every {what} must be at most {cap}, got {max(values)}")
     return values
@@ -66,27 +73,63 @@ python -m minirt.generate --policy static|continuous runs real requests through 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--lengths", type=lambda text: parse_lengths(text, "--lengths"), metavar="L1,L2,...",
-                        help=f"output length of each request (each at most {MAX_LENGTH})")
-    source.add_argument("--workload", type=int, metavar="N", help=f"draw N long-tailed requests (N <= {MAX_WORKLOAD})")
-    p.add_argument("--prompt-lengths", type=lambda text: parse_lengths(text, "--prompt-lengths"), metavar="P1,P2,...",
-                   help=f"prompt length of each request (default 1; each at most {MAX_LENGTH})")
+    source.add_argument(
+        "--lengths",
+        type=lambda text: parse_lengths(text, "--lengths"),
+        metavar="L1,L2,...",
+        help=f"output length of each request (each at most {MAX_LENGTH})",
+    )
+    source.add_argument(
+        "--workload",
+        type=int,
+        metavar="N",
+        help=f"draw N long-tailed requests (N <= {MAX_WORKLOAD})",
+    )
+    p.add_argument(
+        "--prompt-lengths",
+        type=lambda text: parse_lengths(text, "--prompt-lengths"),
+        metavar="P1,P2,...",
+        help=f"prompt length of each request (default 1; each at most {MAX_LENGTH})",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows (default 8)")
-    p.add_argument("--batch-sizes", type=lambda text: parse_lengths(text, "--batch-sizes", "batch size", None, False),
-                   default="4,8,16", metavar="B1,B2,...", help="workload: batch sizes to compare (default 4,8,16)")
-    p.add_argument("--kv-budget", type=lambda text: parse_kv_budget(text, tokens_only=True)[1], default=UNLIMITED,
-                   metavar="TOKENS", help="KV positions (tokens) the running requests may reserve (default: unlimited)")
-    p.add_argument("--max-round-tokens", type=int, default=DEFAULT_ROUND_TOKENS, metavar="N",
-                   help=f"continuous: tokens per round, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})")
-    p.add_argument("--json", action="store_true", help='print {"policies": {"static": {...}, "continuous": {...}}}')
-    p.add_argument("--svg", metavar="FILE", help="also draw the round grids of both policies into an SVG file")
+    p.add_argument(
+        "--batch-sizes",
+        type=lambda text: parse_lengths(text, "--batch-sizes", "batch size", None, False),
+        default="4,8,16",
+        metavar="B1,B2,...",
+        help="workload: batch sizes to compare (default 4,8,16)",
+    )
+    p.add_argument(
+        "--kv-budget",
+        type=lambda text: parse_kv_budget(text, tokens_only=True)[1],
+        default=UNLIMITED,
+        metavar="TOKENS",
+        help="KV positions (tokens) the running requests may reserve (default: unlimited)",
+    )
+    p.add_argument(
+        "--max-round-tokens",
+        type=int,
+        default=DEFAULT_ROUND_TOKENS,
+        metavar="N",
+        help=f"continuous: tokens per round, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"policies": {"static": {...}, "continuous": {...}}}',
+    )
+    p.add_argument(
+        "--svg", metavar="FILE", help="also draw the round grids of both policies into an SVG file"
+    )
     add_version_flag(p)
     return p
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -> int:
-    args = build_parser(prog).parse_args(argv)  # then the numbers are checked: a bad one is one line and exit 2
+    args = build_parser(prog).parse_args(
+        argv
+    )  # then the numbers are checked: a bad one is one line and exit 2
     for flag in ("--batch-size", "--max-round-tokens"):
         require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
     if args.seed < 0:
@@ -98,43 +141,78 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -
 
 def report_lengths(args, budgets: dict) -> None:
     """--lengths: both policies on the given requests, as grids and tables (or JSON)."""
-    sims = [simulate(args.lengths, policy, args.batch_size, args.prompt_lengths, **budgets) for policy in POLICIES]
+    sims = [
+        simulate(args.lengths, policy, args.batch_size, args.prompt_lengths, **budgets)
+        for policy in POLICIES
+    ]
     if args.svg:
         write_svg(args.svg, sims, f"{len(args.lengths)} requests, {args.batch_size} rows")
     if args.json:
         print(json.dumps({"policies": {s.policy: s.summary() for s in sims}}))
         return
     for sim in sims:  # each: its grid, a blank line, its table and its totals
-        print(grid_text(sim), "", request_table(sim), f"total rounds {sim.total_rounds}, "
-              f"utilization {sim.utilization:.1%}\n", sep="\n")
+        print(
+            grid_text(sim),
+            "",
+            request_table(sim),
+            f"total rounds {sim.total_rounds}, utilization {sim.utilization:.1%}\n",
+            sep="\n",
+        )
     print(comparison_table(sims))
 
 
 def report_workload(args, budgets: dict) -> None:
     """--workload: a long-tailed draw, both policies at several batch sizes, as a table (or JSON)."""
     if not 1 <= args.workload <= MAX_WORKLOAD:
-        raise MinirtError(f"--workload needs at least 1 request, got {args.workload}" if args.workload < 1
-                          else f"--workload takes at most {MAX_WORKLOAD} requests, got {args.workload}")
+        raise MinirtError(
+            f"--workload needs at least 1 request, got {args.workload}"
+            if args.workload < 1
+            else f"--workload takes at most {MAX_WORKLOAD} requests, got {args.workload}"
+        )
     outputs, prompts = long_tailed_workload(args.workload, args.seed)
-    results = {rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
-               for rows in args.batch_sizes}
+    results = {
+        rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
+        for rows in args.batch_sizes
+    }
     if args.svg:
-        title = f"workload of {args.workload} requests (seed {args.seed}), {args.batch_sizes[0]} rows"
+        title = (
+            f"workload of {args.workload} requests (seed {args.seed}), {args.batch_sizes[0]} rows"
+        )
         write_svg(args.svg, results[args.batch_sizes[0]], title)
     if args.json:
-        workload = {"n": args.workload, "seed": args.seed, "output_lens": outputs, "prompt_lens": prompts}
-        print(json.dumps({"workload": workload, "batch_sizes": {
-            str(rows): {"policies": {s.policy: s.summary() for s in sims}} for rows, sims in results.items()}}))
+        workload = {
+            "n": args.workload,
+            "seed": args.seed,
+            "output_lens": outputs,
+            "prompt_lens": prompts,
+        }
+        print(
+            json.dumps(
+                {
+                    "workload": workload,
+                    "batch_sizes": {
+                        str(rows): {"policies": {s.policy: s.summary() for s in sims}}
+                        for rows, sims in results.items()
+                    },
+                }
+            )
+        )
         return
-    print(f"workload: {args.workload} requests (seed {args.seed}); output lengths {min(outputs)}-{max(outputs)}, "
-          f"median {int(np.median(outputs))}; prompt lengths {min(prompts)}-{max(prompts)}, "
-          f"median {int(np.median(prompts))}")
-    print(f"{'batch':>5s} {'static rounds':>14s} {'static util':>12s} {'continuous rounds':>18s} "
-          f"{'continuous util':>16s} {'rounds saved':>13s}")
+    print(
+        f"workload: {args.workload} requests (seed {args.seed}); output lengths {min(outputs)}-{max(outputs)}, "
+        f"median {int(np.median(outputs))}; prompt lengths {min(prompts)}-{max(prompts)}, "
+        f"median {int(np.median(prompts))}"
+    )
+    print(
+        f"{'batch':>5s} {'static rounds':>14s} {'static util':>12s} {'continuous rounds':>18s} "
+        f"{'continuous util':>16s} {'rounds saved':>13s}"
+    )
     for rows, (static, continuous) in results.items():
         saved = 1 - continuous.total_rounds / static.total_rounds
-        print(f"{rows:5d} {static.total_rounds:14d} {static.utilization:12.1%} {continuous.total_rounds:18d} "
-              f"{continuous.utilization:16.1%} {saved:13.1%}")
+        print(
+            f"{rows:5d} {static.total_rounds:14d} {static.utilization:12.1%} {continuous.total_rounds:18d} "
+            f"{continuous.utilization:16.1%} {saved:13.1%}"
+        )
 
 
 def write_svg(path: str, sims: list[Simulation], title: str) -> None:

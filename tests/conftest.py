@@ -35,7 +35,9 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 DATA = ROOT / "tests" / "data"
-sys.path.insert(0, str(ROOT / "tools"))  # tools/reference.py (transformers) and tools/tiny_random_model.py
+sys.path.insert(
+    0, str(ROOT / "tools")
+)  # tools/reference.py (transformers) and tools/tiny_random_model.py
 
 from tiny_random_model import random_tensors, write_tiny_lm  # noqa: E402 (after the sys.path insert above)
 
@@ -49,8 +51,10 @@ def reference_available() -> bool:
     return True
 
 
-_skip_without_reference = pytest.mark.skipif(not reference_available(),
-                                             reason="torch/transformers not installed (pip install -e .[reference])")
+_skip_without_reference = pytest.mark.skipif(
+    not reference_available(),
+    reason="torch/transformers not installed (pip install -e .[reference])",
+)
 
 
 def requires_reference(test):
@@ -74,10 +78,17 @@ def random_model(seed: int = 0, dtype=np.float32, backend=None, rounded_to=None,
     config = GPT2Config.from_dict(raw, source="test")
     tensors = random_tensors(config, seed)
     if rounded_to is not None:
-        tensors = {name: array.astype(rounded_to).astype(np.float32) for name, array in tensors.items()}
+        tensors = {
+            name: array.astype(rounded_to).astype(np.float32) for name, array in tensors.items()
+        }
     tensors["lm_head.weight"] = tensors["wte.weight"]
-    checkpoint = Checkpoint(folder=Path("."), config=config, tensors=tensors,
-                            file_dtypes={k: "F32" for k in tensors}, head_is_tied=True)
+    checkpoint = Checkpoint(
+        folder=Path("."),
+        config=config,
+        tensors=tensors,
+        file_dtypes={k: "F32" for k in tensors},
+        head_is_tied=True,
+    )
     return GPT2(checkpoint, backend or numpy_backend(), dtype)
 
 
@@ -88,11 +99,18 @@ def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None)
     active for all steps.
     """
     slots = np.arange(len(prompts)) if slots is None else np.asarray(slots)
-    cache = model.new_kv_cache(n_slots=int(slots.max()) + 1, capacity=max(len(p) for p in prompts) + steps)
+    cache = model.new_kv_cache(
+        n_slots=int(slots.max()) + 1, capacity=max(len(p) for p in prompts) + steps
+    )
     logits = model.forward(Batch(prompts, model.backend, slots=slots), cache)  # [B, V]
     outputs = [[int(t)] for t in model.backend.to_numpy(logits).argmax(axis=-1)]
     for _ in range(steps - 1):
-        batch = Batch([[out[-1]] for out in outputs], model.backend, slots=slots, past_lens=cache.lengths[slots])
+        batch = Batch(
+            [[out[-1]] for out in outputs],
+            model.backend,
+            slots=slots,
+            past_lens=cache.lengths[slots],
+        )
         logits = model.backend.to_numpy(model.forward(batch, cache))  # [B, V]
         for out, token in zip(outputs, logits.argmax(axis=-1), strict=True):
             out.append(int(token))
@@ -107,8 +125,9 @@ def load_expected(name: str) -> dict[str, np.ndarray]:
 FIXTURE_NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.npz").is_file())
 
 
-
-def fake_hub_cache(root: Path, model: Path, repo_name: str = "models--someone--tiny") -> tuple[Path, Path]:
+def fake_hub_cache(
+    root: Path, model: Path, repo_name: str = "models--someone--tiny"
+) -> tuple[Path, Path]:
     """`model` laid out as a Hugging Face cache entry under root/hub: (repo folder, snapshot folder), each
     snapshot file a symlink into the repo's blobs/, as the hub library makes them."""
     repo = root / "hub" / repo_name
@@ -134,7 +153,10 @@ def auto_backend_is_numpy():
         chosen, note = real_auto()
         if chosen.name == "numpy":
             return chosen, note
-        return numpy_backend(), "backend auto: using numpy (the test suite keeps to the reference backend)"
+        return (
+            numpy_backend(),
+            "backend auto: using numpy (the test suite keeps to the reference backend)",
+        )
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(backend_module, "auto_backend", numpy_first)

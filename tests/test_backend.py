@@ -55,7 +55,9 @@ def test_float16_compute_on_numpy_stays_close():
     """fp16 is the user's choice even on the CPU; statistics and softmax stay fp32 inside."""
     model32 = minirt.load_model(FIXTURES / "fp16_file", dtype="float32")
     model16 = minirt.load_model(FIXTURES / "fp16_file", dtype="float16")
-    assert model16.params["wpe.weight"].dtype == np.float16 and model16.head_weight.dtype == np.float32
+    assert (
+        model16.params["wpe.weight"].dtype == np.float16 and model16.head_weight.dtype == np.float32
+    )
     seqs = [[1, 2, 3, 4, 5], [6, 7]]
     ref, got = model32.logits(seqs), model16.logits(seqs)
     assert got.dtype == np.float32

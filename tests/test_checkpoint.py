@@ -27,8 +27,14 @@ def write_safetensors(path, tensors, dtype_codes=None):
     header, blobs, offset = {}, [], 0
     for name, array in tensors.items():
         data = np.ascontiguousarray(array).tobytes()
-        code = dtype_codes.get(name, {np.float32: "F32", np.float16: "F16", np.int64: "I64"}[array.dtype.type])
-        header[name] = {"dtype": code, "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        code = dtype_codes.get(
+            name, {np.float32: "F32", np.float16: "F16", np.int64: "I64"}[array.dtype.type]
+        )
+        header[name] = {
+            "dtype": code,
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     header_bytes = json.dumps(header).encode()
@@ -123,7 +129,9 @@ def test_search_order_hf_hub_cache_before_hf_home(tmp_path, monkeypatch):
 
 
 def test_home_cache_is_the_last_resort(tmp_path, monkeypatch):
-    snapshot = make_hub_cache(tmp_path / "home" / ".cache" / "huggingface" / "hub", "distilgpt2", FIXTURES / "base")
+    snapshot = make_hub_cache(
+        tmp_path / "home" / ".cache" / "huggingface" / "hub", "distilgpt2", FIXTURES / "base"
+    )
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("HF_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -158,10 +166,15 @@ def test_fp32_weights_are_memory_mapped_not_copied():
             base = base.base
         assert isinstance(base, np.memmap), name
     model = minirt.load_model(FIXTURES / "base")
-    for name, array in model.params.items():  # fp32 file, fp32 compute: the model holds the mapped bytes
+    for (
+        name,
+        array,
+    ) in model.params.items():  # fp32 file, fp32 compute: the model holds the mapped bytes
         assert not array.flags.owndata and not array.flags.writeable, name
     assert "wte.weight" not in model.params and "lm_head.weight" not in model.params
-    assert model.wte_t is model.head_weight  # tied: one [C, V] array is both the head and the embeddings
+    assert (
+        model.wte_t is model.head_weight
+    )  # tied: one [C, V] array is both the head and the embeddings
     assert model.head_weight.flags.c_contiguous and model.head_weight.dtype == np.float32
     np.testing.assert_array_equal(model.head_weight, ckpt.tensors["wte.weight"].T)
 
@@ -176,7 +189,9 @@ def test_an_untied_head_and_its_embeddings_are_two_arrays():
         assert model.head_weight.dtype == np.float32 and model.head_weight.flags.c_contiguous
         np.testing.assert_array_equal(model.head_weight, head.T.astype(np.float32))
         np.testing.assert_array_equal(model.wte_t, wte.T.astype(dtype))
-        assert model.n_params == sum(a.size for a in ckpt.tensors.values()), dtype  # both tables counted
+        assert model.n_params == sum(a.size for a in ckpt.tensors.values()), (
+            dtype
+        )  # both tables counted
 
 
 def test_loaded_values_equal_the_safetensors_library():
@@ -194,7 +209,9 @@ def test_loaded_values_equal_the_safetensors_library():
 
 
 def test_bf16_is_widened_exactly(tmp_path):
-    words = np.array([0x3F80, 0xC000, 0x3EAA, 0x7F80], dtype=np.uint16)  # 1.0, -2.0, 0.33203125, +inf
+    words = np.array(
+        [0x3F80, 0xC000, 0x3EAA, 0x7F80], dtype=np.uint16
+    )  # 1.0, -2.0, 0.33203125, +inf
     from minirt.loading.checkpoint import bf16_to_float32
 
     assert bf16_to_float32(words).tolist() == [1.0, -2.0, 0.33203125, float("inf")]
@@ -217,7 +234,9 @@ def test_file_cut_inside_its_header(model_dir):
 
 
 def test_not_a_safetensors_file(model_dir):
-    (model_dir / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00this is not json at all!")
+    (model_dir / "model.safetensors").write_bytes(
+        b"\x10\x00\x00\x00\x00\x00\x00\x00this is not json at all!"
+    )
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(model_dir)
     assert_one_line_error(exc, "not a safetensors file")
@@ -233,7 +252,10 @@ def rewrite(model_dir, change):
 
 
 def test_wrong_shape(model_dir):
-    rewrite(model_dir, lambda t: t.update({"transformer.h.1.mlp.c_fc.weight": np.zeros((32, 100), np.float32)}))
+    rewrite(
+        model_dir,
+        lambda t: t.update({"transformer.h.1.mlp.c_fc.weight": np.zeros((32, 100), np.float32)}),
+    )
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(model_dir)
     assert_one_line_error(exc, "transformer.h.1.mlp.c_fc.weight", "[32, 100]", "[32, 128]")
@@ -247,14 +269,22 @@ def test_missing_tensor(model_dir):
 
 
 def test_unexpected_tensor(model_dir):
-    rewrite(model_dir, lambda t: t.update({"multiple_choice_head.summary.weight": np.zeros((1, 32), np.float32)}))
+    rewrite(
+        model_dir,
+        lambda t: t.update({"multiple_choice_head.summary.weight": np.zeros((1, 32), np.float32)}),
+    )
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(model_dir)
     assert_one_line_error(exc, "unexpected tensors multiple_choice_head.summary.weight")
 
 
 def test_wrong_dtype(model_dir):
-    rewrite(model_dir, lambda t: t.update({"transformer.wpe.weight": t["transformer.wpe.weight"].astype(np.int64)}))
+    rewrite(
+        model_dir,
+        lambda t: t.update(
+            {"transformer.wpe.weight": t["transformer.wpe.weight"].astype(np.int64)}
+        ),
+    )
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(model_dir)
     assert_one_line_error(exc, "transformer.wpe.weight", "I64", "F32, F16 and BF16")
@@ -277,8 +307,9 @@ def edit_config(model_dir, **changes):
     path.write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("option", [
-    "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"])
+@pytest.mark.parametrize(
+    "option", ["scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"]
+)
 def test_unsupported_option_is_refused(model_dir, option):
     edit_config(model_dir, **{option: True})
     with pytest.raises(CheckpointError) as exc:
@@ -294,15 +325,18 @@ def test_unsupported_activation_is_refused(model_dir, activation):
     assert_one_line_error(exc, activation, "gelu_new")
 
 
-@pytest.mark.parametrize("changes, fragment", [
-    ({"n_head": 5}, "divisible"),
-    ({"n_embd": -4}, "n_embd must be a positive integer"),
-    ({"n_layer": "2"}, "n_layer must be a positive integer"),
-    ({"layer_norm_epsilon": -1}, "layer_norm_epsilon"),
-    ({"model_type": "llama"}, "GPT-2 only"),
-    ({"vocab_size": None}, "vocab_size"),
-    ({"scale_attn_weights": "yes"}, "scale_attn_weights must be true or false"),
-])
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"n_head": 5}, "divisible"),
+        ({"n_embd": -4}, "n_embd must be a positive integer"),
+        ({"n_layer": "2"}, "n_layer must be a positive integer"),
+        ({"layer_norm_epsilon": -1}, "layer_norm_epsilon"),
+        ({"model_type": "llama"}, "GPT-2 only"),
+        ({"vocab_size": None}, "vocab_size"),
+        ({"scale_attn_weights": "yes"}, "scale_attn_weights must be true or false"),
+    ],
+)
 def test_bad_config_fields(model_dir, changes, fragment):
     edit_config(model_dir, **changes)
     with pytest.raises(CheckpointError) as exc:

@@ -17,7 +17,9 @@ from minirt import LLM
 from conftest import ROOT
 from minirt.__main__ import SUBCOMMANDS, main
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+: reads pyproject.toml, the version's other source
+tomllib = pytest.importorskip(
+    "tomllib"
+)  # Python 3.11+: reads pyproject.toml, the version's other source
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
@@ -29,8 +31,13 @@ def test_the_console_script_is_this_main():
 
 
 def test_python_dash_m_minirt_prints_the_packages_version():
-    done = subprocess.run([sys.executable, "-m", "minirt", "--version"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "minirt", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout == f"minirt {VERSION}\n" and done.stderr == ""
 
 
@@ -41,11 +48,15 @@ def test_every_subcommand_has_version_and_help(name, capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out == f"minirt {VERSION}\n"
     with pytest.raises(SystemExit) as exit_:
         main([name, "--help"])
-    assert exit_.value.code == 0 and capsys.readouterr().out.startswith(f"usage: minirt {name} ")  # as it was run
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith(
+        f"usage: minirt {name} "
+    )  # as it was run
     module = importlib.import_module(f"minirt.{name}")
     with pytest.raises(SystemExit) as exit_:
         module.main(["--help"])
-    assert exit_.value.code == 0 and capsys.readouterr().out.startswith(f"usage: python -m minirt.{name} ")
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith(
+        f"usage: python -m minirt.{name} "
+    )
 
 
 def test_help_lists_every_subcommand(capsys):
@@ -54,8 +65,14 @@ def test_help_lists_every_subcommand(capsys):
     assert all(f"  {name} " in out for name in SUBCOMMANDS) and "examples:" in out
 
 
-@pytest.mark.parametrize("argv, what", [([], "a subcommand is missing"), (["serve"], "unknown subcommand 'serve'"),
-                                        (["--prompts", "p.txt"], "unknown subcommand '--prompts'")])
+@pytest.mark.parametrize(
+    "argv, what",
+    [
+        ([], "a subcommand is missing"),
+        (["serve"], "unknown subcommand 'serve'"),
+        (["--prompts", "p.txt"], "unknown subcommand '--prompts'"),
+    ],
+)
 def test_a_missing_or_unknown_subcommand_is_one_line_and_exit_2(argv, what, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -69,9 +86,26 @@ def test_minirt_generate_is_python_dash_m_minirt_generate(tmp_path):
     records = []
     for entry in (["-m", "minirt", "generate"], ["-m", "minirt.generate"]):
         out = tmp_path / f"out{len(records)}.jsonl"
-        done = subprocess.run([sys.executable, *entry, "--prompts", str(prompts), "--max-new-tokens", "5",
-                               "--temperature", "0", "--backend", "numpy", "--output", str(out)],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                *entry,
+                "--prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "0",
+                "--backend",
+                "numpy",
+                "--output",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr
         records.append([json.loads(line)["token_ids"] for line in out.read_text().splitlines()])
     assert records[0] == records[1] and all(len(ids) == 5 for ids in records[0])
@@ -79,7 +113,9 @@ def test_minirt_generate_is_python_dash_m_minirt_generate(tmp_path):
 
 def test_a_subcommands_errors_name_the_command_it_was_run_as(capsys):
     assert main(["generate", "--prompts", "/no/such/file.txt", "--backend", "numpy"]) == 2
-    assert capsys.readouterr().err.startswith("minirt generate: error: prompts file /no/such/file.txt does not exist")
+    assert capsys.readouterr().err.startswith(
+        "minirt generate: error: prompts file /no/such/file.txt does not exist"
+    )
 
 
 def test_auto_is_the_default_backend_everywhere(tiny_lm):
@@ -88,7 +124,10 @@ def test_auto_is_the_default_backend_everywhere(tiny_lm):
     assert inspect_signature(minirt.load_model).parameters["backend"].default == "auto"
     assert inspect_signature(minirt.get_backend).parameters["name"].default == "auto"
     for name in ("generate", "evaluate", "inspect"):
-        assert importlib.import_module(f"minirt.{name}").build_parser().get_default("backend") == "auto", name
+        assert (
+            importlib.import_module(f"minirt.{name}").build_parser().get_default("backend")
+            == "auto"
+        ), name
 
 
 def test_inspect_without_a_model_describes_the_shipped_one(capsys):

@@ -21,7 +21,9 @@ def test_arguments():
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_weight_bytes_count_every_block_tensor_and_an_fp32_head(dtype):
-    model = random_model(seed=0, vocab_size=97, n_embd=24, n_head=3, n_layer=2, n_inner=40, n_positions=16)
+    model = random_model(
+        seed=0, vocab_size=97, n_embd=24, n_head=3, n_layer=2, n_inner=40, n_positions=16
+    )
     item = np.dtype(dtype).itemsize
     blocks = sum(a.size for name, a in model.params.items() if name.startswith("h.")) * item
     want = blocks + model.params["ln_f.weight"].size * 2 * item + 97 * 24 * 4
@@ -34,8 +36,22 @@ def test_numpy_run_writes_every_section(tmp_path):
     from device_check import main
 
     out = tmp_path / "dc.json"
-    assert main(["--backend", "numpy", "--quick", "--batch-sizes", "1,2", "--dtypes", "float32",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--backend",
+                "numpy",
+                "--quick",
+                "--batch-sizes",
+                "1,2",
+                "--dtypes",
+                "float32",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = json.loads(out.read_text())
     sections = results["sections"]
     assert set(sections) == {"environment", "correctness", "timing", "floor"}
@@ -55,8 +71,12 @@ def test_a_section_that_fails_is_recorded_and_the_rest_still_run(tmp_path, monke
 
     monkeypatch.setitem(device_check.SECTIONS, "environment", broken)
     out = tmp_path / "dc.json"
-    assert device_check.main(["--backend", "numpy", "--quick", "--sections", "environment,floor",
-                              "--out", str(out)]) == 0
+    assert (
+        device_check.main(
+            ["--backend", "numpy", "--quick", "--sections", "environment,floor", "--out", str(out)]
+        )
+        == 0
+    )
     sections = json.loads(out.read_text())["sections"]
     assert sections["environment"]["error"] == "RuntimeError: simulated failure"
     assert sections["floor"]["skipped"] == "needs the timing section"

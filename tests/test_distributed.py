@@ -31,10 +31,24 @@ from minirt.distributed import ray_data as distributed  # noqa: E402 (after the 
 from minirt.distributed import serve_on_ray as scale_out  # noqa: E402
 from minirt.generate import main as generate_main  # noqa: E402
 
-WHAT_A_REQUEST_PRODUCED = ("index", "id", "prompt", "text", "token_ids", "finish_reason", "error", "prompt_tokens",
-                           "prompt_token_ids")
+WHAT_A_REQUEST_PRODUCED = (
+    "index",
+    "id",
+    "prompt",
+    "text",
+    "token_ids",
+    "finish_reason",
+    "error",
+    "prompt_tokens",
+    "prompt_token_ids",
+)
 TIMINGS = ("arrival_s", "first_token_s", "finish_s")
-WHERE_IT_RAN = ("group", "rounds_waited", "first_round", "finish_round")  # the worker's; replayed by the command
+WHERE_IT_RAN = (
+    "group",
+    "rounds_waited",
+    "first_round",
+    "finish_round",
+)  # the worker's; replayed by the command
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +62,16 @@ def local_ray():
 def workload(n: int = 110, seed: int = 0) -> list[str]:
     """n JSONL lines: sampled and seeded, greedy, some with their own max_new_tokens, a token-id prompt, one bad."""
     rng = random.Random(seed)
-    words = ["ROMEO", "JULIET", "To be", "All the world", "Now is the winter", "Friends, Romans", "O", "Café"]
+    words = [
+        "ROMEO",
+        "JULIET",
+        "To be",
+        "All the world",
+        "Now is the winter",
+        "Friends, Romans",
+        "O",
+        "Café",
+    ]
     lines = []
     for i in range(n):
         if i == 37:
@@ -94,8 +117,11 @@ def produced(record: dict) -> dict:
 def same_logprobs(got: list[dict], want: list[dict]) -> bool:
     """Each token's logprob within 1e-5: a row's logits agree to ~1e-5 whatever its neighbours (the contract), and
     a request's neighbours in a worker's batch are not those it has in one process."""
-    return all(len(g["logprobs"]) == len(w["logprobs"]) and all(abs(a - b) <= 1e-5 for a, b in
-               zip(g["logprobs"], w["logprobs"], strict=True)) for g, w in zip(got, want, strict=True))
+    return all(
+        len(g["logprobs"]) == len(w["logprobs"])
+        and all(abs(a - b) <= 1e-5 for a, b in zip(g["logprobs"], w["logprobs"], strict=True))
+        for g, w in zip(got, want, strict=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,23 +130,63 @@ def prompts_and_single_run(tiny_lm, tmp_path_factory):
     prompts = folder / "prompts.jsonl"
     prompts.write_text("\n".join(workload()) + "\n", encoding="utf-8")
     single = folder / "single.jsonl"
-    code, _, err = generate(["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(single),
-                             "--max-new-tokens", "8", "--seed", "3", "--logprobs", "--quiet", "--no-progress"])
+    code, _, err = generate(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(single),
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "3",
+            "--logprobs",
+            "--quiet",
+            "--no-progress",
+        ]
+    )
     assert code == EXIT_REQUEST_FAILED, err  # the bad line fails alone
     return prompts, records(single)
 
 
-def test_two_workers_give_the_records_of_one_process(local_ray, tiny_lm, prompts_and_single_run, tmp_path):
+def test_two_workers_give_the_records_of_one_process(
+    local_ray, tiny_lm, prompts_and_single_run, tmp_path
+):
     prompts, single = prompts_and_single_run
     out = tmp_path / "ray.jsonl"
-    code, stdout, err = generate(["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out),
-                                  "--max-new-tokens", "8", "--seed", "3", "--logprobs", "--ray", "local",
-                                  "--workers", "2", "--no-progress"])
+    code, stdout, err = generate(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(out),
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "3",
+            "--logprobs",
+            "--ray",
+            "local",
+            "--workers",
+            "2",
+            "--no-progress",
+        ]
+    )
     assert code == EXIT_REQUEST_FAILED, err  # as without --ray: 1, because one request failed
     got = records(out)
-    assert len(single) == 110 and [r["index"] for r in got] == list(range(110))  # each once, in input order
-    assert [produced(r) for r in got] == [produced(r) for r in single] and same_logprobs(got, single)
-    assert all(set(r) == set(s) for r, s in zip(got, single, strict=True))  # the same fields, none added
+    assert len(single) == 110 and [r["index"] for r in got] == list(
+        range(110)
+    )  # each once, in input order
+    assert [produced(r) for r in got] == [produced(r) for r in single] and same_logprobs(
+        got, single
+    )
+    assert all(
+        set(r) == set(s) for r, s in zip(got, single, strict=True)
+    )  # the same fields, none added
     assert where(got) == where(single)
     assert got[37]["error"] == single[37]["error"] and "temperature" in got[37]["error"]
     assert stdout.count("### [") == 110 and "requests     110 (109 ok, 1 failed)" in err
@@ -134,11 +200,14 @@ def test_where_each_request_ran_is_one_process_schedule(local_ray, tiny_lm, prom
     """The workers count groups and rounds within their own batches of 4 groups (and a failed line takes no row,
     so their groups after row 37 hold other members); the command replays one process's schedule from them."""
     prompts, single = prompts_and_single_run
-    dataset, _ = distributed.generate_dataset(str(prompts), str(tiny_lm), overrides={"max_new_tokens": 8},
-                                              logprobs=True, seed=3)
+    dataset, _ = distributed.generate_dataset(
+        str(prompts), str(tiny_lm), overrides={"max_new_tokens": 8}, logprobs=True, seed=3
+    )
     rows = list(dataset.iter_rows())
     raw = [json.loads(row["record"]) for row in rows]
-    assert where(raw[:32]) == where(single[:32]) and where(raw) != where(single)  # the first batch alone matches
+    assert where(raw[:32]) == where(single[:32]) and where(raw) != where(
+        single
+    )  # the first batch alone matches
     schedule = scale_out.OneProcessSchedule("static", 8, 2048)
     replayed = []
     for record, row in zip(raw, rows, strict=True):
@@ -153,33 +222,75 @@ def test_an_interrupted_replay_keeps_every_record():
     schedule = scale_out.OneProcessSchedule("static", 8, 2048)
     row = {"kv_budget": 1000, "n_positions": 64, "max_new_tokens": 4}
     for i in range(3):
-        schedule.add({"index": i, "id": str(i), "prompt_tokens": 2, "group": 1, "rounds_waited": 0, "first_round": 1,
-                      "finish_round": 4, "text": "x"}, row)
+        schedule.add(
+            {
+                "index": i,
+                "id": str(i),
+                "prompt_tokens": 2,
+                "group": 1,
+                "rounds_waited": 0,
+                "first_round": 1,
+                "finish_round": 4,
+                "text": "x",
+            },
+            row,
+        )
     assert list(schedule.ready()) == []  # 3 waiting of a group of 8: more may join it
     drained = list(schedule.drain())
-    assert [(r["index"], r["text"], r["group"], r["first_round"]) for r in drained] == [(i, "x", None, None)
-                                                                                       for i in range(3)]
+    assert [(r["index"], r["text"], r["group"], r["first_round"]) for r in drained] == [
+        (i, "x", None, None) for i in range(3)
+    ]
 
 
-@pytest.mark.parametrize("policy, flags", [("static", ["--kv-budget", "40"]),
-                                           ("continuous", ["--batch-size", "5", "--max-round-tokens", "24"]),
-                                           ("continuous", ["--kv-budget", "60", "--batch-size", "6"]),
-                                           ("static", ["--n", "3", "--temperature", "1"])])
-def test_the_file_is_the_file_of_one_process(local_ray, tiny_lm, prompts_and_single_run, tmp_path, policy, flags):
+@pytest.mark.parametrize(
+    "policy, flags",
+    [
+        ("static", ["--kv-budget", "40"]),
+        ("continuous", ["--batch-size", "5", "--max-round-tokens", "24"]),
+        ("continuous", ["--kv-budget", "60", "--batch-size", "6"]),
+        ("static", ["--n", "3", "--temperature", "1"]),
+    ],
+)
+def test_the_file_is_the_file_of_one_process(
+    local_ray, tiny_lm, prompts_and_single_run, tmp_path, policy, flags
+):
     """Every field but the timing ones, under either policy, with the KV budget or round budget binding."""
     prompts, _ = prompts_and_single_run
-    common = ["--model", str(tiny_lm), "--prompts", str(prompts), "--max-new-tokens", "10", "--policy", policy,
-              "--quiet", "--no-progress", *flags]
+    common = [
+        "--model",
+        str(tiny_lm),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "10",
+        "--policy",
+        policy,
+        "--quiet",
+        "--no-progress",
+        *flags,
+    ]
     assert generate([*common, "--output", str(tmp_path / "one.jsonl")])[0] == EXIT_REQUEST_FAILED
-    assert generate([*common, "--output", str(tmp_path / "ray.jsonl"), "--ray", "local"])[0] == EXIT_REQUEST_FAILED
+    assert (
+        generate([*common, "--output", str(tmp_path / "ray.jsonl"), "--ray", "local"])[0]
+        == EXIT_REQUEST_FAILED
+    )
     one, on_ray = records(tmp_path / "one.jsonl"), records(tmp_path / "ray.jsonl")
     assert [untimed(r) for r in one] == [untimed(r) for r in on_ray]
 
 
-def test_a_killed_worker_is_replaced_and_every_index_comes_once(local_ray, tiny_lm, prompts_and_single_run):
+def test_a_killed_worker_is_replaced_and_every_index_comes_once(
+    local_ray, tiny_lm, prompts_and_single_run
+):
     prompts, single = prompts_and_single_run
-    dataset, total = distributed.generate_dataset(str(prompts), str(tiny_lm), workers=2, rows_per_batch=4,
-                                                  overrides={"max_new_tokens": 8}, logprobs=True, seed=3)
+    dataset, total = distributed.generate_dataset(
+        str(prompts),
+        str(tiny_lm),
+        workers=2,
+        rows_per_batch=4,
+        overrides={"max_new_tokens": 8},
+        logprobs=True,
+        seed=3,
+    )
     rows, killed = [], None
     for row in dataset.iter_rows():
         rows.append(row)
@@ -207,19 +318,38 @@ def worker_pids() -> list[int]:
     return sorted(pids)
 
 
-def test_a_folder_output_holds_the_records_in_shards(local_ray, tiny_lm, prompts_and_single_run, tmp_path,
-                                                    monkeypatch):
+def test_a_folder_output_holds_the_records_in_shards(
+    local_ray, tiny_lm, prompts_and_single_run, tmp_path, monkeypatch
+):
     prompts, single = prompts_and_single_run
     monkeypatch.setattr(scale_out, "SHARD_RECORDS", 40)
     out = tmp_path / "shards"
-    code, _, err = generate(["--model", str(tiny_lm), "--prompts", str(prompts), "--output", f"{out}{os.sep}",
-                             "--max-new-tokens", "8", "--seed", "3", "--logprobs", "--ray", "local", "--quiet"])
+    code, _, err = generate(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts),
+            "--output",
+            f"{out}{os.sep}",
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "3",
+            "--logprobs",
+            "--ray",
+            "local",
+            "--quiet",
+        ]
+    )
     assert code == EXIT_REQUEST_FAILED, err
     shards = sorted(out.iterdir())
     assert [p.name for p in shards] == ["part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl"]
     got = [r for shard in shards for r in records(shard)]
     assert [len(records(p)) for p in shards] == [40, 40, 30]
-    assert [produced(r) for r in got] == [produced(r) for r in single] and same_logprobs(got, single)
+    assert [produced(r) for r in got] == [produced(r) for r in single] and same_logprobs(
+        got, single
+    )
 
 
 def test_the_api_takes_a_list_or_a_dataset(local_ray, tiny_lm):
@@ -230,19 +360,30 @@ def test_the_api_takes_a_list_or_a_dataset(local_ray, tiny_lm):
     want = LLM(tiny_lm, seed=9).generate(prompts, params)
     overrides = {"max_new_tokens": 6, "temperature": 1.0, "top_k": 20}
     from_list, _ = distributed.generate_dataset(prompts, str(tiny_lm), overrides=overrides, seed=9)
-    rows = [{"index": i, "prompt": p} for i, p in enumerate(prompts)][::-1]  # any order in: records by index
-    from_rows, _ = distributed.generate_dataset(ray.data.from_items(rows), str(tiny_lm), overrides=overrides, seed=9)
+    rows = [{"index": i, "prompt": p} for i, p in enumerate(prompts)][
+        ::-1
+    ]  # any order in: records by index
+    from_rows, _ = distributed.generate_dataset(
+        ray.data.from_items(rows), str(tiny_lm), overrides=overrides, seed=9
+    )
     for dataset in (from_list, from_rows):
-        got = sorted((json.loads(r["record"]) for r in dataset.iter_rows()), key=lambda r: r["index"])
-        assert [(r["index"], r["token_ids"], r["text"]) for r in got] == [(o.index, o.token_ids, o.text) for o in want]
+        got = sorted(
+            (json.loads(r["record"]) for r in dataset.iter_rows()), key=lambda r: r["index"]
+        )
+        assert [(r["index"], r["token_ids"], r["text"]) for r in got] == [
+            (o.index, o.token_ids, o.text) for o in want
+        ]
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--prompts", "-"], "--ray reads prompts from files"),
-    (["--prompt", "x", "--trace"], "no --trace or --stream"),
-    (["--prompt", "x", "--workers", "0"], "--workers must be at least 1"),
-    (["--prompts", "/no/such/dir/*.jsonl"], "no file matches"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--prompts", "-"], "--ray reads prompts from files"),
+        (["--prompt", "x", "--trace"], "no --trace or --stream"),
+        (["--prompt", "x", "--workers", "0"], "--workers must be at least 1"),
+        (["--prompts", "/no/such/dir/*.jsonl"], "no file matches"),
+    ],
+)
 def test_bad_ray_flags_are_one_line(argv, fragment):
     code, out, err = generate(["--ray", "local", *argv])
     assert code == EXIT_USAGE and out == "" and err.count("\n") == 1 and fragment in err, err
@@ -250,14 +391,32 @@ def test_bad_ray_flags_are_one_line(argv, fragment):
 
 def test_an_address_where_nothing_answers_is_one_line_at_once():
     start = time.perf_counter()
-    code, out, err = generate(["--prompt", "x", "--ray", "127.0.0.1:1"])  # port 1 on this machine: closed
-    assert code == EXIT_USAGE and err.count("\n") == 1 and "--ray 127.0.0.1:1: nothing answers there" in err, err
+    code, out, err = generate(
+        ["--prompt", "x", "--ray", "127.0.0.1:1"]
+    )  # port 1 on this machine: closed
+    assert (
+        code == EXIT_USAGE
+        and err.count("\n") == 1
+        and "--ray 127.0.0.1:1: nothing answers there" in err
+    ), err
     assert time.perf_counter() - start < 30
 
 
 def test_ok_exit_without_failures(local_ray, tiny_lm, tmp_path):
     start = time.perf_counter()
-    code, out, err = generate(["--model", str(tiny_lm), "--prompt", "To be", "--prompt", "ROMEO.", "--ray", "local",
-                               "--max-new-tokens", "3"])
+    code, out, err = generate(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompt",
+            "To be",
+            "--prompt",
+            "ROMEO.",
+            "--ray",
+            "local",
+            "--max-new-tokens",
+            "3",
+        ]
+    )
     assert code == EXIT_OK and out.count("### [") == 2, err
     assert time.perf_counter() - start < 120

@@ -19,8 +19,10 @@ def engine_for(model, batch_size, tokenizer=None, **kw):
 def serve(engine, prompts, params, run_seed=0, logprobs=False):
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
-    requests = [engine.make_request(i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
-                for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+    requests = [
+        engine.make_request(i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+    ]
     stats = engine.serve(requests)
     return requests, stats
 
@@ -52,8 +54,15 @@ def test_seed_exercise_static_group_of_three(model, monkeypatch):
     assert calls[:8] == [3, 3, 2, 2, 2, 1, 1, 1]  # finished rows really left the compute
     assert [len(r.token_ids) for r in requests] == [2, 5, 8, 4]
     assert [(r.first_round, r.finish_round) for r in requests[:3]] == [(1, 2), (1, 5), (1, 8)]
-    assert fourth.rounds_waited == 8 and fourth.first_round == 9 and fourth.finish_round == 12 and fourth.group == 2
-    assert stats.rounds == 12 and stats.utilization == pytest.approx((15 + 4) / (3 * 8 + 1 * 4))  # held rows
+    assert (
+        fourth.rounds_waited == 8
+        and fourth.first_round == 9
+        and fourth.finish_round == 12
+        and fourth.group == 2
+    )
+    assert stats.rounds == 12 and stats.utilization == pytest.approx(
+        (15 + 4) / (3 * 8 + 1 * 4)
+    )  # held rows
 
 
 @settings(max_examples=30, deadline=None)
@@ -62,14 +71,18 @@ def test_rounds_are_set_by_each_groups_longest_member(model, lengths, batch_size
     engine = engine_for(model, batch_size)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
     requests, stats = serve(engine, [[i % 50 + 1] for i in range(len(lengths))], params)
-    groups = [lengths[i:i + batch_size] for i in range(0, len(lengths), batch_size)]
+    groups = [lengths[i : i + batch_size] for i in range(0, len(lengths), batch_size)]
     assert stats.rounds == sum(max(g) for g in groups)
     round_offset = 0
     for g, group_lengths in enumerate(groups):
         for j, n in enumerate(group_lengths):
             r = requests[g * batch_size + j]
             assert (r.group, r.first_round, r.finish_round, r.rounds_waited) == (
-                g + 1, round_offset + 1, round_offset + n, round_offset)
+                g + 1,
+                round_offset + 1,
+                round_offset + n,
+                round_offset,
+            )
         round_offset += max(group_lengths)
 
 
@@ -114,8 +127,11 @@ def test_same_prompt_and_seed_give_the_same_tokens_in_one_batch(model):
     sp = SamplingParams(temperature=1.0, seed=42, max_new_tokens=12)
     requests, _ = serve(engine_for(model, 4), [[5, 6, 7], [1], [5, 6, 7], [2, 3]], sp)
     assert requests[0].token_ids == requests[2].token_ids
-    other_seed, _ = serve(engine_for(model, 4), [[5, 6, 7]],
-                          SamplingParams(temperature=1.0, seed=43, max_new_tokens=12))
+    other_seed, _ = serve(
+        engine_for(model, 4),
+        [[5, 6, 7]],
+        SamplingParams(temperature=1.0, seed=43, max_new_tokens=12),
+    )
     assert other_seed[0].token_ids != requests[0].token_ids
 
 
@@ -127,13 +143,20 @@ def test_eos_stops_only_its_own_request_and_ignore_eos_goes_on(model):
     probe, _ = serve(engine, [[9, 9]], SamplingParams(max_new_tokens=6, ignore_eos=True))
     eos = probe[0].token_ids[2]  # make the third token this request produces the EOS
     engine.eos_token_id = eos
-    requests, stats = serve(engine, [[9, 9], [9, 9], [1, 2]], [
-        SamplingParams(max_new_tokens=6),
-        SamplingParams(max_new_tokens=6, ignore_eos=True),
-        SamplingParams(max_new_tokens=6, ignore_eos=True)])
+    requests, stats = serve(
+        engine,
+        [[9, 9], [9, 9], [1, 2]],
+        [
+            SamplingParams(max_new_tokens=6),
+            SamplingParams(max_new_tokens=6, ignore_eos=True),
+            SamplingParams(max_new_tokens=6, ignore_eos=True),
+        ],
+    )
     stopped, kept_going, peer = requests
     first_eos = probe[0].token_ids.index(eos)
-    assert stopped.finish_reason == "stop" and stopped.token_ids == probe[0].token_ids[: first_eos + 1]
+    assert (
+        stopped.finish_reason == "stop" and stopped.token_ids == probe[0].token_ids[: first_eos + 1]
+    )
     assert kept_going.finish_reason == "length" and kept_going.token_ids == probe[0].token_ids
     assert len(peer.token_ids) == 6 and stats.rounds == 6
 
@@ -142,17 +165,25 @@ def test_stop_token_ids(model):
     engine = engine_for(model, 2)
     probe, _ = serve(engine, [[3, 4, 5]], SamplingParams(max_new_tokens=8, ignore_eos=True))
     target = probe[0].token_ids[4]
-    requests, _ = serve(engine, [[3, 4, 5]],
-                        SamplingParams(max_new_tokens=8, ignore_eos=True, stop_token_ids=(target,)))
+    requests, _ = serve(
+        engine,
+        [[3, 4, 5]],
+        SamplingParams(max_new_tokens=8, ignore_eos=True, stop_token_ids=(target,)),
+    )
     cut = probe[0].token_ids.index(target) + 1
     assert requests[0].token_ids == probe[0].token_ids[:cut] and requests[0].finish_reason == "stop"
 
 
 def test_context_full_finishes_with_length(model):
     n_positions = model.config.n_positions  # 32
-    requests, _ = serve(engine_for(model, 3), [list(range(30)), list(range(32)), [1]],
-                        SamplingParams(max_new_tokens=10, ignore_eos=True))
-    assert len(requests[0].token_ids) == 2 and requests[0].finish_reason == "length"  # 30 + 2 = 32 positions
+    requests, _ = serve(
+        engine_for(model, 3),
+        [list(range(30)), list(range(32)), [1]],
+        SamplingParams(max_new_tokens=10, ignore_eos=True),
+    )
+    assert (
+        len(requests[0].token_ids) == 2 and requests[0].finish_reason == "length"
+    )  # 30 + 2 = 32 positions
     # A full prompt still gets one token.
     assert len(requests[1].token_ids) == 1 and requests[1].finish_reason == "length"
     assert len(requests[2].token_ids) == 10
@@ -196,12 +227,17 @@ def test_kv_budget_limits_the_group_and_refuses_what_can_never_fit(model):
 
 
 def test_logprobs_are_the_raw_models_log_softmax(model):
-    requests, _ = serve(engine_for(model, 2), [[1, 2, 3], [4]],
-                        SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, ignore_eos=True),
-                        logprobs=True)
+    requests, _ = serve(
+        engine_for(model, 2),
+        [[1, 2, 3], [4]],
+        SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, ignore_eos=True),
+        logprobs=True,
+    )
     for r in requests:
         full = model.logits([r.prompt_ids + r.token_ids])[0]  # [len, V], independent full recompute
-        want = [float(log_softmax(full[r.prompt_len - 1 + k])[t]) for k, t in enumerate(r.token_ids)]
+        want = [
+            float(log_softmax(full[r.prompt_len - 1 + k])[t]) for k, t in enumerate(r.token_ids)
+        ]
         assert np.allclose(r.logprobs, want, atol=1e-4)
 
 
@@ -227,16 +263,28 @@ def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
     prompt = "To be, or not"
     probe = llm.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
     pieces = [tok.decode([t]) for t in probe.token_ids]
-    spans = [i for i in range(len(pieces) - 1)
-             if pieces[i].isascii() and pieces[i + 1].isascii() and pieces[i].strip() and pieces[i + 1].strip()]
+    spans = [
+        i
+        for i in range(len(pieces) - 1)
+        if pieces[i].isascii()
+        and pieces[i + 1].isascii()
+        and pieces[i].strip()
+        and pieces[i + 1].strip()
+    ]
     assert spans, f"need two printable neighbouring tokens in {pieces}"
     i = spans[0]
     stop = pieces[i][-1] + pieces[i + 1][0]  # straddles the boundary between token i and i+1
     full = tok.decode(probe.token_ids)
-    finish_at = next(k for k in range(1, len(probe.token_ids) + 1) if stop in tok.decode(probe.token_ids[:k]))
-    out, peer = llm.generate([prompt, "Shall I"],
-                             [SamplingParams(max_new_tokens=24, ignore_eos=True, stop=["zzz-never", stop]),
-                              SamplingParams(max_new_tokens=24, ignore_eos=True)])
+    finish_at = next(
+        k for k in range(1, len(probe.token_ids) + 1) if stop in tok.decode(probe.token_ids[:k])
+    )
+    out, peer = llm.generate(
+        [prompt, "Shall I"],
+        [
+            SamplingParams(max_new_tokens=24, ignore_eos=True, stop=["zzz-never", stop]),
+            SamplingParams(max_new_tokens=24, ignore_eos=True),
+        ],
+    )
     assert out.finish_reason == "stop" and out.text == full[: full.find(stop)]
     assert out.token_ids == probe.token_ids[:finish_at] and out.finish_round == finish_at
     assert len(peer.token_ids) == 24  # the peer did not stop with it
@@ -244,7 +292,9 @@ def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
 
 def test_text_is_the_decoded_tokens_and_eos_text_is_left_out(tiny_lm):
     llm = LLM(tiny_lm, batch_size=3)
-    outs = llm.generate(["All the world", "", "Café"], SamplingParams(max_new_tokens=16, temperature=1.0, seed=5))
+    outs = llm.generate(
+        ["All the world", "", "Café"], SamplingParams(max_new_tokens=16, temperature=1.0, seed=5)
+    )
     for out in outs:
         produced = [t for t in out.token_ids if t != llm.tokenizer.eos_token_id]
         assert out.text == llm.tokenizer.decode(produced)
@@ -264,8 +314,11 @@ def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
     engine.kv_budget_positions = 12  # two rows of the longest need (6 positions)
     sizes = []
     original = model.new_kv_cache
-    monkeypatch.setattr(model, "new_kv_cache",
-                        lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity))
+    monkeypatch.setattr(
+        model,
+        "new_kv_cache",
+        lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity),
+    )
     sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
     requests = [engine.make_request(i, [1, 2, 3], sp) for i in range(5)]
     stats = engine.serve(requests)
@@ -280,39 +333,56 @@ def test_an_overflowed_slot_cannot_poison_its_next_occupant(model):
     cache.reset_slot(0)
     from minirt.model.batch import Batch
 
-    logits = model.backend.to_numpy(model.forward(Batch([[4, 5, 6]], model.backend), cache, logits_at=[0, 1, 2]))
+    logits = model.backend.to_numpy(
+        model.forward(Batch([[4, 5, 6]], model.backend), cache, logits_at=[0, 1, 2])
+    )
     assert np.isfinite(logits).all()
     assert np.allclose(logits, model.logits([[4, 5, 6]])[0], atol=1e-5)
 
 
 def test_a_vanishing_temperature_is_greedy(model):
-    greedy, _ = serve(engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True))
-    tiny, _ = serve(engine_for(model, 1), [[1, 2]],
-                    SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300))
+    greedy, _ = serve(
+        engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True)
+    )
+    tiny, _ = serve(
+        engine_for(model, 1),
+        [[1, 2]],
+        SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300),
+    )
     assert tiny[0].token_ids == greedy[0].token_ids
 
 
 # ------------------------------------------------------------------ the redesign's promises
 
 
-@pytest.mark.parametrize("policy, want_rows, want_line", [
-    ("static", [2], "kv budget    held 1 group below 3 rows (rows: 2)"),
-    ("continuous", [2], "kv budget    held the pool to 2 of 3 rows"),
-])
+@pytest.mark.parametrize(
+    "policy, want_rows, want_line",
+    [
+        ("static", [2], "kv budget    held 1 group below 3 rows (rows: 2)"),
+        ("continuous", [2], "kv budget    held the pool to 2 of 3 rows"),
+    ],
+)
 def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
     """Three 2-token prompts wanting 4 tokens need 5 positions each; a 10-position budget holds 2 rows."""
     from minirt.cli.summary import summary
 
     engine = engine_for(model, batch_size=3, policy=policy)
     engine.kv_budget_positions = 10
-    requests, stats = serve(engine, [[1, 2], [3, 4], [5, 6]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    requests, stats = serve(
+        engine, [[1, 2], [3, 4], [5, 6]], SamplingParams(max_new_tokens=4, ignore_eos=True)
+    )
     assert stats.kv_limited_rows == want_rows and max(stats.active_rows_per_round) == 2
     assert want_line in summary(stats, 0.0)
-    roomy, stats = serve(engine_for(model, batch_size=3, policy=policy), [[1, 2], [3, 4], [5, 6]],
-                         SamplingParams(max_new_tokens=4, ignore_eos=True))
+    roomy, stats = serve(
+        engine_for(model, batch_size=3, policy=policy),
+        [[1, 2], [3, 4], [5, 6]],
+        SamplingParams(max_new_tokens=4, ignore_eos=True),
+    )
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
     assert [r.token_ids for r in roomy] == [r.token_ids for r in requests]
-    few = engine_for(model, batch_size=8, policy=policy)  # the budget holds 2 rows, but only 2 requests exist
+    few = engine_for(
+        model, batch_size=8, policy=policy
+    )  # the budget holds 2 rows, but only 2 requests exist
     few.kv_budget_positions = 10
     _, stats = serve(few, [[1, 2], [3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True))
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
@@ -324,14 +394,18 @@ def test_submit_only_queues(model, policy):
     from minirt.engine.scheduler import SCHEDULERS
 
     scheduler = SCHEDULERS[policy](4, 12, model.config.n_positions, 3)
-    fits, too_big = (Engine(model, None).make_request(i, p, SamplingParams(max_new_tokens=n))
-                     for i, (p, n) in enumerate([([1, 2], 3), ([1, 2, 3], 20)]))
+    fits, too_big = (
+        Engine(model, None).make_request(i, p, SamplingParams(max_new_tokens=n))
+        for i, (p, n) in enumerate([([1, 2], 3), ([1, 2, 3], 20)])
+    )
     assert scheduler.refusal(fits) is None and "KV cache positions" in scheduler.refusal(too_big)
     for request in (fits, too_big):
         scheduler.submit(request)
     assert list(scheduler.waiting) == [fits, too_big] and scheduler.max_rows == 4
     assert all(r.status.value == "waiting" and r.error is None for r in (fits, too_big))
-    assert getattr(scheduler, "pool", None) is None  # the continuous pool is fixed by the first plan, not by submit
+    assert (
+        getattr(scheduler, "pool", None) is None
+    )  # the continuous pool is fixed by the first plan, not by submit
 
 
 def test_the_continuous_pool_refuses_what_its_slots_cannot_hold(model):
@@ -339,15 +413,22 @@ def test_the_continuous_pool_refuses_what_its_slots_cannot_hold(model):
 
     scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
     engine = Engine(model, None)
-    scheduler.submit(engine.make_request(0, [1, 2], SamplingParams(max_new_tokens=3)))  # needs 4 positions
+    scheduler.submit(
+        engine.make_request(0, [1, 2], SamplingParams(max_new_tokens=3))
+    )  # needs 4 positions
     assert scheduler.plan(1).new_kv == (1, 4)  # one request waits: one row of its need
-    later = engine.make_request(1, [1, 2, 3], SamplingParams(max_new_tokens=9))  # needs 11: within the budget
+    later = engine.make_request(
+        1, [1, 2, 3], SamplingParams(max_new_tokens=9)
+    )  # needs 11: within the budget
     assert "more than each slot of the running pool holds" in scheduler.refusal(later)
 
 
 def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(model):
     engine = engine_for(model, 2)
-    requests = [engine.make_request(i, [1 + i, 2], SamplingParams(max_new_tokens=6, ignore_eos=True)) for i in range(2)]
+    requests = [
+        engine.make_request(i, [1 + i, 2], SamplingParams(max_new_tokens=6, ignore_eos=True))
+        for i in range(2)
+    ]
 
     def interrupt(stats):
         if stats.rounds == 2:
@@ -371,7 +452,13 @@ def test_scoring_never_allocates_a_kv_cache(model, monkeypatch):
 
 
 @settings(max_examples=50, deadline=None)
-@given(rows=st.lists(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=5, max_size=5), min_size=1, max_size=4))
+@given(
+    rows=st.lists(
+        st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=5, max_size=5),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
     """The device argmax (only B ids cross) and the per-row host path agree, ties included."""
     from types import SimpleNamespace
@@ -381,7 +468,9 @@ def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
     logits = np.array(rows, dtype=np.float32)
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
     got = choose_tokens(random_model().backend, logits, greedy)
-    assert got == [(*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in logits]
+    assert got == [
+        (*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in logits
+    ]
 
 
 def test_generate_refuses_counts_that_do_not_match_the_prompts():
@@ -408,10 +497,16 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
     tensors[wte][7] = np.inf  # the head is untied: only rows that feed token 7 go non-finite
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
-    failing, long_neighbour, short_next = [7, 1, 2, 3, 4, 5, 6, 8, 9, 10], list(range(11, 31)), [4, 5, 6]
+    failing, long_neighbour, short_next = (
+        [7, 1, 2, 3, 4, 5, 6, 8, 9, 10],
+        list(range(11, 31)),
+        [4, 5, 6],
+    )
     params = SamplingParams(max_new_tokens=6)
     llm = LLM(folder, batch_size=2, policy="continuous")
-    a, b, c = [llm.make_request(i, p, params) for i, p in enumerate([failing, long_neighbour, short_next])]
+    a, b, c = [
+        llm.make_request(i, p, params) for i, p in enumerate([failing, long_neighbour, short_next])
+    ]
     llm.serve([a, b, c])  # the runtime's own records, which know their KV slots
     assert a.finish_reason == "error" and a.finish_round == 1  # it wrote its NaN keys, then failed
     assert c.first_round == 2 and c.slot == a.slot  # the short request took the failed one's slot
@@ -423,15 +518,27 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
 def queued(index: int, prompt_len: int, max_new_tokens: int):
     from minirt.engine.request import Request
 
-    return Request(index=index, id=str(index), prompt=None, prompt_ids=[1] * prompt_len,
-                   params=SamplingParams(max_new_tokens=max_new_tokens))
+    return Request(
+        index=index,
+        id=str(index),
+        prompt=None,
+        prompt_ids=[1] * prompt_len,
+        params=SamplingParams(max_new_tokens=max_new_tokens),
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(budget=st.integers(4, 40), reserved=st.integers(0, 40), prompt_len=st.integers(1, 10),
-       max_new=st.integers(1, 10), token_budget=st.one_of(st.none(), st.integers(1, 30)), tokens=st.integers(0, 30))
-def test_continuous_admission_rule_keeps_both_budgets_by_itself(budget, reserved, prompt_len, max_new, token_budget,
-                                                                tokens):
+@given(
+    budget=st.integers(4, 40),
+    reserved=st.integers(0, 40),
+    prompt_len=st.integers(1, 10),
+    max_new=st.integers(1, 10),
+    token_budget=st.one_of(st.none(), st.integers(1, 30)),
+    tokens=st.integers(0, 30),
+)
+def test_continuous_admission_rule_keeps_both_budgets_by_itself(
+    budget, reserved, prompt_len, max_new, token_budget, tokens
+):
     """Issue #16's third survivor: the rule is checked directly, not through the pool's shape, which happens to
     keep the budget too.  A candidate fits when its KV need fits beside what is reserved, and its prompt beside
     this round's tokens: the arithmetic by hand."""
@@ -440,7 +547,9 @@ def test_continuous_admission_rule_keeps_both_budgets_by_itself(budget, reserved
     scheduler = ContinuousScheduler(4, budget, 64, token_budget)
     candidate = queued(0, prompt_len, max_new)
     need = prompt_len + max_new - 1  # its prompt and every output token but the last
-    want = reserved + need <= budget and (token_budget is None or tokens + prompt_len <= token_budget)
+    want = reserved + need <= budget and (
+        token_budget is None or tokens + prompt_len <= token_budget
+    )
     assert scheduler.fits(candidate, reserved, tokens) == want
 
 
@@ -469,20 +578,28 @@ def test_two_stop_strings_in_one_piece_of_text_cut_before_the_earlier():
     from minirt.engine.request import Request, found_stop_string
 
     for stops in (("xyz", "ab"), ("ab", "xyz")):
-        request = Request(index=0, id="0", prompt="p", prompt_ids=[1], params=SamplingParams(stop=stops))
+        request = Request(
+            index=0, id="0", prompt="p", prompt_ids=[1], params=SamplingParams(stop=stops)
+        )
         assert found_stop_string(request, "hello ab then xyz")
         assert request.text == "hello "
 
 
 @settings(max_examples=30, deadline=None)
-@given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=7), batch_size=st.integers(1, 8),
-       policy=st.sampled_from(["static", "continuous"]))
+@given(
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=7),
+    batch_size=st.integers(1, 8),
+    policy=st.sampled_from(["static", "continuous"]),
+)
 def test_utilization_is_active_over_held_row_rounds(model, lengths, batch_size, policy):
     """Held rows, by hand: a static group holds one row per member from its first round to its last; the
     continuous pool holds min(batch size, requests) rows every round.  A single request is 100% utilized."""
     engine = engine_for(model, batch_size, policy=policy)
-    requests, stats = serve(engine, [[1 + i] for i in range(len(lengths))],
-                            [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
+    requests, stats = serve(
+        engine,
+        [[1 + i] for i in range(len(lengths))],
+        [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths],
+    )
     if policy == "static":
         held = sum(len(g.members) * (g.last_round - g.first_round + 1) for g in stats.groups)
     else:

@@ -23,7 +23,9 @@ def test_windows_by_hand():
             windows(10, 4, bad_stride)
 
 
-@pytest.mark.parametrize("n, window, stride", [(10, 4, 2), (11, 4, 3), (50, 8, 7), (50, 8, 1), (7, 7, 3), (8, 7, 3)])
+@pytest.mark.parametrize(
+    "n, window, stride", [(10, 4, 2), (11, 4, 3), (50, 8, 7), (50, 8, 1), (7, 7, 3), (8, 7, 3)]
+)
 def test_every_target_is_scored_once(n, window, stride):
     scored = []
     for start, stop, first in windows(n, window, stride):
@@ -56,7 +58,9 @@ def test_sliding_window_loss_matches_transformers(tiny_lm):
     ids = llm.tokenizer.encode(text)
     assert len(ids) > 3 * 64
     total, count = text_loss(llm.model, ids, window=64, stride=24)
-    reference = GPT2LMHeadModel.from_pretrained(tiny_lm, local_files_only=True, torch_dtype=torch.float32).eval()
+    reference = GPT2LMHeadModel.from_pretrained(
+        tiny_lm, local_files_only=True, torch_dtype=torch.float32
+    ).eval()
     want = sliding_window_loss(reference, np.array(ids), 64, 24)
     assert count == len(ids) - 1
     assert abs(total / count - want) / want <= 1e-4
@@ -65,13 +69,23 @@ def test_sliding_window_loss_matches_transformers(tiny_lm):
 def test_command_json_and_errors(tiny_lm, tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text("All the world's a stage, and all the men and women merely players. " * 5)
-    assert run_command(main, ["--model", str(tiny_lm), "--text", str(text), "--json", "--backend", "numpy"]) == EXIT_OK
+    assert (
+        run_command(
+            main, ["--model", str(tiny_lm), "--text", str(text), "--json", "--backend", "numpy"]
+        )
+        == EXIT_OK
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["window"] == 64 and result["stride"] == 32
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
-    for argv, fragment in [(["--text", str(tmp_path / "missing.txt")], "does not exist"),
-                           (["--text", str(text), "--window", "65"], "longer than the model's context"),
-                           (["--text", str(text), "--stride", "100"], "stride")]:
-        assert run_command(main, argv + ["--model", str(tiny_lm)], prog="minirt.evaluate") == EXIT_USAGE
+    for argv, fragment in [
+        (["--text", str(tmp_path / "missing.txt")], "does not exist"),
+        (["--text", str(text), "--window", "65"], "longer than the model's context"),
+        (["--text", str(text), "--stride", "100"], "stride"),
+    ]:
+        assert (
+            run_command(main, argv + ["--model", str(tiny_lm)], prog="minirt.evaluate")
+            == EXIT_USAGE
+        )
         err = capsys.readouterr().err
         assert fragment in err and len(err.strip().splitlines()) == 1

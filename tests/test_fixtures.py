@@ -17,20 +17,35 @@ FP32_TOLERANCE = 1e-4  # the issue's bound; observed errors are ~1e-6
 def test_every_fixture_kind_is_present():
     """The configs the issue asks for are all committed (so a deleted fixture fails loudly)."""
     assert set(FIXTURE_NAMES) >= {
-        "base", "odd_heads", "tiny_vocab_short_ctx", "fp16_file", "bf16_file",
-        "no_prefix_with_mask_buffers", "untied_head", "erf_gelu_eps_noscale", "sharded",
+        "base",
+        "odd_heads",
+        "tiny_vocab_short_ctx",
+        "fp16_file",
+        "bf16_file",
+        "no_prefix_with_mask_buffers",
+        "untied_head",
+        "erf_gelu_eps_noscale",
+        "sharded",
     }
 
 
-@pytest.mark.parametrize("scratch", [None, 1, 3000], ids=["one tile", "a token a tile", "a few tokens a tile"])
+@pytest.mark.parametrize(
+    "scratch", [None, 1, 3000], ids=["one tile", "a token a tile", "a few tokens a tile"]
+)
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
 def test_padded_batch_logits_match_transformers(name, scratch, monkeypatch):
-    if scratch is not None:  # scratch budgets shrunk until a prompt spans many attention and MLP tiles
+    if (
+        scratch is not None
+    ):  # scratch budgets shrunk until a prompt spans many attention and MLP tiles
         monkeypatch.setattr(minirt.model.layers, "ATTENTION_SCRATCH_BYTES", scratch)
         monkeypatch.setattr(minirt.model.layers, "MLP_SCRATCH_BYTES", scratch)
     expected = load_expected(name)
-    sequences = [expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))]
-    assert len({len(s) for s in sequences}) > 2, "the fixture must mix lengths, or padding goes untested"
+    sequences = [
+        expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))
+    ]
+    assert len({len(s) for s in sequences}) > 2, (
+        "the fixture must mix lengths, or padding goes untested"
+    )
     model = minirt.load_model(FIXTURES / name)
     got = model.logits(sequences)  # [B, max_len, V]
     assert got.shape == expected["logits"].shape
@@ -57,7 +72,9 @@ def test_batched_greedy_with_kv_cache_matches_transformers(name):
 def test_no_prefix_fixture_really_has_no_prefix_and_mask_buffers():
     from minirt.loading.safetensors_header import read_safetensors_header
 
-    entries, _ = read_safetensors_header(FIXTURES / "no_prefix_with_mask_buffers" / "model.safetensors")
+    entries, _ = read_safetensors_header(
+        FIXTURES / "no_prefix_with_mask_buffers" / "model.safetensors"
+    )
     assert not any(n.startswith("transformer.") for n in entries)
     assert any(n.endswith(".attn.bias") for n in entries)
 
@@ -67,7 +84,9 @@ def test_half_precision_files_are_what_they_claim(name, code):
     ckpt = minirt.load_checkpoint(FIXTURES / name)
     assert set(ckpt.file_dtypes.values()) == {code}
     model = minirt.load_model(FIXTURES / name)
-    assert model.params["wpe.weight"].dtype == model.wte_t.dtype == np.float32  # computed in fp32 by default
+    assert (
+        model.params["wpe.weight"].dtype == model.wte_t.dtype == np.float32
+    )  # computed in fp32 by default
 
 
 def test_sharded_fixture_is_sharded():

@@ -45,12 +45,27 @@ from minirt.loading.safetensors_header import read_safetensors_header
 BASE = FIXTURES / "base"
 WEIGHTS = "model.safetensors"
 # The format's dtype codes and sizes, written out here rather than imported, so that minirt's table is checked.
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 RAW = (BASE / WEIGHTS).read_bytes()
-REAL_HEADER = json.loads(RAW[8:8 + int.from_bytes(RAW[:8], "little")])
+REAL_HEADER = json.loads(RAW[8 : 8 + int.from_bytes(RAW[:8], "little")])
 REAL_BODY_BYTES = len(RAW) - 8 - int.from_bytes(RAW[:8], "little")
 BASE_CONFIG = json.loads((BASE / "config.json").read_text())
 
@@ -84,26 +99,56 @@ def assert_consistent(blob: bytes, entries: dict, data_offset: int) -> None:
         raw = header[name]
         assert entry.dtype == raw["dtype"] and entry.dtype in DTYPE_BYTES, name
         assert list(entry.shape) == raw["shape"] and all(is_count(n) for n in raw["shape"]), name
-        assert [entry.start, entry.end] == raw["data_offsets"] and all(is_count(n) for n in raw["data_offsets"]), name
+        assert [entry.start, entry.end] == raw["data_offsets"] and all(
+            is_count(n) for n in raw["data_offsets"]
+        ), name
         assert 0 <= entry.start <= entry.end and data_offset + entry.end <= len(blob), name
         assert entry.end - entry.start == math.prod(entry.shape) * DTYPE_BYTES[entry.dtype], name
         if entry.end > entry.start:
             spans.append((entry.start, entry.end, name))
     for i, (start, end, name) in enumerate(spans):
-        for other_start, other_end, other in spans[i + 1:]:
+        for other_start, other_end, other in spans[i + 1 :]:
             assert end <= other_start or other_end <= start, f"{name} and {other} share bytes"
 
 
 # ---------------------------------------------------------------- strategies: headers
 
-HUGE = st.one_of(st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**30, 2**1000]),
-                 st.integers(min_value=2**64, max_value=2**64 + 1000), st.integers(min_value=2**31, max_value=2**70))
-SCALAR = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(max_value=-1), HUGE, st.floats(),
-                   st.text(max_size=6), st.sampled_from(["0", "4", "F32", "", "\n", "\x1b[2J"]))
-HOSTILE = st.recursive(SCALAR, lambda kids: st.lists(kids, max_size=3)
-                       | st.dictionaries(st.text(max_size=4), kids, max_size=3), max_leaves=6)
-NAMES = st.one_of(st.text(max_size=8), st.sampled_from(["a", "wte.weight", "transformer.h.0.ln_1.bias",
-                                                        "__metadata__", "a\nb", "\u2028", "x" * 300]))
+HUGE = st.one_of(
+    st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**30, 2**1000]),
+    st.integers(min_value=2**64, max_value=2**64 + 1000),
+    st.integers(min_value=2**31, max_value=2**70),
+)
+SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(max_value=-1),
+    HUGE,
+    st.floats(),
+    st.text(max_size=6),
+    st.sampled_from(["0", "4", "F32", "", "\n", "\x1b[2J"]),
+)
+HOSTILE = st.recursive(
+    SCALAR,
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids, max_size=3)
+    ),
+    max_leaves=6,
+)
+NAMES = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "a",
+            "wte.weight",
+            "transformer.h.0.ln_1.bias",
+            "__metadata__",
+            "a\nb",
+            "\u2028",
+            "x" * 300,
+        ]
+    ),
+)
 
 
 def well_formed(info) -> bool:
@@ -111,16 +156,24 @@ def well_formed(info) -> bool:
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         return False
     shape, offsets = info["shape"], info["data_offsets"]
-    return (isinstance(info["dtype"], str) and info["dtype"] in DTYPE_BYTES and isinstance(shape, list)
-            and all(is_count(n) for n in shape) and isinstance(offsets, list) and len(offsets) == 2
-            and all(is_count(n) for n in offsets)
-            and offsets[1] - offsets[0] == math.prod(shape) * DTYPE_BYTES[info["dtype"]])
+    return (
+        isinstance(info["dtype"], str)
+        and info["dtype"] in DTYPE_BYTES
+        and isinstance(shape, list)
+        and all(is_count(n) for n in shape)
+        and isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(is_count(n) for n in offsets)
+        and offsets[1] - offsets[0] == math.prod(shape) * DTYPE_BYTES[info["dtype"]]
+    )
 
 
 def twin(n: int):
     """Values that equal the count n in Python or spell it, but are not JSON integers: the sizes still add up,
     so only a type check can refuse them."""
-    return st.sampled_from([float(n), str(n), [n]] + ([bool(n)] * 3 if n in (0, 1) else []))  # bools: == n
+    return st.sampled_from(
+        [float(n), str(n), [n]] + ([bool(n)] * 3 if n in (0, 1) else [])
+    )  # bools: == n
 
 
 @st.composite
@@ -130,7 +183,9 @@ def layouts(draw) -> tuple[dict, int, bool, bool]:
     if draw(st.integers(0, 3)) == 0:
         return copy.deepcopy(REAL_HEADER), REAL_BODY_BYTES, True, True
     header, offset = {}, 0
-    for name in draw(st.lists(NAMES.filter(lambda n: n != "__metadata__"), max_size=6, unique=True)):
+    for name in draw(
+        st.lists(NAMES.filter(lambda n: n != "__metadata__"), max_size=6, unique=True)
+    ):
         dtype = draw(st.sampled_from(sorted(DTYPE_BYTES)))
         shape = draw(st.lists(st.integers(0, 5), max_size=3))
         offset += draw(st.sampled_from([0, 0, 0, 1, 8]))  # gaps are allowed
@@ -140,7 +195,11 @@ def layouts(draw) -> tuple[dict, int, bool, bool]:
     items = draw(st.permutations(list(header.items())))
     valid = True
     if draw(st.booleans()):
-        metadata = draw(st.one_of(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2), HOSTILE))
+        metadata = draw(
+            st.one_of(
+                st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2), HOSTILE
+            )
+        )
         valid = isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())
         items.insert(draw(st.integers(0, len(items))), ("__metadata__", metadata))
     return dict(items), offset + draw(st.sampled_from([0, 0, 1, 5])), False, valid
@@ -150,9 +209,28 @@ def layouts(draw) -> tuple[dict, int, bool, bool]:
 def mutated(draw, header: dict, data_len: int):
     """The header with one thing made wrong (or, for an overlap or a new entry, possibly still right)."""
     names = [n for n in header if n != "__metadata__"]
-    good = [n for n in names if well_formed(header[n]) and header[n]["data_offsets"][1] <= data_len]  # in the file
-    kinds = ["new_entry", "metadata", "not_object"] + (["entry"] if names else []) + (
-        ["field", "element", "element", "twin", "twin", "overlap", "overlap", "overlap", "overflow"] if good else [])
+    good = [
+        n for n in names if well_formed(header[n]) and header[n]["data_offsets"][1] <= data_len
+    ]  # in the file
+    kinds = (
+        ["new_entry", "metadata", "not_object"]
+        + (["entry"] if names else [])
+        + (
+            [
+                "field",
+                "element",
+                "element",
+                "twin",
+                "twin",
+                "overlap",
+                "overlap",
+                "overlap",
+                "overflow",
+            ]
+            if good
+            else []
+        )
+    )
     kind = draw(st.sampled_from(kinds))
     if kind == "not_object":
         return draw(HOSTILE.filter(lambda v: not isinstance(v, dict))), data_len
@@ -161,10 +239,13 @@ def mutated(draw, header: dict, data_len: int):
         return header, data_len
     if kind == "new_entry":
         name = draw(NAMES)
-        header[name] = {"dtype": draw(st.one_of(st.sampled_from(sorted(DTYPE_BYTES)), HOSTILE)),
-                        "shape": draw(st.one_of(st.lists(st.integers(0, 4), max_size=2), HOSTILE)),
-                        "data_offsets": draw(st.one_of(st.lists(st.integers(0, data_len + 8), min_size=2, max_size=2),
-                                                       HOSTILE))}
+        header[name] = {
+            "dtype": draw(st.one_of(st.sampled_from(sorted(DTYPE_BYTES)), HOSTILE)),
+            "shape": draw(st.one_of(st.lists(st.integers(0, 4), max_size=2), HOSTILE)),
+            "data_offsets": draw(
+                st.one_of(st.lists(st.integers(0, data_len + 8), min_size=2, max_size=2), HOSTILE)
+            ),
+        }
         return header, data_len
     name = draw(st.sampled_from(names if kind == "entry" else good))
     entry = header[name]
@@ -190,7 +271,9 @@ def mutated(draw, header: dict, data_len: int):
             values[at] = draw(twin(values[at]))
         else:
             values.insert(draw(st.integers(0, len(values))), draw(twin(1)))
-    elif kind == "overlap":  # onto another tensor's bytes (itself included): still a valid entry on its own
+    elif (
+        kind == "overlap"
+    ):  # onto another tensor's bytes (itself included): still a valid entry on its own
         start, end = header[draw(st.sampled_from(good))]["data_offsets"]
         size = entry["data_offsets"][1] - entry["data_offsets"][0]
         low = max(0, start - size + 1) if size else start
@@ -201,7 +284,9 @@ def mutated(draw, header: dict, data_len: int):
         dims = draw(st.lists(st.one_of(HUGE, st.integers(1, 2**32)), min_size=1, max_size=4))
         entry["shape"] = dims
         start = draw(st.one_of(st.integers(0, 64), HUGE))
-        size = math.prod(dims) * DTYPE_BYTES.get(entry["dtype"], 1) + draw(st.sampled_from([0, 0, 1, -1]))
+        size = math.prod(dims) * DTYPE_BYTES.get(entry["dtype"], 1) + draw(
+            st.sampled_from([0, 0, 1, -1])
+        )
         entry["data_offsets"] = [start, start + size]
     return header, data_len
 
@@ -209,6 +294,7 @@ def mutated(draw, header: dict, data_len: int):
 @dataclass(frozen=True)
 class HeaderFile:
     """A safetensors file, kept short for hypothesis to print: the data section (zeros) is only a size."""
+
     head: bytes  # the length prefix and the header
     data_len: int
     cut_at: int | None  # a download cut short at this byte
@@ -216,13 +302,15 @@ class HeaderFile:
     valid: bool  # nothing was done to a valid layout: it must be accepted (and the real model must load)
 
     def blob(self) -> bytes:
-        return (self.head + bytes(self.data_len))[:self.cut_at]
+        return (self.head + bytes(self.data_len))[: self.cut_at]
 
 
 @st.composite
 def header_files(draw) -> HeaderFile:
     if draw(st.integers(0, 19)) == 0:
-        return HeaderFile(draw(st.binary(max_size=96)), 0, None, False, False)  # garbage from the first byte
+        return HeaderFile(
+            draw(st.binary(max_size=96)), 0, None, False, False
+        )  # garbage from the first byte
     header, data_len, real, valid = draw(layouts())
     n_mutations = draw(st.integers(0, 3))
     for _ in range(n_mutations):
@@ -230,8 +318,12 @@ def header_files(draw) -> HeaderFile:
             break
         header, data_len = draw(mutated(header, data_len))
     text = json.dumps(header, ensure_ascii=draw(st.booleans())).encode()
-    edit = draw(st.sampled_from(["none"] * 20 + ["long_number", "nesting", "garbage", "flip", "bad_utf8"]))
-    if edit == "long_number" and re.search(rb"\d", text):  # past Python's 4,300-digit limit on parsing integers
+    edit = draw(
+        st.sampled_from(["none"] * 20 + ["long_number", "nesting", "garbage", "flip", "bad_utf8"])
+    )
+    if edit == "long_number" and re.search(
+        rb"\d", text
+    ):  # past Python's 4,300-digit limit on parsing integers
         at = draw(st.sampled_from([m.start() for m in re.finditer(rb"\d+", text)]))
         text = text[:at] + b"7" * draw(st.sampled_from([4300, 4301, 5000, 20_000])) + text[at:]
     elif edit == "nesting":
@@ -241,12 +333,24 @@ def header_files(draw) -> HeaderFile:
         text = draw(st.binary(max_size=64))
     elif edit in ("flip", "bad_utf8") and text:
         at = draw(st.integers(0, len(text) - 1))
-        text = text[:at] + (b"\xff" if edit == "bad_utf8" else bytes([draw(st.integers(0, 255))])) + text[at + 1:]
+        text = (
+            text[:at]
+            + (b"\xff" if edit == "bad_utf8" else bytes([draw(st.integers(0, 255))]))
+            + text[at + 1 :]
+        )
     if draw(st.booleans()):
         text += b" " * (-len(text) % 8)
-    length = len(text) if draw(st.integers(0, 9)) else draw(st.one_of(  # a length prefix that lies
-        st.integers(max(0, len(text) - 8), len(text) + 8), st.integers(0, 2**64 - 1),
-        st.sampled_from([2**64 - 1, MAX_HEADER_BYTES, MAX_HEADER_BYTES + 1])))
+    length = (
+        len(text)
+        if draw(st.integers(0, 9))
+        else draw(
+            st.one_of(  # a length prefix that lies
+                st.integers(max(0, len(text) - 8), len(text) + 8),
+                st.integers(0, 2**64 - 1),
+                st.sampled_from([2**64 - 1, MAX_HEADER_BYTES, MAX_HEADER_BYTES + 1]),
+            )
+        )
+    )
     head = struct.pack("<Q", length) + text
     cut_at = draw(st.integers(0, len(head) + data_len)) if draw(st.integers(0, 14)) == 0 else None
     valid = valid and n_mutations == 0 and edit == "none" and length == len(text) and cut_at is None
@@ -257,17 +361,44 @@ def header_files(draw) -> HeaderFile:
 
 SIZE_FIELDS = ("vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head", "n_inner")
 SIZE_VALUES = st.one_of(
-    st.integers(-2, 300), st.sampled_from([BASE_CONFIG[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer",
-                                                                    "n_head")]),
-    st.sampled_from([10**9, 3 * 10**8, 10**12, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 + 1, 10**30, 10**200, 10**320,
-                     10**4000]), st.floats(0, 300), st.sampled_from([True, False, "128", None, [128], 128.0]))
+    st.integers(-2, 300),
+    st.sampled_from(
+        [BASE_CONFIG[k] for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")]
+    ),
+    st.sampled_from(
+        [
+            10**9,
+            3 * 10**8,
+            10**12,
+            2**31,
+            2**32,
+            2**63 - 1,
+            2**63,
+            2**64 + 1,
+            10**30,
+            10**200,
+            10**320,
+            10**4000,
+        ]
+    ),
+    st.floats(0, 300),
+    st.sampled_from([True, False, "128", None, [128], 128.0]),
+)
 FIELD_VALUES = {
-    "layer_norm_epsilon": st.one_of(st.floats(), st.sampled_from([1e-5, 0, 1, -1e-5, 1e-300, 0.5, 10**400, "1e-5"])),
-    "activation_function": st.sampled_from(["gelu_new", "gelu", "gelu_pytorch_tanh", "relu", "GELU", "", None]),
+    "layer_norm_epsilon": st.one_of(
+        st.floats(), st.sampled_from([1e-5, 0, 1, -1e-5, 1e-300, 0.5, 10**400, "1e-5"])
+    ),
+    "activation_function": st.sampled_from(
+        ["gelu_new", "gelu", "gelu_pytorch_tanh", "relu", "GELU", "", None]
+    ),
     "scale_attn_weights": st.sampled_from([True, False, 0, 1, "true", None]),
     "tie_word_embeddings": st.sampled_from([True, False, 0, 1, "false", None]),
-    "bos_token_id": st.one_of(st.integers(-3, 300), st.sampled_from([[0], [0, 1], [], 2**64, 0.0, True, "0", None])),
-    "eos_token_id": st.one_of(st.integers(-3, 300), st.sampled_from([[0], [[0]], [-1], 2**70, 1.5, False, None])),
+    "bos_token_id": st.one_of(
+        st.integers(-3, 300), st.sampled_from([[0], [0, 1], [], 2**64, 0.0, True, "0", None])
+    ),
+    "eos_token_id": st.one_of(
+        st.integers(-3, 300), st.sampled_from([[0], [[0]], [-1], 2**70, 1.5, False, None])
+    ),
     "model_type": st.sampled_from(["gpt2", "GPT2", "llama", "", None, ["gpt2"], {"a": 1}]),
     "scale_attn_by_inverse_layer_idx": st.sampled_from([False, True, 0, 1, None, [], [0], "no"]),
     "reorder_and_upcast_attn": st.sampled_from([False, True, 0, None, {}, {"a": 1}]),
@@ -281,13 +412,23 @@ GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate", "ge
 TOKEN_IDS = st.one_of(st.none(), st.integers(0, 10**6), st.integers(0, 200).map(lambda n: [n]))
 # Changes that keep the base config one its weights fit: each may be made, or the field removed where optional.
 VALID_CHANGES = {
-    "n_head": st.sampled_from([1, 2, 4, 8, 16, 32]), "n_inner": st.sampled_from([None, 128]),
+    "n_head": st.sampled_from([1, 2, 4, 8, 16, 32]),
+    "n_inner": st.sampled_from([None, 128]),
     "layer_norm_epsilon": st.one_of(st.floats(1e-12, 0.5), st.sampled_from([1e-5, 1e-6])),
-    "activation_function": st.sampled_from(GELU_NAMES), "scale_attn_weights": st.booleans(),
-    "bos_token_id": TOKEN_IDS, "eos_token_id": TOKEN_IDS, "model_type": st.just("gpt2"),
-    **{option: st.sampled_from([False, None, 0]) for option in ("scale_attn_by_inverse_layer_idx",
-                                                                "reorder_and_upcast_attn", "add_cross_attention",
-                                                                "is_encoder_decoder")},
+    "activation_function": st.sampled_from(GELU_NAMES),
+    "scale_attn_weights": st.booleans(),
+    "bos_token_id": TOKEN_IDS,
+    "eos_token_id": TOKEN_IDS,
+    "model_type": st.just("gpt2"),
+    **{
+        option: st.sampled_from([False, None, 0])
+        for option in (
+            "scale_attn_by_inverse_layer_idx",
+            "reorder_and_upcast_attn",
+            "add_cross_attention",
+            "is_encoder_decoder",
+        )
+    },
 }
 
 
@@ -313,25 +454,35 @@ def config_files(draw) -> tuple[bytes, bool]:
     raw = dict(BASE_CONFIG) if draw(st.integers(0, 9)) else {}
     if draw(st.integers(0, 5)) == 0:  # a size of the wrong type whose value fits the weights
         field = draw(st.sampled_from(["vocab_size", "n_positions", "n_embd", "n_layer", "n_head"]))
-        raw[field] = draw(st.one_of(twin(BASE_CONFIG[field]), st.just(True) if field == "n_head" else twin(0)))
+        raw[field] = draw(
+            st.one_of(twin(BASE_CONFIG[field]), st.just(True) if field == "n_head" else twin(0))
+        )
     for field in draw(st.lists(st.sampled_from(sorted(FIELD_VALUES)), max_size=5, unique=True)):
         if draw(st.integers(0, 5)) == 0:
             raw.pop(field, None)
         else:
             raw[field] = draw(st.one_of(FIELD_VALUES[field], FIELD_VALUES[field], HOSTILE))
-    if draw(st.integers(0, 4)) == 0:  # absurd sizes that pass the per-field checks: n_head divides n_embd
+    if (
+        draw(st.integers(0, 4)) == 0
+    ):  # absurd sizes that pass the per-field checks: n_head divides n_embd
         raw["n_head"] = draw(st.integers(1, 64))
-        raw["n_embd"] = raw["n_head"] * draw(st.sampled_from([1, 8, 10**9, 10**12, 2**63, 10**200, 10**2000]))
+        raw["n_embd"] = raw["n_head"] * draw(
+            st.sampled_from([1, 8, 10**9, 10**12, 2**63, 10**200, 10**2000])
+        )
     text = json.dumps(raw).encode()
-    shape = draw(st.sampled_from(["object"] * 8 + ["not_object", "cut", "garbage", "long_number", "nesting"]))
+    shape = draw(
+        st.sampled_from(["object"] * 8 + ["not_object", "cut", "garbage", "long_number", "nesting"])
+    )
     if shape == "not_object":
         text = json.dumps(draw(HOSTILE.filter(lambda v: not isinstance(v, dict)))).encode()
     elif shape == "cut":
-        text = text[:draw(st.integers(0, len(text)))]
+        text = text[: draw(st.integers(0, len(text)))]
     elif shape == "garbage":
         text = draw(st.binary(max_size=64))
     elif shape == "long_number":
-        text = text.replace(b'"n_layer": 2', b'"n_layer": ' + b"3" * draw(st.sampled_from([4300, 4301, 9000])))
+        text = text.replace(
+            b'"n_layer": 2', b'"n_layer": ' + b"3" * draw(st.sampled_from([4300, 4301, 9000]))
+        )
     elif shape == "nesting":
         depth = draw(st.sampled_from([1000, 20_000]))
         text = b'{"n_inner": ' + b"[" * depth + b"]" * depth + b"}"
@@ -344,30 +495,53 @@ def assert_config_is_the_weights_own(text: bytes, checkpoint) -> None:
     raw = json.loads(text)
     assert isinstance(raw, dict)
     positions = raw["n_positions"] if "n_positions" in raw else raw["n_ctx"]
-    sizes = {"vocab_size": raw["vocab_size"], "n_positions": positions, "n_embd": raw["n_embd"],
-             "n_layer": raw["n_layer"]}
+    sizes = {
+        "vocab_size": raw["vocab_size"],
+        "n_positions": positions,
+        "n_embd": raw["n_embd"],
+        "n_layer": raw["n_layer"],
+    }
     assert all(type(v) is int for v in sizes.values()), sizes
     assert sizes == {k: BASE_CONFIG[k] for k in sizes}, sizes  # the weights fix these
     heads = raw["n_head"]  # any number of heads that divides n_embd fits the same weights
-    assert type(heads) is int and heads >= 1 and raw["n_embd"] % heads == 0 and checkpoint.config.n_head == heads
+    assert (
+        type(heads) is int
+        and heads >= 1
+        and raw["n_embd"] % heads == 0
+        and checkpoint.config.n_head == heads
+    )
     inner = raw.get("n_inner")
     assert inner is None or (type(inner) is int and inner == 4 * raw["n_embd"]), inner
     eps = raw.get("layer_norm_epsilon", 1e-5)
-    assert type(eps) in (int, float) and 0 < eps < 1 and checkpoint.config.layer_norm_epsilon == eps, eps
+    assert (
+        type(eps) in (int, float) and 0 < eps < 1 and checkpoint.config.layer_norm_epsilon == eps
+    ), eps
     for flag in ("scale_attn_weights", "tie_word_embeddings"):
         assert type(raw.get(flag, True)) is bool, flag
-    for option in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention",
-                   "is_encoder_decoder"):
+    for option in (
+        "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn",
+        "add_cross_attention",
+        "is_encoder_decoder",
+    ):
         assert not raw.get(option), option
     assert raw.get("model_type") in (None, "gpt2")
-    assert raw.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast",
-                                                           "gelu_accurate", "gelu", "gelu_python")
+    assert raw.get("activation_function", "gelu_new") in (
+        "gelu_new",
+        "gelu_pytorch_tanh",
+        "gelu_fast",
+        "gelu_accurate",
+        "gelu",
+        "gelu_python",
+    )
     for token in ("bos_token_id", "eos_token_id"):
         value = raw.get(token)
         value = value[0] if isinstance(value, list) and len(value) == 1 else value
         assert value is None or is_count(value), token
     V, P, C = sizes["vocab_size"], sizes["n_positions"], sizes["n_embd"]
-    assert checkpoint.tensors["wte.weight"].shape == (V, C) and checkpoint.tensors["wpe.weight"].shape == (P, C)
+    assert checkpoint.tensors["wte.weight"].shape == (V, C) and checkpoint.tensors[
+        "wpe.weight"
+    ].shape == (P, C)
     assert checkpoint.tensors["h.1.mlp.c_fc.weight"].shape == (C, 4 * C)
 
 
@@ -402,12 +576,17 @@ def check_header_file(folder: Path, case: HeaderFile) -> None:
         assert_one_line(exc)
         assert not case.valid, f"the real model, untouched, was refused: {exc}"
         return
-    for name, array in checkpoint.tensors.items():  # each tensor is its own bytes of the file, in its dtype
+    for (
+        name,
+        array,
+    ) in checkpoint.tensors.items():  # each tensor is its own bytes of the file, in its dtype
         entry = entries.get(name, entries.get("transformer." + name))
         if entry is not None and entry.dtype in ("F32", "F16"):
-            raw = blob[data_offset + entry.start:data_offset + entry.end]
-            assert np.array_equal(array, np.frombuffer(raw, "<f4" if entry.dtype == "F32" else "<f2")
-                                  .reshape(entry.shape)), name
+            raw = blob[data_offset + entry.start : data_offset + entry.end]
+            assert np.array_equal(
+                array,
+                np.frombuffer(raw, "<f4" if entry.dtype == "F32" else "<f2").reshape(entry.shape),
+            ), name
 
 
 def check_config_file(folder: Path, text: bytes, valid: bool) -> None:

@@ -35,26 +35,40 @@ def cupy_backend_or_none():
 
 
 CUPY = cupy_backend_or_none()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(CUPY is None, reason="needs CuPy and a usable NVIDIA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(CUPY is None, reason="needs CuPy and a usable NVIDIA GPU"),
+]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FP16_TOLERANCE = 3e-2
 
-configs = st.fixed_dictionaries({
-    "n_head": st.integers(1, 4),
-    "head_dim": st.sampled_from([4, 8, 16, 24]),
-    "n_layer": st.integers(1, 3),
-    "vocab_size": st.integers(5, 300),
-    "seed": st.integers(0, 1000),
-})
+configs = st.fixed_dictionaries(
+    {
+        "n_head": st.integers(1, 4),
+        "head_dim": st.sampled_from([4, 8, 16, 24]),
+        "n_layer": st.integers(1, 3),
+        "vocab_size": st.integers(5, 300),
+        "seed": st.integers(0, 1000),
+    }
+)
 batches = st.lists(st.lists(st.integers(0, 4), min_size=0, max_size=20), min_size=1, max_size=6)
 
 
 def model_pair(cfg, dtype_gpu):
-    fields = dict(n_head=cfg["n_head"], n_embd=cfg["n_head"] * cfg["head_dim"], n_layer=cfg["n_layer"],
-                  vocab_size=cfg["vocab_size"], n_positions=32)
-    rounded = np.float16 if dtype_gpu == np.float16 else None  # the reference sees the weights the GPU sees
+    fields = dict(
+        n_head=cfg["n_head"],
+        n_embd=cfg["n_head"] * cfg["head_dim"],
+        n_layer=cfg["n_layer"],
+        vocab_size=cfg["vocab_size"],
+        n_positions=32,
+    )
+    rounded = (
+        np.float16 if dtype_gpu == np.float16 else None
+    )  # the reference sees the weights the GPU sees
     cpu = random_model(seed=cfg["seed"], rounded_to=rounded, **fields)
-    gpu = random_model(seed=cfg["seed"], dtype=dtype_gpu, backend=CUPY, rounded_to=rounded, **fields)
+    gpu = random_model(
+        seed=cfg["seed"], dtype=dtype_gpu, backend=CUPY, rounded_to=rounded, **fields
+    )
     return cpu, gpu
 
 
@@ -104,7 +118,9 @@ def test_greedy_tokens_agree_where_margins_are_clear(cfg, batch, dtype):
 def test_seeded_sampling_gives_the_same_tokens(cfg, batch, seed):
     cpu, gpu = model_pair(cfg, np.float32)
     prompts = [row or [3] for row in ids_for(batch, cfg["vocab_size"])]
-    sp = SamplingParams(max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.95, seed=seed, ignore_eos=True)
+    sp = SamplingParams(
+        max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.95, seed=seed, ignore_eos=True
+    )
     outputs = []
     for model in (cpu, gpu):
         engine = Engine(model, None, batch_size=4)
@@ -115,7 +131,13 @@ def test_seeded_sampling_gives_the_same_tokens(cfg, batch, seed):
 
 
 @SETTINGS
-@given(rows=st.lists(st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=5, max_size=5), min_size=1, max_size=4))
+@given(
+    rows=st.lists(
+        st.lists(st.sampled_from([-1.0, 0.0, 0.5, 2.0]), min_size=5, max_size=5),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
     """All-greedy rounds take the argmax on the GPU (only B ids cross); it must match the host's pick, ties included."""
     from types import SimpleNamespace
@@ -125,7 +147,9 @@ def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
     host = np.array(rows, dtype=np.float32)
     greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
     got = choose_tokens(CUPY, CUPY.asarray(host), greedy)
-    assert got == [(*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in host]
+    assert got == [
+        (*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in host
+    ]
 
 
 @pytest.mark.parametrize("scratch", [None, 3000], ids=["one tile", "a few tokens a tile"])
@@ -133,12 +157,16 @@ def test_fixture_logits_on_the_gpu_match_transformers(scratch, monkeypatch):
     import minirt
     from conftest import load_expected
 
-    if scratch is not None:  # many attention and MLP tiles, as in test_fixtures, on the device this time
+    if (
+        scratch is not None
+    ):  # many attention and MLP tiles, as in test_fixtures, on the device this time
         monkeypatch.setattr(minirt.model.layers, "ATTENTION_SCRATCH_BYTES", scratch)
         monkeypatch.setattr(minirt.model.layers, "MLP_SCRATCH_BYTES", scratch)
 
     expected = load_expected("base")
-    seqs = [expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))]
+    seqs = [
+        expected[f"seq_{b}"].tolist() for b in range(sum(k.startswith("seq_") for k in expected))
+    ]
     got = minirt.load_model(FIXTURES / "base", backend="cupy").logits(seqs)
     for b, seq in enumerate(seqs):
         ref = expected["logits"][b, : len(seq)]

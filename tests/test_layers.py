@@ -14,7 +14,7 @@ from minirt.model.layers import LayerNorm, erf, gelu, layer_norm, softmax_attent
 
 def test_gelu_tanh_matches_the_formula_elementwise():
     xs = np.linspace(-8, 8, 301, dtype=np.float64)
-    want = [0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))) for x in xs]
+    want = [0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))) for x in xs]
     assert np.allclose(gelu(np, xs, "tanh"), want, rtol=1e-12, atol=1e-12)
 
 
@@ -44,12 +44,17 @@ def test_layer_norm_against_hand_statistics():
         values = [float(v) for v in x[row]]
         mean = sum(values) / 7
         var = sum((v - mean) ** 2 for v in values) / 7  # biased, as GPT-2's LayerNorm
-        want = [(v - mean) / math.sqrt(var + 1e-5) * float(w[i]) + float(b[i]) for i, v in enumerate(values)]
+        want = [
+            (v - mean) / math.sqrt(var + 1e-5) * float(w[i]) + float(b[i])
+            for i, v in enumerate(values)
+        ]
         assert np.allclose(got[row], want, rtol=1e-5, atol=1e-5)
 
 
 def test_layer_norm_keeps_fp16_but_computes_in_fp32():
-    x = (np.arange(8, dtype=np.float32) * 1000).astype(np.float16).reshape(1, 8)  # variance overflows fp16
+    x = (
+        (np.arange(8, dtype=np.float32) * 1000).astype(np.float16).reshape(1, 8)
+    )  # variance overflows fp16
     out = layer_norm(np, x, LayerNorm(np.ones(8, np.float16), np.zeros(8, np.float16)), 1e-5)
     assert out.dtype == np.float16 and np.isfinite(out).all()
     assert abs(float(out[0, -1]) - 1.5275) < 1e-2
@@ -58,13 +63,19 @@ def test_layer_norm_keeps_fp16_but_computes_in_fp32():
 def test_attention_mask_is_causal_and_key_is_real_by_hand():
     # Row 0: 2 keys cached, 2 new real tokens, padded to T=3 -> kv_len 4.
     # Row 1: fresh, 1 real token, padded to T=3 -> kv_len 1.
-    mask = attention_mask(np, np.array([2, 0]), np.array([4, 1]), seq_len=3, max_kv_len=5)[:, 0]  # [B, T, L]
-    want_row0 = [[1, 1, 1, 0, 0],   # query at position 2 sees keys 0..2
-                 [1, 1, 1, 1, 0],   # position 3 sees 0..3
-                 [1, 1, 1, 1, 0]]   # a padded query: causal would allow key 4, key-is-real does not
-    want_row1 = [[1, 0, 0, 0, 0],
-                 [1, 0, 0, 0, 0],   # padded queries see only the real key 0
-                 [1, 0, 0, 0, 0]]
+    mask = attention_mask(np, np.array([2, 0]), np.array([4, 1]), seq_len=3, max_kv_len=5)[
+        :, 0
+    ]  # [B, T, L]
+    want_row0 = [
+        [1, 1, 1, 0, 0],  # query at position 2 sees keys 0..2
+        [1, 1, 1, 1, 0],  # position 3 sees 0..3
+        [1, 1, 1, 1, 0],
+    ]  # a padded query: causal would allow key 4, key-is-real does not
+    want_row1 = [
+        [1, 0, 0, 0, 0],
+        [1, 0, 0, 0, 0],  # padded queries see only the real key 0
+        [1, 0, 0, 0, 0],
+    ]
     assert mask[0].astype(int).tolist() == want_row0
     assert mask[1].astype(int).tolist() == want_row1
 
@@ -86,7 +97,9 @@ def test_softmax_attention_against_a_plain_loop():
                 scores = [0.5 * float(q[b, h, t] @ k[b, h, j]) for j in visible]
                 top = max(scores)
                 weights = [math.exp(s - top) for s in scores]
-                want = sum(w * v[b, h, j] for w, j in zip(weights, visible, strict=True)) / sum(weights)
+                want = sum(w * v[b, h, j] for w, j in zip(weights, visible, strict=True)) / sum(
+                    weights
+                )
                 assert np.allclose(got[b, h, t], want, rtol=1e-5, atol=1e-6)
 
 
@@ -114,12 +127,19 @@ def test_a_padding_query_never_reads_past_its_rows_keys():
 
     batch = Batch([[5], [6, 7, 8]], numpy_backend())
     rng = np.random.default_rng(0)
-    q, keys, values = (rng.standard_normal((2, 2, 3, 4)).astype(np.float32) for _ in range(3))  # [B, H, T|L, D]
-    keys[0, :, 1:], values[0, :, 1:] = np.nan, 1e6  # past row 0's one real key: stale (values must stay finite:
+    q, keys, values = (
+        rng.standard_normal((2, 2, 3, 4)).astype(np.float32) for _ in range(3)
+    )  # [B, H, T|L, D]
+    keys[0, :, 1:], values[0, :, 1:] = (
+        np.nan,
+        1e6,
+    )  # past row 0's one real key: stale (values must stay finite:
     # a masked value still meets its zero weight in `weights @ values`, which is why a taken slot is zeroed)
     out = softmax_attention(np, q, keys, values, batch.mask, scale=0.5)  # [B, H, T, D]
     assert np.isfinite(out).all()
-    assert np.allclose(out[0, :, 1:], values[0, :, :1])  # one visible key: its value, for every query of row 0
+    assert np.allclose(
+        out[0, :, 1:], values[0, :, :1]
+    )  # one visible key: its value, for every query of row 0
 
 
 @pytest.fixture(scope="module")
@@ -147,13 +167,17 @@ def test_scores_in_the_hundreds_still_give_finite_logits(sharp_attention_model):
 
     model = load_model(sharp_attention_model)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]]
-    layer0 = model.blocks[0].attn.c_attn  # the first layer's scores, by hand in float64, to show they are large
+    layer0 = model.blocks[
+        0
+    ].attn.c_attn  # the first layer's scores, by hand in float64, to show they are large
     x = model.wte_t[:, prompts[0]].T.astype(np.float64) + model.wpe[: len(prompts[0])]
     x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     x = x * model.blocks[0].ln_1.weight + model.blocks[0].ln_1.bias
     C = x.shape[1]
     qk = x @ layer0.weight[:, : 2 * C] + layer0.bias[: 2 * C]
-    assert np.abs(qk[:, :C] @ qk[:, C:].T).max() / math.sqrt(C // model.config.n_head) > 100  # per head they are big
+    assert (
+        np.abs(qk[:, :C] @ qk[:, C:].T).max() / math.sqrt(C // model.config.n_head) > 100
+    )  # per head they are big
     assert np.isfinite(model.logits(prompts)).all()
 
 
@@ -166,8 +190,9 @@ def test_scores_in_the_hundreds_match_transformers(sharp_attention_model):
     from minirt import load_model
 
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8]]
-    reference = GPT2LMHeadModel.from_pretrained(sharp_attention_model, local_files_only=True,
-                                                torch_dtype=torch.float32).eval()
+    reference = GPT2LMHeadModel.from_pretrained(
+        sharp_attention_model, local_files_only=True, torch_dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         want = reference(torch.tensor(prompts)).logits.numpy()
     got = load_model(sharp_attention_model).logits(prompts)
@@ -178,9 +203,15 @@ def test_scores_in_the_hundreds_match_transformers(sharp_attention_model):
 
 
 @settings(max_examples=80, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9)), min_size=1, max_size=4),
-       scratch=st.integers(1, 4000), seed=st.integers(0, 2**16), cached=st.booleans())
-def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, scratch, seed, cached):
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 9)), min_size=1, max_size=4),
+    scratch=st.integers(1, 4000),
+    seed=st.integers(0, 2**16),
+    cached=st.booleans(),
+)
+def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(
+    rows, scratch, seed, cached
+):
     """For any rows (past keys, new tokens), any scratch budget (so any tiling), every query's output is the
     softmax over exactly its visible keys, j <= its position (its own row's keys only), computed here in
     float64 by a plain loop.  With a KV cache the keys are the slot's history plus this round; the slots are
@@ -198,30 +229,41 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(rows, 
     batch = Batch([[1] * n for _, n in rows], numpy_backend(), slots=slots, past_lens=past)
     N, H, D, capacity = batch.n_tokens, 2, 3, 16
     q, k, v = (rng.standard_normal((N, H, D)).astype(np.float32) for _ in range(3))
-    cache = LayerKV(np.full((len(rows), H, capacity, D), np.nan, np.float32),
-                    np.full((len(rows), H, capacity, D), 1e6, np.float32))
+    cache = LayerKV(
+        np.full((len(rows), H, capacity, D), np.nan, np.float32),
+        np.full((len(rows), H, capacity, D), 1e6, np.float32),
+    )
     for b, slot in enumerate(slots):  # each slot's history: random keys and values at 0..past-1
-        cache.keys[slot, :, :past[b]] = rng.standard_normal((H, past[b], D))
-        cache.values[slot, :, :past[b]] = rng.standard_normal((H, past[b], D))
+        cache.keys[slot, :, : past[b]] = rng.standard_normal((H, past[b], D))
+        cache.values[slot, :, : past[b]] = rng.standard_normal((H, past[b], D))
     if cached:
         cache.write(k, v, batch)
     import minirt.model.layers
 
-    budget, minirt.model.layers.ATTENTION_SCRATCH_BYTES = minirt.model.layers.ATTENTION_SCRATCH_BYTES, scratch
+    budget, minirt.model.layers.ATTENTION_SCRATCH_BYTES = (
+        minirt.model.layers.ATTENTION_SCRATCH_BYTES,
+        scratch,
+    )
     try:
         got = prompt_attention(np, q, k, v, batch, cache if cached else None, 0.5)  # [N, H, D]
     finally:
         minirt.model.layers.ATTENTION_SCRATCH_BYTES = budget
     for b, slot in enumerate(slots):
         first = int(batch.first_index[b])
-        keys = cache.keys[slot] if cached else k[first:first + rows[b][1]].transpose(1, 0, 2)  # [H, *, D]
-        values = cache.values[slot] if cached else v[first:first + rows[b][1]].transpose(1, 0, 2)
+        keys = (
+            cache.keys[slot] if cached else k[first : first + rows[b][1]].transpose(1, 0, 2)
+        )  # [H, *, D]
+        values = cache.values[slot] if cached else v[first : first + rows[b][1]].transpose(1, 0, 2)
         for t in range(rows[b][1]):
             visible = list(range(past[b] + t + 1))
             for h in range(H):
-                scores = np.array([0.5 * float(q[first + t, h].astype(np.float64) @ keys[h, j]) for j in visible])
+                scores = np.array(
+                    [0.5 * float(q[first + t, h].astype(np.float64) @ keys[h, j]) for j in visible]
+                )
                 weights = np.exp(scores - scores.max())
-                want = (weights[:, None] * values[h, visible].astype(np.float64)).sum(0) / weights.sum()
+                want = (weights[:, None] * values[h, visible].astype(np.float64)).sum(
+                    0
+                ) / weights.sum()
                 assert np.allclose(got[first + t, h], want, rtol=1e-5, atol=1e-6)
 
 
@@ -232,9 +274,15 @@ def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
     from minirt.model.batch import Batch
 
     batch = Batch([list(range(10))], numpy_backend())
-    assert list(batch.query_tiles(n_head=1, scratch_bytes=40)) == [(0, t, t + 1, t + 1) for t in range(10)]
+    assert list(batch.query_tiles(n_head=1, scratch_bytes=40)) == [
+        (0, t, t + 1, t + 1) for t in range(10)
+    ]
     resumed = Batch([[1, 2], [3], []], numpy_backend(), past_lens=[5, 1, 4])  # kv_lens 7, 2 and 4
-    assert list(resumed.query_tiles(n_head=1, scratch_bytes=7 * 4)) == [(0, 0, 1, 6), (0, 1, 2, 7), (1, 0, 1, 2)]
+    assert list(resumed.query_tiles(n_head=1, scratch_bytes=7 * 4)) == [
+        (0, 0, 1, 6),
+        (0, 1, 2, 7),
+        (1, 0, 1, 2),
+    ]
     assert list(resumed.query_tiles(n_head=2, scratch_bytes=10**6)) == [(0, 0, 2, 7), (1, 0, 1, 2)]
 
 
@@ -257,7 +305,10 @@ def test_the_head_in_row_chunks_equals_one_product():
     from minirt.model.layers import lm_head
 
     rng = np.random.default_rng(1)
-    hidden, head = rng.standard_normal((2500, 8)).astype(np.float16), rng.standard_normal((8, 11)).astype(np.float32)
+    hidden, head = (
+        rng.standard_normal((2500, 8)).astype(np.float16),
+        rng.standard_normal((8, 11)).astype(np.float32),
+    )
     got = lm_head(np, hidden, head)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, hidden.astype(np.float64) @ head, rtol=1e-5, atol=1e-5)

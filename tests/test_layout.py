@@ -110,7 +110,9 @@ def test_each_part_imports_only_the_parts_below_it(path):
         return  # a command may use anything
     allowed = MAY_IMPORT[part] | {part}
     forbidden = minirt_imports(path) - allowed
-    assert not forbidden, f"{relative(path)} ({part}/) imports {sorted(forbidden)}; it may import {sorted(allowed)}"
+    assert not forbidden, (
+        f"{relative(path)} ({part}/) imports {sorted(forbidden)}; it may import {sorted(allowed)}"
+    )
 
 
 @pytest.mark.parametrize("path", MODULES, ids=relative)
@@ -121,13 +123,16 @@ def test_optional_packages_stay_in_their_own_place(path):
             continue
         assert name in ONLY_IN, f"{where} imports {name}, which minirt does not depend on"
         homes = ONLY_IN[name]
-        assert any(where == home or (home.endswith("/") and where.startswith(home)) for home in homes), \
-            f"{where} imports {name}, which only {', '.join(homes)} may import"
+        assert any(
+            where == home or (home.endswith("/") and where.startswith(home)) for home in homes
+        ), f"{where} imports {name}, which only {', '.join(homes)} may import"
 
 
 def test_every_folder_in_the_contract_exists_or_is_still_to_come():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert folders - set(MAY_IMPORT) == set(), f"a folder without a contract: {folders - set(MAY_IMPORT)}"
+    assert folders - set(MAY_IMPORT) == set(), (
+        f"a folder without a contract: {folders - set(MAY_IMPORT)}"
+    )
     assert {"model", "loading", "engine", "cli", "distributed"} <= folders
 
 
@@ -167,7 +172,9 @@ def test_a_contract_breach_is_seen():
     """The contract's reader itself: a model module that imports the engine must be caught."""
     probe = PACKAGE / "model" / "_probe_for_test.py"
     try:
-        probe.write_text("from ..engine.request import Request\nfrom .. import errors\n", encoding="utf-8")
+        probe.write_text(
+            "from ..engine.request import Request\nfrom .. import errors\n", encoding="utf-8"
+        )
         assert minirt_imports(probe) == {"engine", "__init__"}
     finally:
         probe.unlink()
@@ -183,7 +190,16 @@ def test_the_command_lines_use_the_public_api(name):
     imported = {alias.name for node in imports for alias in node.names}
     modules = {node.module for node in imports}
     assert "engine" not in attributes, f"{name} reaches into llm.engine"
-    assert not {"engine.engine", "model.kv_cache"} & modules, f"{name} imports the engine loop or the KV cache"
-    forbidden = {"Engine", "KVCache", "StaticScheduler", "ContinuousScheduler", "SCHEDULERS", "add_token",
-                 "fail_request"}
+    assert not {"engine.engine", "model.kv_cache"} & modules, (
+        f"{name} imports the engine loop or the KV cache"
+    )
+    forbidden = {
+        "Engine",
+        "KVCache",
+        "StaticScheduler",
+        "ContinuousScheduler",
+        "SCHEDULERS",
+        "add_token",
+        "fail_request",
+    }
     assert not imported & forbidden, f"{name} imports {imported & forbidden}"

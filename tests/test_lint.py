@@ -15,10 +15,14 @@ import pytest
 
 from conftest import ROOT
 
-needs_ruff = pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="needs ruff (the test extra)")
-needs_mypy = pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="needs mypy (the test extra)")
+needs_ruff = pytest.mark.skipif(
+    importlib.util.find_spec("ruff") is None, reason="needs ruff (the test extra)"
+)
+needs_mypy = pytest.mark.skipif(
+    importlib.util.find_spec("mypy") is None, reason="needs mypy (the test extra)"
+)
 
-USER_SCRIPT = '''
+USER_SCRIPT = """
 from minirt import LLM, RequestOutput, SamplingParams, TokenEvent
 
 llm = LLM()  # the model shipped with minirt
@@ -34,13 +38,15 @@ def show(event: TokenEvent) -> None:
 
 
 llm.generate("ROMEO.", SamplingParams(max_new_tokens=4), on_token=show)
-'''
+"""
 
 
 def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
     # MYPYPATH: an editable install is an import hook, which mypy does not follow; a wheel needs no such help
     env = {**os.environ, "MYPYPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 @needs_ruff
@@ -52,21 +58,42 @@ def test_ruff_check_passes_with_the_projects_config():
 @needs_mypy
 @pytest.mark.slow
 def test_mypy_passes_on_minirt(tmp_path):
-    result = run("mypy", "--cache-dir", str(tmp_path / "cache"))  # files = ["minirt"], from pyproject.toml
+    result = run(
+        "mypy", "--cache-dir", str(tmp_path / "cache")
+    )  # files = ["minirt"], from pyproject.toml
     assert result.returncode == 0 and "Success" in result.stdout, result.stdout + result.stderr
 
 
 @needs_mypy
 @pytest.mark.slow
-@pytest.mark.parametrize("mistake", [None, ("outputs[0].text", "outputs[0].txt"), ("reason: str", "reason: int"),
-                                     ("max_new_tokens=12", "max_new_tokens='12'"), ("on_token=show", "on_token=len")])
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        None,
+        ("outputs[0].text", "outputs[0].txt"),
+        ("reason: str", "reason: int"),
+        ("max_new_tokens=12", "max_new_tokens='12'"),
+        ("on_token=show", "on_token=len"),
+    ],
+)
 def test_a_user_script_type_checks_and_a_wrong_one_does_not(tmp_path, mistake):
     script = USER_SCRIPT if mistake is None else USER_SCRIPT.replace(*mistake)
     assert mistake is None or script != USER_SCRIPT
     (tmp_path / "user.py").write_text(script)
-    result = run("mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(tmp_path / "cache"), "user.py",
-                 cwd=tmp_path)  # silent: minirt itself is checked (with its own config) above
+    result = run(
+        "mypy",
+        "--strict",
+        "--follow-imports=silent",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "user.py",
+        cwd=tmp_path,
+    )  # silent: minirt itself is checked (with its own config) above
     assert (result.returncode == 0) == (mistake is None), result.stdout + result.stderr
-    assert "import-not-found" not in result.stdout  # it failed on the mistake, not on finding minirt
+    assert (
+        "import-not-found" not in result.stdout
+    )  # it failed on the mistake, not on finding minirt
     if mistake is not None:
-        assert "user.py:" in result.stdout and result.stdout.count("error:") == 1, result.stdout  # that one alone
+        assert "user.py:" in result.stdout and result.stdout.count("error:") == 1, (
+            result.stdout
+        )  # that one alone

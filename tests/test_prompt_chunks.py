@@ -16,7 +16,9 @@ from minirt.cli.prompt_file import read_prompts
 def workload(n: int) -> list[str]:
     lines = []
     for i in range(n):
-        lines.append(json.dumps({"prompt": f"line {i}", **({"max_new_tokens": i} if i % 3 == 0 else {})}))
+        lines.append(
+            json.dumps({"prompt": f"line {i}", **({"max_new_tokens": i} if i % 3 == 0 else {})})
+        )
         if i % 5 == 0:
             lines += ["", "{not json", '{"prompt": 5}']
     return lines
@@ -29,7 +31,9 @@ def test_chunks_give_the_entries_one_process_reads(tmp_path, entries_per_chunk):
     first.write_bytes(b"\xef\xbb\xbf" + "\n".join(workload(23)).encode() + b"\n\n\xff\xfe bad\r\n")
     second.write_text("To be\n\n  \nor not\\nto be\r\nCaf\u00e9\n", encoding="utf-8")
     want = [e for path in (first, second) for e in read_prompts(str(path))]
-    chunks = prompt_chunks.plan_chunks(prompt_chunks.prompt_files(str(tmp_path)), entries_per_chunk=entries_per_chunk)
+    chunks = prompt_chunks.plan_chunks(
+        prompt_chunks.prompt_files(str(tmp_path)), entries_per_chunk=entries_per_chunk
+    )
     rows = [row for chunk in chunks for row in prompt_chunks.chunk_rows(chunk)]
     assert [row["index"] for row in rows] == list(range(len(want)))
     assert [json.loads(row["entry"]) for row in rows] == [e.__dict__ for e in want]

@@ -29,13 +29,21 @@ def model_for(n_head: int, seed: int):
     """Cache a few random models; configs vary the head count and the MLP width."""
     key = (n_head, seed)
     if key not in MODELS:
-        MODELS[key] = random_model(seed=seed, n_head=n_head, n_embd=6 * n_head, n_inner=10 * n_head, vocab_size=37,
-                                   n_positions=24)
+        MODELS[key] = random_model(
+            seed=seed,
+            n_head=n_head,
+            n_embd=6 * n_head,
+            n_inner=10 * n_head,
+            vocab_size=37,
+            n_positions=24,
+        )
     return MODELS[key]
 
 
 model_choice = st.builds(model_for, n_head=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2))
-token_lists = st.lists(st.lists(st.integers(0, 36), min_size=1, max_size=24), min_size=1, max_size=5)
+token_lists = st.lists(
+    st.lists(st.integers(0, 36), min_size=1, max_size=24), min_size=1, max_size=5
+)
 
 
 @SETTINGS
@@ -71,7 +79,9 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
     """
     full = model.logits(sequences)  # [B, max_len, V], the full recompute
     B = len(sequences)
-    slots = np.array(data.draw(st.permutations(range(B + 1))))[:B]  # one spare slot, rows out of order
+    slots = np.array(data.draw(st.permutations(range(B + 1))))[
+        :B
+    ]  # one spare slot, rows out of order
     cache = model.new_kv_cache(n_slots=B + 1, capacity=max(len(s) for s in sequences))
     fed = [0] * B  # tokens of each row already in its slot
     got = [np.zeros((len(s), model.config.vocab_size), np.float32) for s in sequences]
@@ -81,12 +91,16 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
         chunks = []
         for b in rows:
             n = data.draw(st.integers(1, len(sequences[b]) - fed[b]))
-            chunks.append(sequences[b][fed[b]: fed[b] + n])
-        batch = Batch(chunks, model.backend, slots=slots[rows], past_lens=cache.lengths[slots[rows]])
-        packed = model.forward(batch, cache, logits_at=np.arange(batch.n_tokens))  # [N, V], the real tokens
+            chunks.append(sequences[b][fed[b] : fed[b] + n])
+        batch = Batch(
+            chunks, model.backend, slots=slots[rows], past_lens=cache.lengths[slots[rows]]
+        )
+        packed = model.forward(
+            batch, cache, logits_at=np.arange(batch.n_tokens)
+        )  # [N, V], the real tokens
         logits = batch.unpack_on_host(model.backend.to_numpy(packed))  # [len(rows), T, V]
         for i, (b, chunk) in enumerate(zip(rows, chunks, strict=True)):
-            got[b][fed[b]: fed[b] + len(chunk)] = logits[i, : len(chunk)]
+            got[b][fed[b] : fed[b] + len(chunk)] = logits[i, : len(chunk)]
             fed[b] += len(chunk)
     for b, seq in enumerate(sequences):
         assert relative_error(got[b], full[b, : len(seq)]) <= TOL
@@ -97,11 +111,17 @@ def test_kv_cache_decode_equals_full_recompute(model, sequences, data):
 @given(sequences=token_lists, data=st.data())
 def test_each_rows_positions_continue_its_own_history(sequences, data):
     """Packed token k of row b sits at past_lens[b] + (its place in the row), whatever the padding."""
-    past_lens = data.draw(st.lists(st.integers(0, 9), min_size=len(sequences), max_size=len(sequences)))
+    past_lens = data.draw(
+        st.lists(st.integers(0, 9), min_size=len(sequences), max_size=len(sequences))
+    )
     batch = Batch(sequences, random_model().backend, past_lens=past_lens)
-    want = [past + i for seq, past in zip(sequences, past_lens, strict=True) for i in range(len(seq))]
+    want = [
+        past + i for seq, past in zip(sequences, past_lens, strict=True) for i in range(len(seq))
+    ]
     assert batch.positions.tolist() == want
-    assert batch.kv_lens.tolist() == [past + len(seq) for seq, past in zip(sequences, past_lens, strict=True)]
+    assert batch.kv_lens.tolist() == [
+        past + len(seq) for seq, past in zip(sequences, past_lens, strict=True)
+    ]
     assert batch.last_index.tolist() == (np.cumsum([len(s) for s in sequences]) - 1).tolist()
 
 
@@ -110,7 +130,9 @@ def test_row_with_no_valid_keys_is_finite():
     model = model_for(2, 0)
     cache = model.new_kv_cache(n_slots=3, capacity=8)
     batch = Batch([[1, 2, 3], [], [4]], model.backend)
-    logits = model.backend.to_numpy(model.forward(batch, cache, logits_at=np.arange(batch.n_tokens)))  # [4, V]
+    logits = model.backend.to_numpy(
+        model.forward(batch, cache, logits_at=np.arange(batch.n_tokens))
+    )  # [4, V]
     assert logits.shape[0] == 4 and np.isfinite(logits).all()  # 3 + 0 + 1 real tokens
     assert cache.lengths.tolist() == [3, 0, 1]
     assert np.isfinite(model.logits([[5, 6], []])).all()
@@ -122,7 +144,9 @@ def test_stale_slot_contents_are_masked():
     cache = model.new_kv_cache(n_slots=1, capacity=10)
     model.forward(Batch([[9, 8, 7, 6, 5, 4, 3]], model.backend), cache)
     cache.reset_slot(0)  # a new request takes the slot
-    logits = model.backend.to_numpy(model.forward(Batch([[1, 2]], model.backend), cache, logits_at=[0, 1]))  # [2, V]
+    logits = model.backend.to_numpy(
+        model.forward(Batch([[1, 2]], model.backend), cache, logits_at=[0, 1])
+    )  # [2, V]
     assert relative_error(logits, model.logits([[1, 2]])[0]) <= TOL
 
 

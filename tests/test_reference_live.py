@@ -14,12 +14,20 @@ from conftest import greedy_decode, reference_available, relative_error
 
 pytestmark = [
     pytest.mark.reference,
-    pytest.mark.skipif(not reference_available(),
-                       reason="torch/transformers not installed (pip install -e .[reference])"),
+    pytest.mark.skipif(
+        not reference_available(),
+        reason="torch/transformers not installed (pip install -e .[reference])",
+    ),
 ]
 
 if reference_available():
-    from reference import build_model, reference_greedy, reference_logits, round_weights, save_checkpoint
+    from reference import (
+        build_model,
+        reference_greedy,
+        reference_logits,
+        round_weights,
+        save_checkpoint,
+    )
 
 
 @st.composite
@@ -34,28 +42,45 @@ def configs(draw):
         "n_inner": draw(st.sampled_from([None, draw(st.integers(1, 4 * n_embd + 8))])),
         "vocab_size": draw(st.integers(2, 300)),
         "n_positions": draw(st.integers(4, 48)),
-        "activation_function": draw(st.sampled_from(["gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast"])),
+        "activation_function": draw(
+            st.sampled_from(["gelu_new", "gelu_pytorch_tanh", "gelu", "gelu_fast"])
+        ),
         "layer_norm_epsilon": draw(st.sampled_from([1e-5, 1e-6, 1e-3])),
         "scale_attn_weights": draw(st.booleans()),
         "tie_word_embeddings": draw(st.booleans()),
     }
 
 
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(fields=configs(), layout=st.fixed_dictionaries({
-    "file_dtype": st.sampled_from(["F32", "F16", "BF16"]),
-    "prefix": st.booleans(),
-    "keep_mask_buffers": st.booleans(),
-    "shards": st.sampled_from([1, 1, 2]),
-}), seed=st.integers(0, 10_000), data=st.data())
-def test_random_configs_and_layouts_match_transformers(tmp_path_factory, fields, layout, seed, data):
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    fields=configs(),
+    layout=st.fixed_dictionaries(
+        {
+            "file_dtype": st.sampled_from(["F32", "F16", "BF16"]),
+            "prefix": st.booleans(),
+            "keep_mask_buffers": st.booleans(),
+            "shards": st.sampled_from([1, 1, 2]),
+        }
+    ),
+    seed=st.integers(0, 10_000),
+    data=st.data(),
+)
+def test_random_configs_and_layouts_match_transformers(
+    tmp_path_factory, fields, layout, seed, data
+):
     model = round_weights(build_model(seed=seed, **fields), layout["file_dtype"])
     folder = tmp_path_factory.mktemp("ckpt")
     save_checkpoint(model, folder, **layout)
     n_pos, vocab = fields["n_positions"], fields["vocab_size"]
-    sequences = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=n_pos),
-                                   min_size=1, max_size=4))
+    sequences = data.draw(
+        st.lists(
+            st.lists(st.integers(0, vocab - 1), min_size=1, max_size=n_pos), min_size=1, max_size=4
+        )
+    )
     expected = reference_logits(model, sequences)
     got = minirt.load_model(folder).logits(sequences)
     for b, seq in enumerate(sequences):
@@ -65,7 +90,9 @@ def test_random_configs_and_layouts_match_transformers(tmp_path_factory, fields,
 @pytest.mark.slow
 def test_gpt2_124m_shape_matches_transformers(tmp_path):
     """The real gpt2 shape (12 layers, 768 wide, 50257 tokens, 1024 positions), random weights."""
-    model = build_model(seed=124, n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024)
+    model = build_model(
+        seed=124, n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024
+    )
     save_checkpoint(model, tmp_path)
     rng = np.random.default_rng(0)
     sequences = [rng.integers(0, 50257, n).tolist() for n in (40, 3, 17, 1)]

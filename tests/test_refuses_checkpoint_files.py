@@ -45,13 +45,30 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 OLD = b'{"an": "existing record"}\n'
 # The format's dtype codes, written out here rather than imported, so that the tests check minirt's table.
-DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
-               "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 
 
 def examples(n: int) -> settings:
     """n examples, no deadline, a tmp_path or model_dir reused (each example overwrites the same files)."""
-    return settings(max_examples=n, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=n, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
 
 
 # ---------------------------------------------------------------- helpers
@@ -61,7 +78,7 @@ def split_file(path: Path) -> tuple[dict, bytes]:
     """(header, data section) of a safetensors file, read here without minirt."""
     raw = path.read_bytes()
     (length,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + length]), raw[8 + length:]
+    return json.loads(raw[8 : 8 + length]), raw[8 + length :]
 
 
 def join_file(path: Path, header, data: bytes) -> None:
@@ -101,25 +118,47 @@ def model_dir(tmp_path) -> Path:
 
 # ---------------------------------------------------------------- header fields of the wrong type
 
-BIG = st.one_of(st.integers(min_value=2**63 - 1, max_value=2**63 + 8), st.integers(min_value=2**64, max_value=2**80))
+BIG = st.one_of(
+    st.integers(min_value=2**63 - 1, max_value=2**63 + 8),
+    st.integers(min_value=2**64, max_value=2**80),
+)
 NOT_A_COUNT = st.one_of(
-    st.integers(max_value=-1), st.floats(), st.sampled_from([4.0, 0.0, -0.0, 1e300]), st.booleans(), st.none(),
+    st.integers(max_value=-1),
+    st.floats(),
+    st.sampled_from([4.0, 0.0, -0.0, 1e300]),
+    st.booleans(),
+    st.none(),
     st.text(max_size=4),
-    st.sampled_from(["4", "0", "32", "0x10"]), st.lists(st.integers(0, 4), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(0, 4), max_size=2))
-NOT_A_LIST = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=6),
-                       st.dictionaries(st.text(max_size=2), st.integers(0, 4), max_size=2))
+    st.sampled_from(["4", "0", "32", "0x10"]),
+    st.lists(st.integers(0, 4), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(0, 4), max_size=2),
+)
+NOT_A_LIST = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.dictionaries(st.text(max_size=2), st.integers(0, 4), max_size=2),
+)
 NOT_A_DTYPE = st.one_of(
-    st.lists(st.sampled_from(["F32", "F16"]), max_size=2), st.sampled_from(["f32", "F32 ", "FP32", "float32", "F31",
-                                                                              "", "__proto__"]),
-    st.text(max_size=5).filter(lambda s: s not in DTYPE_BYTES), st.none(), st.booleans(), st.integers(),
-    st.floats(allow_nan=False), st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2))
+    st.lists(st.sampled_from(["F32", "F16"]), max_size=2),
+    st.sampled_from(["f32", "F32 ", "FP32", "float32", "F31", "", "__proto__"]),
+    st.text(max_size=5).filter(lambda s: s not in DTYPE_BYTES),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.dictionaries(st.text(max_size=2), st.text(max_size=2), max_size=2),
+)
 
 
 def twin(n: int):
     """Values that equal the count n in Python or look like it, but are not JSON integers: only the type check
     can refuse them, since the sizes still add up."""
-    return st.sampled_from([float(n), str(n), [n], {"n": n}] + ([bool(n)] * 3 if n in (0, 1) else []))
+    return st.sampled_from(
+        [float(n), str(n), [n], {"n": n}] + ([bool(n)] * 3 if n in (0, 1) else [])
+    )
 
 
 @st.composite
@@ -135,7 +174,9 @@ def broken_field(draw, info: dict) -> tuple[str, object]:
         position = draw(st.integers(0, len(shape)))
         if draw(st.booleans()) and shape:  # in place of a dimension, or inserted between them
             position = min(position, len(shape) - 1)
-            shape[position] = draw(st.one_of(twin(shape[position]), twin(shape[position]), NOT_A_COUNT, BIG))
+            shape[position] = draw(
+                st.one_of(twin(shape[position]), twin(shape[position]), NOT_A_COUNT, BIG)
+            )
         else:
             shape.insert(position, draw(st.one_of(twin(1), twin(1), NOT_A_COUNT, BIG)))
         return field, {**info, "shape": shape}
@@ -152,9 +193,15 @@ def broken_field(draw, info: dict) -> tuple[str, object]:
         at = 1 if how == "end" else 0
         offsets[at] = draw(st.one_of(twin(offsets[at]), twin(offsets[at]), NOT_A_COUNT, BIG))
         return field, {**info, "data_offsets": offsets}
-    if draw(st.booleans()):  # the whole entry: not an object, or an object without one of its three keys
-        return field, draw(st.one_of(NOT_A_LIST.filter(lambda v: not isinstance(v, dict)),
-                                     st.lists(st.integers(0, 4), max_size=3)))
+    if draw(
+        st.booleans()
+    ):  # the whole entry: not an object, or an object without one of its three keys
+        return field, draw(
+            st.one_of(
+                NOT_A_LIST.filter(lambda v: not isinstance(v, dict)),
+                st.lists(st.integers(0, 4), max_size=3),
+            )
+        )
     dropped = draw(st.sampled_from(sorted(info)))
     return field, {k: v for k, v in info.items() if k != dropped}
 
@@ -167,41 +214,65 @@ def test_header_fields_of_the_wrong_type_are_refused_naming_the_tensor(model_dir
     field, header[name] = data.draw(broken_field(header[name]))
     join_file(model_dir / WEIGHTS, header, body)
     message = refusal(read_safetensors_header, model_dir / WEIGHTS)
-    assert str(model_dir / WEIGHTS) in message and repr(name) in message and "damaged" in message, message
-    assert {"dtype": "dtype", "shape": "shape", "data_offsets": "offsets", "entry": "header entry"}[field] in message
-    assert refusal(load_checkpoint, model_dir) == message  # the loader says the same, before it looks at shapes
+    assert str(model_dir / WEIGHTS) in message and repr(name) in message and "damaged" in message, (
+        message
+    )
+    assert {"dtype": "dtype", "shape": "shape", "data_offsets": "offsets", "entry": "header entry"}[
+        field
+    ] in message
+    assert (
+        refusal(load_checkpoint, model_dir) == message
+    )  # the loader says the same, before it looks at shapes
 
 
-@pytest.mark.parametrize("field, value, fragment", [
-    ("data_offsets", ["0", "128"], "data_offsets ['0', '128'], which are not two integers >= 0"),
-    ("dtype", ["F32"], "unknown dtype ['F32']"),
-    ("shape", ["32"], "shape ['32'], which is not a list of integers >= 0"),
-    ("shape", [True, 32], "shape [True, 32]"),
-    ("shape", [32.0], "shape [32.0]"),
-    ("shape", [-32], "shape [-32]"),
-    ("shape", [2**64, 2**64], "do not fit its shape [18446744073709551616, 18446744073709551616]"),
-    ("data_offsets", [0, 2**64], "offsets 0..18446744073709551616 that do not fit"),
-    ("data_offsets", [False, 128], "data_offsets [False, 128]"),
-])
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        (
+            "data_offsets",
+            ["0", "128"],
+            "data_offsets ['0', '128'], which are not two integers >= 0",
+        ),
+        ("dtype", ["F32"], "unknown dtype ['F32']"),
+        ("shape", ["32"], "shape ['32'], which is not a list of integers >= 0"),
+        ("shape", [True, 32], "shape [True, 32]"),
+        ("shape", [32.0], "shape [32.0]"),
+        ("shape", [-32], "shape [-32]"),
+        (
+            "shape",
+            [2**64, 2**64],
+            "do not fit its shape [18446744073709551616, 18446744073709551616]",
+        ),
+        ("data_offsets", [0, 2**64], "offsets 0..18446744073709551616 that do not fit"),
+        ("data_offsets", [False, 128], "data_offsets [False, 128]"),
+    ],
+)
 def test_each_wrong_field_is_named(model_dir, field, value, fragment):
     header, body = split_file(BASE / WEIGHTS)
     header["transformer.ln_f.bias"][field] = value
     join_file(model_dir / WEIGHTS, header, body)
     message = refusal(load_checkpoint, model_dir)
-    assert f"{model_dir / WEIGHTS}: tensor 'transformer.ln_f.bias' has " in message and fragment in message, message
+    assert (
+        f"{model_dir / WEIGHTS}: tensor 'transformer.ln_f.bias' has " in message
+        and fragment in message
+    ), message
 
 
-@pytest.mark.parametrize("prefix, header_text, fragment", [
-    (2**64 - 1, b"{}", "header claims 18446744073709551615 bytes"),
-    (100 * 1024 * 1024 + 1, b"{}", "truncated or not a safetensors file"),
-    (None, b"[1, 2]", "not a JSON object"),
-    (None, b'"text"', "not a JSON object"),
-    (None, b"{\"a\": ", "its header is not JSON"),
-    (None, b"\xff\xfe{}", "its header is not JSON"),
-    (None, b"[" * 100_000 + b"]" * 100_000, "not a safetensors file"),
-])
-def test_a_header_that_lies_about_its_length_or_is_not_an_object_is_refused(model_dir, prefix, header_text,
-                                                                             fragment):
+@pytest.mark.parametrize(
+    "prefix, header_text, fragment",
+    [
+        (2**64 - 1, b"{}", "header claims 18446744073709551615 bytes"),
+        (100 * 1024 * 1024 + 1, b"{}", "truncated or not a safetensors file"),
+        (None, b"[1, 2]", "not a JSON object"),
+        (None, b'"text"', "not a JSON object"),
+        (None, b'{"a": ', "its header is not JSON"),
+        (None, b"\xff\xfe{}", "its header is not JSON"),
+        (None, b"[" * 100_000 + b"]" * 100_000, "not a safetensors file"),
+    ],
+)
+def test_a_header_that_lies_about_its_length_or_is_not_an_object_is_refused(
+    model_dir, prefix, header_text, fragment
+):
     length = len(header_text) if prefix is None else prefix
     (model_dir / WEIGHTS).write_bytes(struct.pack("<Q", length) + header_text + b"\0" * 16)
     assert fragment in refusal(load_checkpoint, model_dir)
@@ -213,7 +284,9 @@ def test_a_header_that_lies_about_its_length_or_is_not_an_object_is_refused(mode
 def test_a_tensor_that_aliases_another_in_a_real_model_is_refused(model_dir):
     header, body = split_file(BASE / WEIGHTS)
     first, second = same_size_pair(header)
-    header[second]["data_offsets"] = list(header[first]["data_offsets"])  # same shape and dtype: it would load
+    header[second]["data_offsets"] = list(
+        header[first]["data_offsets"]
+    )  # same shape and dtype: it would load
     join_file(model_dir / WEIGHTS, header, body)
     message = refusal(load_checkpoint, model_dir)
     assert "share bytes" in message and first in message and second in message, message
@@ -236,10 +309,13 @@ def overlapping_pair(draw) -> tuple[dict, dict]:
 
 
 @examples(100)
-@given(pair=overlapping_pair(), dtype=st.sampled_from(["U8", "I8", "BOOL", "F8_E4M3"]),
-       others=st.lists(st.integers(0, 16), max_size=4), names=st.lists(st.text("abc.0_", min_size=1, max_size=6),
-                                                                       min_size=2, max_size=2, unique=True),
-       order=st.randoms(use_true_random=False))
+@given(
+    pair=overlapping_pair(),
+    dtype=st.sampled_from(["U8", "I8", "BOOL", "F8_E4M3"]),
+    others=st.lists(st.integers(0, 16), max_size=4),
+    names=st.lists(st.text("abc.0_", min_size=1, max_size=6), min_size=2, max_size=2, unique=True),
+    order=st.randoms(use_true_random=False),
+)
 def test_tensors_whose_bytes_overlap_are_refused(tmp_path, pair, dtype, others, names, order):
     a, b = ({**t, "dtype": dtype} for t in pair)
     entries = [(names[0], a), (names[1], b)]
@@ -254,8 +330,11 @@ def test_tensors_whose_bytes_overlap_are_refused(tmp_path, pair, dtype, others, 
 
 
 @examples(100)
-@given(lengths=st.lists(st.one_of(st.just(0), st.integers(1, 40)), max_size=8), gaps=st.data(),
-       order=st.randoms(use_true_random=False))
+@given(
+    lengths=st.lists(st.one_of(st.just(0), st.integers(1, 40)), max_size=8),
+    gaps=st.data(),
+    order=st.randoms(use_true_random=False),
+)
 def test_adjacent_and_zero_size_tensors_share_no_bytes_and_load(tmp_path, lengths, gaps, order):
     """The positive control: tensors back to back (with gaps or without), and empty ones anywhere, even at
     an offset inside another tensor's bytes or at the very end of the file, are accepted as written."""
@@ -266,15 +345,19 @@ def test_adjacent_and_zero_size_tensors_share_no_bytes_and_load(tmp_path, length
         end += length
     for j in range(gaps.draw(st.integers(0, 3))):
         at = gaps.draw(st.integers(0, end))
-        entries[f"empty{j}"] = {"dtype": gaps.draw(st.sampled_from(sorted(DTYPE_BYTES))),
-                                "shape": gaps.draw(st.sampled_from([[0], [3, 0], [0, 5, 2]])), "data_offsets": [at, at]}
+        entries[f"empty{j}"] = {
+            "dtype": gaps.draw(st.sampled_from(sorted(DTYPE_BYTES))),
+            "shape": gaps.draw(st.sampled_from([[0], [3, 0], [0, 5, 2]])),
+            "data_offsets": [at, at],
+        }
     items = list(entries.items())
     order.shuffle(items)
     join_file(tmp_path / WEIGHTS, dict(items), bytes(end))
     got, data_offset = read_safetensors_header(tmp_path / WEIGHTS)
     assert data_offset + end == (tmp_path / WEIGHTS).stat().st_size
-    assert {name: (e.dtype, list(e.shape), [e.start, e.end]) for name, e in got.items()} == \
-        {name: (info["dtype"], info["shape"], info["data_offsets"]) for name, info in entries.items()}
+    assert {name: (e.dtype, list(e.shape), [e.start, e.end]) for name, e in got.items()} == {
+        name: (info["dtype"], info["shape"], info["data_offsets"]) for name, info in entries.items()
+    }
 
 
 def test_a_zero_size_tensor_past_the_end_of_the_file_is_refused(tmp_path):
@@ -285,27 +368,51 @@ def test_a_zero_size_tensor_past_the_end_of_the_file_is_refused(tmp_path):
 # ---------------------------------------------------------------- shard indexes whose weight_map is not names
 
 
-@pytest.mark.parametrize("index, fragment", [
-    ({"weight_map": {"transformer.wte.weight": ["model-00001-of-00003.safetensors"]}}, "not a valid shard index"),
-    ({"weight_map": {"transformer.wte.weight": {"file": "model-00001-of-00003.safetensors"}}},
-     "not a valid shard index"),
-    ({"weight_map": {"transformer.wte.weight": 2**70}}, "refused shard name 1180591620717411303424"),
-    ({"weight_map": {"transformer.wte.weight": 1.5e300}}, "refused shard name 1.5e+300"),
-    ({"weight_map": ["model-00001-of-00003.safetensors"]}, "not a valid shard index"),
-    ({"weight_map": "model-00001-of-00003.safetensors"}, "not a valid shard index"),
-    ({"weight_map": None}, "not a valid shard index"),
-    ({"weight_map": {}}, "implies"),  # no shards at all: the files hold none of the config's weights
-    ({"metadata": {}}, "not a valid shard index"),
-    ([{"weight_map": {}}], "not a valid shard index"),
-])
+@pytest.mark.parametrize(
+    "index, fragment",
+    [
+        (
+            {"weight_map": {"transformer.wte.weight": ["model-00001-of-00003.safetensors"]}},
+            "not a valid shard index",
+        ),
+        (
+            {
+                "weight_map": {
+                    "transformer.wte.weight": {"file": "model-00001-of-00003.safetensors"}
+                }
+            },
+            "not a valid shard index",
+        ),
+        (
+            {"weight_map": {"transformer.wte.weight": 2**70}},
+            "refused shard name 1180591620717411303424",
+        ),
+        ({"weight_map": {"transformer.wte.weight": 1.5e300}}, "refused shard name 1.5e+300"),
+        ({"weight_map": ["model-00001-of-00003.safetensors"]}, "not a valid shard index"),
+        ({"weight_map": "model-00001-of-00003.safetensors"}, "not a valid shard index"),
+        ({"weight_map": None}, "not a valid shard index"),
+        (
+            {"weight_map": {}},
+            "implies",
+        ),  # no shards at all: the files hold none of the config's weights
+        ({"metadata": {}}, "not a valid shard index"),
+        ([{"weight_map": {}}], "not a valid shard index"),
+    ],
+)
 def test_a_weight_map_that_does_not_map_names_to_file_names_is_refused(tmp_path, index, fragment):
     """Beyond test_refuses_model_folder.py's scalar names: unhashable names, and a weight_map or index of the
     wrong type.  Every non-string value is refused, none is used as a path."""
     folder = tmp_path / "m"
     shutil.copytree(FIXTURES / "sharded", folder)
     real = json.loads((folder / INDEX).read_text())
-    if isinstance(index, dict) and isinstance(index.get("weight_map"), dict) and index["weight_map"]:
-        index = {"weight_map": {**real["weight_map"], **index["weight_map"]}}  # one bad value among good ones
+    if (
+        isinstance(index, dict)
+        and isinstance(index.get("weight_map"), dict)
+        and index["weight_map"]
+    ):
+        index = {
+            "weight_map": {**real["weight_map"], **index["weight_map"]}
+        }  # one bad value among good ones
     (folder / INDEX).write_text(json.dumps(index))
     assert fragment in refusal(load_checkpoint, folder)
 
@@ -313,39 +420,80 @@ def test_a_weight_map_that_does_not_map_names_to_file_names_is_refused(tmp_path,
 # ---------------------------------------------------------------- configs that imply billions of weights
 
 
-@pytest.mark.parametrize("field, value", [
-    ("n_head", True), ("n_head", 4.0), ("n_layer", 2.0), ("n_layer", "2"), ("n_embd", [32]), ("vocab_size", 128.0),
-    ("n_positions", "64"), ("n_inner", 128.0), ("n_inner", True), ("n_ctx", 64.0), ("bos_token_id", False),
-    ("eos_token_id", 0.0), ("eos_token_id", [0.0]), ("scale_attn_weights", 1), ("tie_word_embeddings", "true"),
-    ("layer_norm_epsilon", "1e-5"), ("layer_norm_epsilon", [1e-5]), ("activation_function", ["gelu_new"]),
-])
-def test_a_config_field_of_the_wrong_type_is_refused_even_when_its_value_fits(model_dir, field, value):
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("n_head", True),
+        ("n_head", 4.0),
+        ("n_layer", 2.0),
+        ("n_layer", "2"),
+        ("n_embd", [32]),
+        ("vocab_size", 128.0),
+        ("n_positions", "64"),
+        ("n_inner", 128.0),
+        ("n_inner", True),
+        ("n_ctx", 64.0),
+        ("bos_token_id", False),
+        ("eos_token_id", 0.0),
+        ("eos_token_id", [0.0]),
+        ("scale_attn_weights", 1),
+        ("tie_word_embeddings", "true"),
+        ("layer_norm_epsilon", "1e-5"),
+        ("layer_norm_epsilon", [1e-5]),
+        ("activation_function", ["gelu_new"]),
+    ],
+)
+def test_a_config_field_of_the_wrong_type_is_refused_even_when_its_value_fits(
+    model_dir, field, value
+):
     """Each of these equals (or spells) a value the weights fit, so only the type check can refuse it."""
     raw = json.loads((BASE / "config.json").read_text())
     if field == "n_ctx":
         del raw["n_positions"]
     (model_dir / "config.json").write_text(json.dumps({**raw, field: value}))
     message = refusal(load_checkpoint, model_dir)
-    assert str(model_dir / "config.json") in message and field.replace("n_ctx", "n_positions") in message, message
+    assert (
+        str(model_dir / "config.json") in message
+        and field.replace("n_ctx", "n_positions") in message
+    ), message
 
 
 def weights_implied(raw: dict) -> int:
     """How many numbers a GPT-2 of this config holds, counted here from the tensor shapes (a tied head once)."""
     V, P, C, L = raw["vocab_size"], raw["n_positions"], raw["n_embd"], raw["n_layer"]
     n_inner = raw.get("n_inner") or 4 * C
-    block = [(C,), (C,), (C, 3 * C), (3 * C,), (C, C), (C,), (C,), (C,), (C, n_inner), (n_inner,), (n_inner, C), (C,)]
+    block = [
+        (C,),
+        (C,),
+        (C, 3 * C),
+        (3 * C,),
+        (C, C),
+        (C,),
+        (C,),
+        (C,),
+        (C, n_inner),
+        (n_inner,),
+        (n_inner, C),
+        (C,),
+    ]
     return V * C + P * C + L * sum(math.prod(shape) for shape in block) + 2 * C
 
 
-@pytest.mark.parametrize("changes", [
-    {"n_layer": 10**9},
-    {"n_embd": 10**9},  # n_head 4 divides it
-    {"n_positions": 3 * 10**8},
-    {"vocab_size": 10**12},
-    {"n_inner": 10**9},
-    {"n_layer": 10**9, "n_embd": 4 * 10**9, "n_positions": 10**9, "vocab_size": 10**12},
-], ids=lambda c: "-".join(f"{k}={v:.0e}" for k, v in c.items()))
-def test_a_config_implying_billions_of_weights_is_refused_quickly_with_the_memory(model_dir, changes):
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"n_layer": 10**9},
+        {"n_embd": 10**9},  # n_head 4 divides it
+        {"n_positions": 3 * 10**8},
+        {"vocab_size": 10**12},
+        {"n_inner": 10**9},
+        {"n_layer": 10**9, "n_embd": 4 * 10**9, "n_positions": 10**9, "vocab_size": 10**12},
+    ],
+    ids=lambda c: "-".join(f"{k}={v:.0e}" for k, v in c.items()),
+)
+def test_a_config_implying_billions_of_weights_is_refused_quickly_with_the_memory(
+    model_dir, changes
+):
     raw = {**json.loads((BASE / "config.json").read_text()), **changes}
     (model_dir / "config.json").write_text(json.dumps(raw))
     n = weights_implied(raw)
@@ -369,15 +517,21 @@ def test_the_size_check_allows_two_bytes_a_weight_and_no_fewer(model_dir):
     passes the size check (and fails the shape check, naming wpe.weight); one more position is refused by size."""
     raw = json.loads((BASE / "config.json").read_text())
     file_bytes = (BASE / WEIGHTS).stat().st_size
-    fits = max(p for p in range(raw["n_positions"], 10**5)
-               if 2 * weights_implied({**raw, "n_positions": p}) <= file_bytes)
-    assert 4 * weights_implied({**raw, "n_positions": fits}) > file_bytes  # more than the file holds in float32
+    fits = max(
+        p
+        for p in range(raw["n_positions"], 10**5)
+        if 2 * weights_implied({**raw, "n_positions": p}) <= file_bytes
+    )
+    assert (
+        4 * weights_implied({**raw, "n_positions": fits}) > file_bytes
+    )  # more than the file holds in float32
     (model_dir / "config.json").write_text(json.dumps({**raw, "n_positions": fits}))
     message = refusal(load_checkpoint, model_dir)
     assert "weights (" not in message and "wpe.weight" in message, message
     (model_dir / "config.json").write_text(json.dumps({**raw, "n_positions": fits + 1}))
-    assert f"implies {weights_implied({**raw, 'n_positions': fits + 1}):,} weights (" in refusal(load_checkpoint,
-                                                                                                 model_dir)
+    assert f"implies {weights_implied({**raw, 'n_positions': fits + 1}):,} weights (" in refusal(
+        load_checkpoint, model_dir
+    )
 
 
 # ---------------------------------------------------------------- through the command line
@@ -415,9 +569,21 @@ def damage(folder: Path, how: str) -> tuple[str, ...]:
     return (str(path), *fragments)
 
 
-@pytest.mark.parametrize("how", ["offsets_as_strings", "dtype_a_list", "shape_past_2_63", "aliased", "length_lies",
-                                 "truncated", "config_n_layer_1e9"])
-def test_generate_refuses_a_damaged_checkpoint_in_one_line_and_leaves_output_untouched(tmp_path, tiny_lm, how):
+@pytest.mark.parametrize(
+    "how",
+    [
+        "offsets_as_strings",
+        "dtype_a_list",
+        "shape_past_2_63",
+        "aliased",
+        "length_lies",
+        "truncated",
+        "config_n_layer_1e9",
+    ],
+)
+def test_generate_refuses_a_damaged_checkpoint_in_one_line_and_leaves_output_untouched(
+    tmp_path, tiny_lm, how
+):
     folder = tmp_path / "m"
     shutil.copytree(tiny_lm, folder)
     fragments = damage(folder, how)
@@ -426,14 +592,34 @@ def test_generate_refuses_a_damaged_checkpoint_in_one_line_and_leaves_output_unt
     output.write_bytes(OLD)
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err), bounded(seconds=60):
-        code = run_command(generate_main, ["--backend", "numpy", "--model", str(folder), "--prompts",
-                                           str(tmp_path / "p.txt"), "--output", str(output)], prog="minirt.generate")
+        code = run_command(
+            generate_main,
+            [
+                "--backend",
+                "numpy",
+                "--model",
+                str(folder),
+                "--prompts",
+                str(tmp_path / "p.txt"),
+                "--output",
+                str(output),
+            ],
+            prog="minirt.generate",
+        )
     lines = err.getvalue().splitlines()
-    assert code == EXIT_USAGE == 2 and len(lines) == 1 and err.getvalue().endswith("\n"), err.getvalue()
-    assert lines[0].startswith("minirt.generate: error: ") and all(f in lines[0] for f in fragments), lines[0]
+    assert code == EXIT_USAGE == 2 and len(lines) == 1 and err.getvalue().endswith("\n"), (
+        err.getvalue()
+    )
+    assert lines[0].startswith("minirt.generate: error: ") and all(
+        f in lines[0] for f in fragments
+    ), lines[0]
     assert "Traceback" not in err.getvalue() and out.getvalue() == ""
     assert output.read_bytes() == OLD
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "out.jsonl", "p.txt"]  # no partial file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "m",
+        "out.jsonl",
+        "p.txt",
+    ]  # no partial file left
 
 
 def test_generate_in_its_own_process_exits_2_on_aliased_tensors(tmp_path, tiny_lm):
@@ -443,9 +629,26 @@ def test_generate_in_its_own_process_exits_2_on_aliased_tensors(tmp_path, tiny_l
     (tmp_path / "p.txt").write_text("To be\n")
     output = tmp_path / "out.jsonl"
     output.write_bytes(OLD)
-    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--backend", "numpy", "--model", str(folder),
-                             "--prompts", str(tmp_path / "p.txt"), "--output", str(output)],
-                            capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minirt.generate",
+            "--backend",
+            "numpy",
+            "--model",
+            str(folder),
+            "--prompts",
+            str(tmp_path / "p.txt"),
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2 and result.stdout == "", result
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
     assert all(f in result.stderr for f in fragments), result.stderr
@@ -477,13 +680,21 @@ def test_a_number_too_long_to_convert_is_refused_in_one_line(model_dir):
     assert str(model_dir / WEIGHTS) in refusal(load_checkpoint, model_dir)
     shutil.copy(BASE / WEIGHTS, model_dir / WEIGHTS)
     config = (BASE / "config.json").read_text()
-    (model_dir / "config.json").write_text(config.replace('"n_layer": 2', '"n_layer": ' + "9" * 5000))
+    (model_dir / "config.json").write_text(
+        config.replace('"n_layer": 2', '"n_layer": ' + "9" * 5000)
+    )
     assert str(model_dir / "config.json") in refusal(load_checkpoint, model_dir)
 
 
-@pytest.mark.parametrize("changes", [{"n_embd": 10**200, "n_head": 1}, {"vocab_size": 10**320},
-                                     {"n_layer": 10**2000, "n_embd": 10**2000, "n_head": 1}],
-                         ids=["gib_past_float", "vocab_1e320", "weights_past_4300_digits"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"n_embd": 10**200, "n_head": 1},
+        {"vocab_size": 10**320},
+        {"n_layer": 10**2000, "n_embd": 10**2000, "n_head": 1},
+    ],
+    ids=["gib_past_float", "vocab_1e320", "weights_past_4300_digits"],
+)
 def test_a_config_whose_size_does_not_fit_a_float_is_refused_in_one_line(model_dir, changes):
     raw = {**json.loads((BASE / "config.json").read_text()), **changes}
     (model_dir / "config.json").write_text(json.dumps(raw))
@@ -512,7 +723,9 @@ def test_a_shape_with_half_a_million_dimensions_is_read_quickly(tmp_path, last, 
 
 @pytest.mark.parametrize("file_name", ["config.json", "generation_config.json"])
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "oversized"])
-def test_a_json_file_that_is_not_a_small_regular_file_is_refused_without_reading_it(model_dir, file_name, kind):
+def test_a_json_file_that_is_not_a_small_regular_file_is_refused_without_reading_it(
+    model_dir, file_name, kind
+):
     """Before: a FIFO hung the loader forever, /dev/zero ate memory, a sparse 17 MiB file was read whole."""
     path = model_dir / file_name
     path.unlink(missing_ok=True)
@@ -524,9 +737,16 @@ def test_a_json_file_that_is_not_a_small_regular_file_is_refused_without_reading
         with open(path, "wb") as f:
             f.truncate(17 * 2**20)
     start = time.perf_counter()
-    with pytest.raises(CheckpointError) as exc, bounded(5):  # a hang or a runaway read fails, not blocks, the suite
+    with (
+        pytest.raises(CheckpointError) as exc,
+        bounded(5),
+    ):  # a hang or a runaway read fails, not blocks, the suite
         LLM(model_dir)
-    assert time.perf_counter() - start < 5 and file_name in str(exc.value) and "\n" not in str(exc.value)
+    assert (
+        time.perf_counter() - start < 5
+        and file_name in str(exc.value)
+        and "\n" not in str(exc.value)
+    )
     assert "not a regular file of at most 16 MiB" in str(exc.value)
 
 
@@ -535,7 +755,11 @@ def test_an_untied_config_without_lm_head_is_refused(model_dir):
     config = json.loads((model_dir / "config.json").read_text())
     config["tie_word_embeddings"] = False
     (model_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="no lm_head.weight, but config.json says tie_word_embeddings false"):
+    with pytest.raises(
+        CheckpointError, match="no lm_head.weight, but config.json says tie_word_embeddings false"
+    ):
         load_checkpoint(model_dir)
-    untied = FIXTURES / "untied_head"  # the positive control: an untied config with its own head loads
+    untied = (
+        FIXTURES / "untied_head"
+    )  # the positive control: an untied config with its own head loads
     assert not load_checkpoint(untied).head_is_tied

@@ -67,21 +67,29 @@ def refused_without_reading_outside(folder: Path, opened: list) -> str:
 
 
 hostile_names = st.one_of(
-    st.builds(lambda parts: "/".join(parts), st.lists(st.sampled_from(["..", ".", "a", "b.safetensors"]), min_size=1,
-                                                       max_size=5).filter(lambda p: ".." in p)),
+    st.builds(
+        lambda parts: "/".join(parts),
+        st.lists(st.sampled_from(["..", ".", "a", "b.safetensors"]), min_size=1, max_size=5).filter(
+            lambda p: ".." in p
+        ),
+    ),
     st.sampled_from(["/etc/passwd", "/tmp/evil.safetensors", "//x.safetensors", "/"]),
     st.builds(lambda n: "../" * n + "outside.safetensors", st.integers(1, 6)),
     st.sampled_from([5, 0, -1, 3.5, None, True, "", {"a": 1}]),
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(name=hostile_names)
 def test_hostile_shard_names_are_refused_before_anything_is_opened(tmp_path_factory, opened, name):
     folder = tmp_path_factory.mktemp("model") / "m"
     index = copy_sharded(folder)
     outside = folder.parent / "outside.safetensors"
-    shutil.copy(folder / sorted(set(index["weight_map"].values()))[0], outside)  # a real file, to tempt a read
+    shutil.copy(
+        folder / sorted(set(index["weight_map"].values()))[0], outside
+    )  # a real file, to tempt a read
     point_first_shard_at(folder, index, name)
     opened.clear()
     if isinstance(name, dict):  # an unhashable value: the whole index is invalid
@@ -103,7 +111,9 @@ def test_symlinks_that_resolve_outside_are_refused(tmp_path, opened, target):
         (folder / "hop.safetensors").symlink_to(outside)
         (folder / first).symlink_to(folder / "hop.safetensors")
     else:
-        (folder / first).symlink_to(outside if target == "absolute_file" else Path("..") / "elsewhere" / first)
+        (folder / first).symlink_to(
+            outside if target == "absolute_file" else Path("..") / "elsewhere" / first
+        )
     opened.clear()
     refused_without_reading_outside(folder, opened)
 
@@ -120,7 +130,9 @@ def test_names_inside_the_folder_still_load(tmp_path):
     assert np.array_equal(minirt.load_model(folder).logits([[1, 2, 3]]), want)
 
 
-def test_a_hugging_face_cache_entry_with_blob_symlinks_loads_and_cannot_leave_its_repo(tmp_path, monkeypatch):
+def test_a_hugging_face_cache_entry_with_blob_symlinks_loads_and_cannot_leave_its_repo(
+    tmp_path, monkeypatch
+):
     repo, snapshot = fake_hub_cache(tmp_path, SHARDED, "models--someone--tiny-sharded")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     model = minirt.load_model("someone/tiny-sharded")
@@ -143,9 +155,23 @@ def test_the_command_line_refuses_in_one_line(tmp_path):
     index = copy_sharded(folder)
     point_first_shard_at(folder, index, "/etc/passwd")
     (tmp_path / "p.jsonl").write_text('{"prompt": [1, 2]}\n')
-    result = subprocess.run([sys.executable, "-m", "minirt.generate", "--model", str(folder), "--prompts",
-                             str(tmp_path / "p.jsonl"), "--backend", "numpy"], capture_output=True, text=True, cwd=ROOT,
-                            check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minirt.generate",
+            "--model",
+            str(folder),
+            "--prompts",
+            str(tmp_path / "p.jsonl"),
+            "--backend",
+            "numpy",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "refused shard name '/etc/passwd'" in result.stderr
 
@@ -161,8 +187,11 @@ def test_names_the_system_cannot_look_up_are_refused_in_one_line(tmp_path, opene
         return
     if case == "symlink_loop":
         (folder / "loop").symlink_to("loop")
-    point_first_shard_at(folder, index,
-                         {"nul_byte": "a\x00b", "symlink_loop": "loop", "name_too_long": "x" * 300}[case])
+    point_first_shard_at(
+        folder,
+        index,
+        {"nul_byte": "a\x00b", "symlink_loop": "loop", "name_too_long": "x" * 300}[case],
+    )
     opened.clear()
     refused_without_reading_outside(folder, opened)
 
@@ -175,4 +204,6 @@ def test_a_model_in_a_subfolder_of_a_cache_snapshot_loads(tmp_path):
     for file in SHARDED.iterdir():  # sub/<file> -> ../../../blobs/<blob>
         shutil.copy(file, repo / "blobs" / f"blob-{file.name}")
         (sub / file.name).symlink_to(Path("..") / ".." / ".." / "blobs" / f"blob-{file.name}")
-    assert np.array_equal(minirt.load_model(sub).logits([[3, 4]]), minirt.load_model(SHARDED).logits([[3, 4]]))
+    assert np.array_equal(
+        minirt.load_model(sub).logits([[3, 4]]), minirt.load_model(SHARDED).logits([[3, 4]])
+    )

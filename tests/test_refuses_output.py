@@ -32,7 +32,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, fake_hub_cache
-from minirt.cli.command import EXIT_INTERRUPTED, EXIT_OK, EXIT_OUTPUT_FAILED, EXIT_STDOUT_CLOSED, EXIT_TERMINATED, EXIT_USAGE, run_command
+from minirt.cli.command import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_OUTPUT_FAILED,
+    EXIT_STDOUT_CLOSED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    run_command,
+)
 from minirt.cli.output_file import OutputFile
 from minirt.cli.signals import StopSignals
 from minirt.errors import OutputError, Terminated
@@ -46,21 +54,31 @@ OLD = b'{"an": "existing record"}\n'
 def run_in_process(argv: list[str]) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = run_command(main, ["--backend", "numpy", "--no-progress", *argv], prog="minirt.generate")
+        code = run_command(
+            main, ["--backend", "numpy", "--no-progress", *argv], prog="minirt.generate"
+        )
     return code, out.getvalue(), err.getvalue()
 
 
 def popen(argv: list[str], fsize: int | None = None) -> subprocess.Popen:
     """`python -m minirt.generate ARGV`, with pipes; `fsize` limits the size of any file it writes."""
+
     def child_setup():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C works even if the test runner ignores it
+        signal.signal(
+            signal.SIGINT, signal.SIG_DFL
+        )  # Ctrl-C works even if the test runner ignores it
         if fsize is not None:  # past the limit a write fails (EFBIG) instead of killing the process
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    return subprocess.Popen([sys.executable, "-m", "minirt.generate", "--backend", "numpy", "--no-progress", *argv],
-                            cwd=ROOT, preexec_fn=child_setup, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "minirt.generate", "--backend", "numpy", "--no-progress", *argv],
+        cwd=ROOT,
+        preexec_fn=child_setup,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def one_error_line(err: str) -> str:
@@ -79,11 +97,17 @@ def whole_jsonl(path: Path) -> list[dict]:
     """The records, after checking the file is JSONL line by line and ends with a whole line."""
     data = path.read_bytes()
     assert data == b"" or data.endswith(b"\n"), data[-80:]
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]  # not splitlines(): JSON may hold U+2028
+    return [
+        json.loads(line) for line in data.split(b"\n")[:-1]
+    ]  # not splitlines(): JSON may hold U+2028
 
 
 def folder_state(folder: Path) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
 
 
 def prompts_file(folder: Path, n: int) -> Path:
@@ -94,16 +118,22 @@ def prompts_file(folder: Path, n: int) -> Path:
 
 # ---------------------------------------------------------------- a run refused at the start
 
-@pytest.mark.parametrize("case, flags, fragment", [
-    ("missing model", ["--model", "/no/such/model"], "does not exist"),
-    ("broken model", ["--model", "{broken}"], "config.json"),
-    ("bad flag", ["--kv-budget", "nan"], "--kv-budget"),
-    ("bad sampling flag", ["--temperature", "-1"], "temperature"),
-    ("missing prompts", ["--prompts", "/no/such/prompts.txt"], "does not exist"),
-    ("empty prompts", ["--prompts", "{empty}"], "holds no prompts"),
-    ("stop token out of vocabulary", ["--stop-token-id", "100000"], "--stop-token-id"),
-])
-def test_a_run_refused_at_the_start_leaves_the_output_file_as_it_was(tiny_lm, tmp_path, case, flags, fragment):
+
+@pytest.mark.parametrize(
+    "case, flags, fragment",
+    [
+        ("missing model", ["--model", "/no/such/model"], "does not exist"),
+        ("broken model", ["--model", "{broken}"], "config.json"),
+        ("bad flag", ["--kv-budget", "nan"], "--kv-budget"),
+        ("bad sampling flag", ["--temperature", "-1"], "temperature"),
+        ("missing prompts", ["--prompts", "/no/such/prompts.txt"], "does not exist"),
+        ("empty prompts", ["--prompts", "{empty}"], "holds no prompts"),
+        ("stop token out of vocabulary", ["--stop-token-id", "100000"], "--stop-token-id"),
+    ],
+)
+def test_a_run_refused_at_the_start_leaves_the_output_file_as_it_was(
+    tiny_lm, tmp_path, case, flags, fragment
+):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{")
     (tmp_path / "empty.txt").write_text("\n")
@@ -120,20 +150,37 @@ def test_a_run_refused_at_the_start_leaves_the_output_file_as_it_was(tiny_lm, tm
     assert not list(tmp_path.glob(".*partial"))
 
 
-@pytest.mark.parametrize("where", ["config.json", "weights file", "new file", "through a symlinked folder",
-                                   "symlink to config.json", "prompts file", "symlink to the prompts file"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "config.json",
+        "weights file",
+        "new file",
+        "through a symlinked folder",
+        "symlink to config.json",
+        "prompts file",
+        "symlink to the prompts file",
+    ],
+)
 def test_output_on_the_prompts_file_or_inside_the_model_folder_is_refused(tiny_lm, tmp_path, where):
     model = shutil.copytree(tiny_lm, tmp_path / "model")
     prompts = prompts_file(tmp_path, 2)
     (tmp_path / "link").symlink_to(model, target_is_directory=True)
     (tmp_path / "config_link.jsonl").symlink_to(model / "config.json")
     (tmp_path / "prompts_link.jsonl").symlink_to(prompts)
-    output = {"config.json": model / "config.json", "weights file": model / "model.safetensors",
-              "new file": model / "records.jsonl", "through a symlinked folder": tmp_path / "link" / "config.json",
-              "symlink to config.json": tmp_path / "config_link.jsonl", "prompts file": prompts,
-              "symlink to the prompts file": tmp_path / "prompts_link.jsonl"}[where]
+    output = {
+        "config.json": model / "config.json",
+        "weights file": model / "model.safetensors",
+        "new file": model / "records.jsonl",
+        "through a symlinked folder": tmp_path / "link" / "config.json",
+        "symlink to config.json": tmp_path / "config_link.jsonl",
+        "prompts file": prompts,
+        "symlink to the prompts file": tmp_path / "prompts_link.jsonl",
+    }[where]
     before, model_before = folder_state(tmp_path), folder_state(model)
-    code, stdout, err = run_in_process(["--model", str(model), "--prompts", str(prompts), "--output", str(output)])
+    code, stdout, err = run_in_process(
+        ["--model", str(model), "--prompts", str(prompts), "--output", str(output)]
+    )
     assert code == EXIT_USAGE
     line = one_error_line(err)
     assert ("prompts file" in line) if "prompts" in where else ("inside the model folder" in line)
@@ -144,8 +191,19 @@ def test_a_finished_run_replaces_the_output_and_keeps_its_mode(tiny_lm, tmp_path
     out = tmp_path / "out.jsonl"
     out.write_bytes(OLD)
     out.chmod(0o640)
-    code, _, _ = run_in_process(["--model", str(tiny_lm), "--prompts", str(prompts_file(tmp_path, 3)),
-                                 "--output", str(out), "--max-new-tokens", "2", "--quiet"])
+    code, _, _ = run_in_process(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts_file(tmp_path, 3)),
+            "--output",
+            str(out),
+            "--max-new-tokens",
+            "2",
+            "--quiet",
+        ]
+    )
     assert code == EXIT_OK
     assert [r["index"] for r in whole_jsonl(out)] == [0, 1, 2]
     assert out.stat().st_mode & 0o777 == 0o640 and not list(tmp_path.glob(".*partial"))
@@ -153,10 +211,18 @@ def test_a_finished_run_replaces_the_output_and_keeps_its_mode(tiny_lm, tmp_path
 
 # ---------------------------------------------------------------- write failures
 
+
 @settings(max_examples=60, deadline=None)
-@given(lines=st.lists(st.dictionaries(st.text(max_size=5), st.text(max_size=30), max_size=3), max_size=8),
-       limit=st.integers(0, 600), chunk=st.integers(1, 64))
-def test_a_write_that_fails_part_way_is_cut_back_to_the_last_whole_record(tmp_path_factory, lines, limit, chunk):
+@given(
+    lines=st.lists(
+        st.dictionaries(st.text(max_size=5), st.text(max_size=30), max_size=3), max_size=8
+    ),
+    limit=st.integers(0, 600),
+    chunk=st.integers(1, 64),
+)
+def test_a_write_that_fails_part_way_is_cut_back_to_the_last_whole_record(
+    tmp_path_factory, lines, limit, chunk
+):
     """Writes land `chunk` bytes at a time (partial writes) until `limit` bytes, then the disk is full."""
     folder = tmp_path_factory.mktemp("enospc")
     target = folder / "out.jsonl"
@@ -179,8 +245,14 @@ def test_a_write_that_fails_part_way_is_cut_back_to_the_last_whole_record(tmp_pa
                 file.write(line)
                 kept += 1
         except OutputError as exc:
-            assert exc.exit_code == EXIT_OUTPUT_FAILED and "No space left" in str(exc) and "\n" not in str(exc)
-            assert sum(len(r.encode()) for r in records[:kept + 1]) > limit  # it failed only when out of room
+            assert (
+                exc.exit_code == EXIT_OUTPUT_FAILED
+                and "No space left" in str(exc)
+                and "\n" not in str(exc)
+            )
+            assert (
+                sum(len(r.encode()) for r in records[: kept + 1]) > limit
+            )  # it failed only when out of room
     file.keep()
     assert target.read_text(encoding="utf-8") == "".join(records[:kept])
     assert [json.loads(x) for x in target.read_bytes().split(b"\n")[:-1]] == lines[:kept]
@@ -189,8 +261,19 @@ def test_a_write_that_fails_part_way_is_cut_back_to_the_last_whole_record(tmp_pa
 
 def full_run(tiny_lm, folder: Path, prompts: Path) -> bytes:
     out = folder / "full.jsonl"
-    code, _, _ = run_in_process(["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out),
-                                 "--max-new-tokens", "3", "--quiet"])
+    code, _, _ = run_in_process(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(out),
+            "--max-new-tokens",
+            "3",
+            "--quiet",
+        ]
+    )
     assert code == EXIT_OK
     return out.read_bytes()
 
@@ -201,8 +284,17 @@ def test_a_file_size_limit_exits_74_with_whole_records(tiny_lm, tmp_path, limit)
     full = full_run(tiny_lm, tmp_path, prompts)
     assert len(full) > limit and not full[:limit].endswith(b"\n")  # the limit falls inside a record
     out = tmp_path / "out.jsonl"
-    argv = ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--max-new-tokens", "3",
-            "--quiet"]
+    argv = [
+        "--model",
+        str(tiny_lm),
+        "--prompts",
+        str(prompts),
+        "--output",
+        str(out),
+        "--max-new-tokens",
+        "3",
+        "--quiet",
+    ]
     proc = popen(argv, fsize=limit)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_OUTPUT_FAILED
@@ -210,17 +302,31 @@ def test_a_file_size_limit_exits_74_with_whole_records(tiny_lm, tmp_path, limit)
     kept = out.read_bytes()
     assert len(kept) <= limit and (kept == b"" or kept.endswith(b"\n"))
     got, want = whole_jsonl(out), [json.loads(line) for line in full.split(b"\n")[:-1]]
-    assert [untimed(r) for r in got] == [untimed(r) for r in want[: len(got)]]  # each the full run's record
+    assert [untimed(r) for r in got] == [
+        untimed(r) for r in want[: len(got)]
+    ]  # each the full run's record
     # every record that fitted whole is there (a record's timings may take up to ~20 bytes more or less)
-    ends = [len(b"".join(line + b"\n" for line in full.split(b"\n")[: i + 1])) for i in range(len(want))]
+    ends = [
+        len(b"".join(line + b"\n" for line in full.split(b"\n")[: i + 1])) for i in range(len(want))
+    ]
     assert sum(end + 20 * (i + 1) <= limit for i, end in enumerate(ends)) <= len(got)
     assert len(got) <= sum(end - 20 * (i + 1) <= limit for i, end in enumerate(ends))
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
 def test_dev_full_exits_74_in_one_line(tiny_lm, tmp_path):
-    proc = popen(["--model", str(tiny_lm), "--prompts", str(prompts_file(tmp_path, 2)), "--output", "/dev/full",
-                  "--max-new-tokens", "2"])
+    proc = popen(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts_file(tmp_path, 2)),
+            "--output",
+            "/dev/full",
+            "--max-new-tokens",
+            "2",
+        ]
+    )
     stdout, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_OUTPUT_FAILED
     assert "cannot write --output /dev/full (No space left on device)" in one_error_line(err)
@@ -229,12 +335,22 @@ def test_dev_full_exits_74_in_one_line(tiny_lm, tmp_path):
 
 # ---------------------------------------------------------------- a closed standard output
 
+
 @pytest.mark.parametrize("with_output", [False, True], ids=["stdout only", "with --output"])
 def test_a_closed_standard_output_exits_141_and_says_how_far_it_got(tiny_lm, tmp_path, with_output):
     n = 150
     out = tmp_path / "out.jsonl"
-    argv = ["--model", str(tiny_lm), "--prompts", str(prompts_file(tmp_path, n)), "--batch-size", "4",
-            "--max-new-tokens", "30", "--ignore-eos"] + (["--output", str(out)] if with_output else [])
+    argv = [
+        "--model",
+        str(tiny_lm),
+        "--prompts",
+        str(prompts_file(tmp_path, n)),
+        "--batch-size",
+        "4",
+        "--max-new-tokens",
+        "30",
+        "--ignore-eos",
+    ] + (["--output", str(out)] if with_output else [])
     proc = popen(argv)
     assert proc.stdout.readline().startswith("### [0]")
     proc.stdout.close()  # as `| head -1` does
@@ -264,13 +380,30 @@ class ClosesAfter(io.StringIO):
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 7), batch_size=st.integers(1, 3), shown=st.integers(0, 7), with_output=st.booleans())
-def test_a_closed_standard_output_stops_the_run_unless_output_wants_the_rest(tiny_lm, tmp_path_factory, n,
-                                                                              batch_size, shown, with_output):
+@given(
+    n=st.integers(1, 7),
+    batch_size=st.integers(1, 3),
+    shown=st.integers(0, 7),
+    with_output=st.booleans(),
+)
+def test_a_closed_standard_output_stops_the_run_unless_output_wants_the_rest(
+    tiny_lm, tmp_path_factory, n, batch_size, shown, with_output
+):
     folder = tmp_path_factory.mktemp("closed")
     out, tokens = folder / "out.jsonl", 3
-    argv = ["--backend", "numpy", "--model", str(tiny_lm), "--prompts", str(prompts_file(folder, n)),
-            "--batch-size", str(batch_size), "--max-new-tokens", str(tokens), "--ignore-eos"]
+    argv = [
+        "--backend",
+        "numpy",
+        "--model",
+        str(tiny_lm),
+        "--prompts",
+        str(prompts_file(folder, n)),
+        "--batch-size",
+        str(batch_size),
+        "--max-new-tokens",
+        str(tokens),
+        "--ignore-eos",
+    ]
     argv += ["--output", str(out)] if with_output else []
     rounds, real_forward, err = [], GPT2.forward, io.StringIO()
 
@@ -278,8 +411,11 @@ def test_a_closed_standard_output_stops_the_run_unless_output_wants_the_rest(tin
         rounds.append(1)
         return real_forward(self, *args, **kwargs)
 
-    with mock.patch.object(GPT2, "forward", counted_forward), redirect_stdout(ClosesAfter(shown)), \
-            redirect_stderr(err):
+    with (
+        mock.patch.object(GPT2, "forward", counted_forward),
+        redirect_stdout(ClosesAfter(shown)),
+        redirect_stderr(err),
+    ):
         code = run_command(main, argv, prog="minirt.generate")
     groups = -(-n // batch_size)  # static groups of batch_size, each `tokens` rounds long
     if shown >= n:  # the reader stayed to the end
@@ -288,7 +424,9 @@ def test_a_closed_standard_output_stops_the_run_unless_output_wants_the_rest(tin
     assert code == EXIT_STDOUT_CLOSED
     assert f"closed after {shown} of {n} completions reached it" in one_error_line(err.getvalue())
     if with_output:  # the run went on: every record is in the file
-        assert len(rounds) == groups * tokens and [r["index"] for r in whole_jsonl(out)] == list(range(n))
+        assert len(rounds) == groups * tokens and [r["index"] for r in whole_jsonl(out)] == list(
+            range(n)
+        )
     else:  # it stopped at the end of the group whose completion found no reader
         assert len(rounds) == (shown // batch_size + 1) * tokens
 
@@ -305,22 +443,47 @@ def test_run_command_does_not_call_a_broken_pipe_success():
 
 # ---------------------------------------------------------------- SIGTERM and Ctrl-C
 
+
 @pytest.mark.parametrize("policy", ["static", "continuous"])
-@pytest.mark.parametrize("signum, code, word", [(signal.SIGTERM, EXIT_TERMINATED, "terminated"),
-                                                (signal.SIGINT, EXIT_INTERRUPTED, "interrupted")],
-                         ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum, code, word",
+    [
+        (signal.SIGTERM, EXIT_TERMINATED, "terminated"),
+        (signal.SIGINT, EXIT_INTERRUPTED, "interrupted"),
+    ],
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_a_signal_keeps_every_final_record(tiny_lm, tmp_path, policy, signum, code, word):
     n = 200
     out = tmp_path / "out.jsonl"
     out.write_bytes(OLD)
-    proc = popen(["--model", str(tiny_lm), "--prompts", str(prompts_file(tmp_path, n)), "--policy", policy,
-                  "--batch-size", "3", "--max-new-tokens", "40", "--ignore-eos", "--output", str(out)])
+    proc = popen(
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts_file(tmp_path, n)),
+            "--policy",
+            policy,
+            "--batch-size",
+            "3",
+            "--max-new-tokens",
+            "40",
+            "--ignore-eos",
+            "--output",
+            str(out),
+        ]
+    )
     assert proc.stdout.readline().startswith("### [0]")
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code
-    final = int(re.fullmatch(rf"minirt.generate: {word}; (\d+) of {n} records were final and written",
-                             one_error_line(err)).group(1))
+    final = int(
+        re.fullmatch(
+            rf"minirt.generate: {word}; (\d+) of {n} records were final and written",
+            one_error_line(err),
+        ).group(1)
+    )
     records = whole_jsonl(out)
     assert 1 <= len(records) == final < n  # every final record, and only those, each a whole line
     assert len({r["index"] for r in records}) == final
@@ -338,11 +501,28 @@ def test_an_interruption_keeps_records_finished_but_not_yet_reported(tiny_lm, tm
             raise KeyboardInterrupt
 
     with mock.patch.object(Engine, "keep_finished", interrupted):
-        code, _, err = run_in_process(["--model", str(tiny_lm), "--prompts", str(prompts_file(tmp_path, 4)),
-                                       "--policy", policy, "--batch-size", "2", "--max-new-tokens", "3",
-                                       "--ignore-eos", "--output", str(out), "--quiet"])
+        code, _, err = run_in_process(
+            [
+                "--model",
+                str(tiny_lm),
+                "--prompts",
+                str(prompts_file(tmp_path, 4)),
+                "--policy",
+                policy,
+                "--batch-size",
+                "2",
+                "--max-new-tokens",
+                "3",
+                "--ignore-eos",
+                "--output",
+                str(out),
+                "--quiet",
+            ]
+        )
     assert code == EXIT_INTERRUPTED
-    assert one_error_line(err) == "minirt.generate: interrupted; 2 of 4 records were final and written"
+    assert (
+        one_error_line(err) == "minirt.generate: interrupted; 2 of 4 records were final and written"
+    )
     assert [(r["index"], len(r["token_ids"])) for r in whole_jsonl(out)] == [(0, 3), (1, 3)]
 
 
@@ -350,11 +530,15 @@ def test_the_signal_handlers_are_main_s_only(tiny_lm, tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     prompts = prompts_file(tmp_path, 1)
     for extra in ([], ["--seed", "-1"], ["--model", "/no/such/model"]):
-        run_in_process(["--model", str(tiny_lm), "--prompts", str(prompts), "--max-new-tokens", "1", *extra])
+        run_in_process(
+            ["--model", str(tiny_lm), "--prompts", str(prompts), "--max-new-tokens", "1", *extra]
+        )
         assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
-@pytest.mark.parametrize("signum, raised", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)])
+@pytest.mark.parametrize(
+    "signum, raised", [(signal.SIGTERM, Terminated), (signal.SIGINT, KeyboardInterrupt)]
+)
 def test_a_signal_waits_for_the_held_block_to_end(signum, raised):
     # A runner started in the background (`cmd &`, nohup) inherits an ignored SIGINT, which StopSignals rightly
     # keeps ignored; this test is about a handled signal, so it starts from Python's own handler.
@@ -377,12 +561,18 @@ def test_a_signal_waits_for_the_held_block_to_end(signum, raised):
 # ---------------------------------------------------------------- the model's own files, in a hub cache too
 
 
-
 def tree_state(root: Path) -> dict:
     """Every entry below `root`: a symlink's target, or a file's bytes (hashed), or 'dir'."""
-    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else
-                                       hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (
+            f"-> {os.readlink(p)}"
+            if p.is_symlink()
+            else hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file()
+            else "dir"
+        )
+        for p in sorted(root.rglob("*"))
+    }
 
 
 HUB_OUTPUTS = {  # where --output points, relative to the test's folder
@@ -397,21 +587,35 @@ HUB_OUTPUTS = {  # where --output points, relative to the test's folder
 
 @pytest.mark.parametrize("model_as", ["hub id", "snapshot folder"])
 @pytest.mark.parametrize("where", HUB_OUTPUTS)
-def test_output_on_a_hub_cache_entry_s_files_is_refused(tiny_lm, tmp_path, monkeypatch, where, model_as):
+def test_output_on_a_hub_cache_entry_s_files_is_refused(
+    tiny_lm, tmp_path, monkeypatch, where, model_as
+):
     repo, snapshot = fake_hub_cache(tmp_path, tiny_lm)
     (tmp_path / "link.jsonl").symlink_to(snapshot / "config.json")
     os.link(repo / "blobs" / "blob-config.json", tmp_path / "hard.jsonl")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     prompts = prompts_file(tmp_path, 2)
     before = tree_state(tmp_path)
-    code, stdout, err = run_in_process(["--model", "someone/tiny" if model_as == "hub id" else str(snapshot),
-                                        "--prompts", str(prompts), "--output", str(tmp_path / HUB_OUTPUTS[where])])
+    code, stdout, err = run_in_process(
+        [
+            "--model",
+            "someone/tiny" if model_as == "hub id" else str(snapshot),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(tmp_path / HUB_OUTPUTS[where]),
+        ]
+    )
     assert code == EXIT_USAGE and stdout == ""
     assert "inside the model folder" in one_error_line(err)
-    assert tree_state(tmp_path) == before  # nothing written, created or replaced, no partial file anywhere
+    assert (
+        tree_state(tmp_path) == before
+    )  # nothing written, created or replaced, no partial file anywhere
 
 
-@pytest.mark.parametrize("where", ["the shared file", "the model's symlink to it", "another symlink to it"])
+@pytest.mark.parametrize(
+    "where", ["the shared file", "the model's symlink to it", "another symlink to it"]
+)
 def test_output_on_shared_storage_a_model_file_links_to_is_refused(tiny_lm, tmp_path, where):
     """A plain model folder whose files are symlinks to shared storage."""
     shared, model = tmp_path / "shared", tmp_path / "model"
@@ -420,11 +624,16 @@ def test_output_on_shared_storage_a_model_file_links_to_is_refused(tiny_lm, tmp_
     for file in shared.iterdir():
         (model / file.name).symlink_to(file)
     (tmp_path / "elsewhere.jsonl").symlink_to(shared / "config.json")
-    output = {"the shared file": shared / "config.json", "the model's symlink to it": model / "config.json",
-              "another symlink to it": tmp_path / "elsewhere.jsonl"}[where]
+    output = {
+        "the shared file": shared / "config.json",
+        "the model's symlink to it": model / "config.json",
+        "another symlink to it": tmp_path / "elsewhere.jsonl",
+    }[where]
     prompts = prompts_file(tmp_path, 2)
     before = tree_state(tmp_path)
-    code, stdout, err = run_in_process(["--model", str(model), "--prompts", str(prompts), "--output", str(output)])
+    code, stdout, err = run_in_process(
+        ["--model", str(model), "--prompts", str(prompts), "--output", str(output)]
+    )
     assert code == EXIT_USAGE and stdout == "" and "inside the model folder" in one_error_line(err)
     assert tree_state(tmp_path) == before
 
@@ -433,37 +642,72 @@ def test_output_beside_a_hub_cache_entry_is_fine(tiny_lm, tmp_path, monkeypatch)
     fake_hub_cache(tmp_path, tiny_lm)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     out = tmp_path / "hub" / "records.jsonl"  # in the cache, but outside the entry's repo folder
-    code, _, _ = run_in_process(["--model", "someone/tiny", "--prompts", str(prompts_file(tmp_path, 2)),
-                                 "--output", str(out), "--max-new-tokens", "2", "--quiet"])
+    code, _, _ = run_in_process(
+        [
+            "--model",
+            "someone/tiny",
+            "--prompts",
+            str(prompts_file(tmp_path, 2)),
+            "--output",
+            str(out),
+            "--max-new-tokens",
+            "2",
+            "--quiet",
+        ]
+    )
     assert code == EXIT_OK and [r["index"] for r in whole_jsonl(out)] == [0, 1]
 
 
 # ---------------------------------------------------------------- streams, pipes and FIFOs are written directly
+
 
 def records_in(data: bytes) -> list[dict]:
     return [json.loads(line) for line in data.split(b"\n") if line.startswith(b"{")]
 
 
 def generate_argv(tiny_lm, prompts: Path, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "minirt.generate", "--backend", "numpy", "--no-progress", "--model", str(tiny_lm),
-            "--prompts", str(prompts), "--max-new-tokens", "2", *flags]
+    return [
+        sys.executable,
+        "-m",
+        "minirt.generate",
+        "--backend",
+        "numpy",
+        "--no-progress",
+        "--model",
+        str(tiny_lm),
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "2",
+        *flags,
+    ]
 
 
-@pytest.mark.parametrize("stream", ["stdout, a pipe", "stdout, a file (>)", "stdout, a file (>>)", "stderr, a pipe"])
+@pytest.mark.parametrize(
+    "stream", ["stdout, a pipe", "stdout, a file (>)", "stdout, a file (>>)", "stderr, a pipe"]
+)
 def test_output_on_standard_output_or_error_is_written_there(tiny_lm, tmp_path, stream):
     """`--output /dev/stdout`: the records go where standard output goes, between the completions, and a
     file the shell redirected it to is neither replaced nor cut (a `>>` file keeps what it had)."""
     n, earlier = 3, b"earlier content\n"
     prompts = prompts_file(tmp_path, n)
     if stream.startswith("stderr"):
-        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", "/dev/stderr"), cwd=ROOT,
-                                capture_output=True, check=False)
+        result = subprocess.run(
+            generate_argv(tiny_lm, prompts, "--output", "/dev/stderr"),
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+        )
         assert result.returncode == EXIT_OK, result.stderr
         assert [r["index"] for r in records_in(result.stderr)] == list(range(n))
         return
     if stream == "stdout, a pipe":
-        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", "/dev/stdout", "--quiet"), cwd=ROOT,
-                                capture_output=True, check=False)
+        result = subprocess.run(
+            generate_argv(tiny_lm, prompts, "--output", "/dev/stdout", "--quiet"),
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+        )
         assert result.returncode == EXIT_OK, result.stderr
         assert [r["index"] for r in whole_jsonl_bytes(result.stdout)] == list(range(n))
         return
@@ -471,8 +715,13 @@ def test_output_on_standard_output_or_error_is_written_there(tiny_lm, tmp_path, 
     shell_file.write_bytes(earlier)
     inode = shell_file.stat().st_ino
     with open(shell_file, "ab" if ">>" in stream else "wb") as redirect:
-        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", "/dev/stdout"), cwd=ROOT,
-                                stdout=redirect, stderr=subprocess.PIPE, check=False)
+        result = subprocess.run(
+            generate_argv(tiny_lm, prompts, "--output", "/dev/stdout"),
+            cwd=ROOT,
+            stdout=redirect,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
     assert result.returncode == EXIT_OK, result.stderr
     data = shell_file.read_bytes()
     assert shell_file.stat().st_ino == inode and not list(tmp_path.glob(".*partial"))
@@ -480,7 +729,7 @@ def test_output_on_standard_output_or_error_is_written_there(tiny_lm, tmp_path, 
     assert [r["index"] for r in records_in(data)] == list(range(n))
     marks = [data.index(f"### [{i}]".encode()) for i in range(n)] + [len(data)]
     for i in range(n):  # completion i, then its record, then completion i + 1
-        assert f'"index": {i},'.encode() in data[marks[i]:marks[i + 1]]
+        assert f'"index": {i},'.encode() in data[marks[i] : marks[i + 1]]
 
 
 def whole_jsonl_bytes(data: bytes) -> list[dict]:
@@ -498,15 +747,26 @@ def test_output_on_a_pipe_or_fifo_is_written_directly(tiny_lm, tmp_path, kind):
         received = []
         reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
         reader.start()
-        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", str(fifo), "--quiet"), cwd=ROOT,
-                                capture_output=True, check=False, timeout=60)
+        result = subprocess.run(
+            generate_argv(tiny_lm, prompts, "--output", str(fifo), "--quiet"),
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+            timeout=60,
+        )
         reader.join(timeout=10)
         data = received[0]
         assert stat.S_ISFIFO(fifo.lstat().st_mode)  # still a FIFO: nothing renamed over it
     else:
         read_end, write_end = os.pipe()
-        result = subprocess.run(generate_argv(tiny_lm, prompts, "--output", f"/dev/fd/{write_end}", "--quiet"),
-                                cwd=ROOT, capture_output=True, check=False, timeout=60, pass_fds=(write_end,))
+        result = subprocess.run(
+            generate_argv(tiny_lm, prompts, "--output", f"/dev/fd/{write_end}", "--quiet"),
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+            timeout=60,
+            pass_fds=(write_end,),
+        )
         os.close(write_end)
         with os.fdopen(read_end, "rb") as pipe:
             data = pipe.read()
@@ -517,9 +777,16 @@ def test_output_on_a_pipe_or_fifo_is_written_directly(tiny_lm, tmp_path, kind):
 
 # ---------------------------------------------------------------- the partial file
 
+
 @settings(max_examples=40, deadline=None)
-@given(length=st.integers(1, 255), lines=st.lists(st.text(max_size=20), max_size=4), exists=st.booleans())
-def test_the_partial_file_is_new_short_named_and_renamed_with_the_mode(tmp_path_factory, length, lines, exists):
+@given(
+    length=st.integers(1, 255),
+    lines=st.lists(st.text(max_size=20), max_size=4),
+    exists=st.booleans(),
+)
+def test_the_partial_file_is_new_short_named_and_renamed_with_the_mode(
+    tmp_path_factory, length, lines, exists
+):
     """Any name the file system takes (up to 255 bytes) works; the partial file's name is short and fresh."""
     folder = tmp_path_factory.mktemp("partial")
     target = folder / ("r" * length)
@@ -550,7 +817,9 @@ def test_a_symlink_planted_at_a_guessable_partial_name_is_not_followed(tmp_path)
     file.write('{"a": 1}\n')
     file.keep()
     assert victim.read_bytes() == b"precious\n"
-    assert (shared / "out.jsonl").read_bytes() == b'{"a": 1}\n' and not (shared / "out.jsonl").is_symlink()
+    assert (shared / "out.jsonl").read_bytes() == b'{"a": 1}\n' and not (
+        shared / "out.jsonl"
+    ).is_symlink()
 
 
 def test_discarding_a_partial_file_that_is_already_gone_does_not_raise(tmp_path):
@@ -563,6 +832,7 @@ def test_discarding_a_partial_file_that_is_already_gone_does_not_raise(tmp_path)
 
 # ---------------------------------------------------------------- standard output that fails
 
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
 @pytest.mark.parametrize("with_output", [False, True], ids=["stdout only", "with --output"])
 def test_a_full_standard_output_exits_74_in_one_line(tiny_lm, tmp_path, with_output):
@@ -570,13 +840,22 @@ def test_a_full_standard_output_exits_74_in_one_line(tiny_lm, tmp_path, with_out
     out = tmp_path / "out.jsonl"
     flags = ["--output", str(out)] if with_output else []
     with open("/dev/full", "w") as full:
-        result = subprocess.run(generate_argv(tiny_lm, prompts_file(tmp_path, n), *flags), cwd=ROOT, stdout=full,
-                                stderr=subprocess.PIPE, text=True, check=False, timeout=60)
+        result = subprocess.run(
+            generate_argv(tiny_lm, prompts_file(tmp_path, n), *flags),
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+            timeout=60,
+        )
     assert result.returncode == EXIT_OUTPUT_FAILED
     line = one_error_line(result.stderr)
     assert "cannot write standard output (No space left on device)" in line
     if with_output:
-        assert "holds every record" in line and [r["index"] for r in whole_jsonl(out)] == list(range(n))
+        assert "holds every record" in line and [r["index"] for r in whole_jsonl(out)] == list(
+            range(n)
+        )
 
 
 class FailsAfter(io.StringIO):
@@ -594,14 +873,29 @@ class FailsAfter(io.StringIO):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 5), shown=st.integers(0, 5), with_output=st.booleans(),
-       errno_=st.sampled_from([errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EBADF]))
-def test_a_failing_standard_output_exits_74_and_output_still_gets_every_record(tiny_lm, tmp_path_factory, n, shown,
-                                                                              with_output, errno_):
+@given(
+    n=st.integers(1, 5),
+    shown=st.integers(0, 5),
+    with_output=st.booleans(),
+    errno_=st.sampled_from([errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EBADF]),
+)
+def test_a_failing_standard_output_exits_74_and_output_still_gets_every_record(
+    tiny_lm, tmp_path_factory, n, shown, with_output, errno_
+):
     folder = tmp_path_factory.mktemp("failing")
     out, err = folder / "out.jsonl", io.StringIO()
-    argv = ["--backend", "numpy", "--model", str(tiny_lm), "--prompts", str(prompts_file(folder, n)),
-            "--max-new-tokens", "2", "--batch-size", "2"] + (["--output", str(out)] if with_output else [])
+    argv = [
+        "--backend",
+        "numpy",
+        "--model",
+        str(tiny_lm),
+        "--prompts",
+        str(prompts_file(folder, n)),
+        "--max-new-tokens",
+        "2",
+        "--batch-size",
+        "2",
+    ] + (["--output", str(out)] if with_output else [])
     with redirect_stdout(FailsAfter(shown, errno_)), redirect_stderr(err):
         code = run_command(main, argv, prog="minirt.generate")
     if shown >= n:
@@ -609,13 +903,21 @@ def test_a_failing_standard_output_exits_74_and_output_still_gets_every_record(t
         return
     assert code == EXIT_OUTPUT_FAILED
     line = one_error_line(err.getvalue())
-    assert f"cannot write standard output ({os.strerror(errno_)}) after {shown} of {n} completions" in line
+    assert (
+        f"cannot write standard output ({os.strerror(errno_)}) after {shown} of {n} completions"
+        in line
+    )
     if with_output:
         assert [r["index"] for r in whole_jsonl(out)] == list(range(n))
 
 
-@pytest.mark.parametrize("error, code", [(OSError(errno.ENOSPC, "No space left on device"), EXIT_OUTPUT_FAILED),
-                                         (BrokenPipeError(errno.EPIPE, "Broken pipe"), EXIT_STDOUT_CLOSED)])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), EXIT_OUTPUT_FAILED),
+        (BrokenPipeError(errno.EPIPE, "Broken pipe"), EXIT_STDOUT_CLOSED),
+    ],
+)
 def test_run_command_s_last_flush_of_standard_output_fails_in_one_line(error, code):
     class FailsToFlush(io.StringIO):
         def flush(self):
@@ -633,19 +935,34 @@ def test_run_command_s_last_flush_of_standard_output_fails_in_one_line(error, co
 
 # ---------------------------------------------------------------- signals while standard output is blocked
 
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="F_SETPIPE_SZ is Linux's")
 def test_sigterm_ends_a_run_whose_standard_output_nobody_reads(tiny_lm, tmp_path):
     n = 200
     out = tmp_path / "out.jsonl"
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, getattr(fcntl, "F_SETPIPE_SZ", 1031), 4096)  # a small pipe, quickly full
-    proc = subprocess.Popen(generate_argv(tiny_lm, prompts_file(tmp_path, n), "--output", str(out),
-                                          "--max-new-tokens", "20", "--ignore-eos"),
-                            cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        generate_argv(
+            tiny_lm,
+            prompts_file(tmp_path, n),
+            "--output",
+            str(out),
+            "--max-new-tokens",
+            "20",
+            "--ignore-eos",
+        ),
+        cwd=ROOT,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(write_end)
     try:
         sizes, deadline = [], time.monotonic() + 20
-        while len(sizes) < 4 or len(set(sizes[-4:])) > 1 or sizes[-1] == 0:  # the records stopped growing
+        while (
+            len(sizes) < 4 or len(set(sizes[-4:])) > 1 or sizes[-1] == 0
+        ):  # the records stopped growing
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
             sizes.append(sum(p.stat().st_size for p in tmp_path.glob(".*partial")))
@@ -657,18 +974,29 @@ def test_sigterm_ends_a_run_whose_standard_output_nobody_reads(tiny_lm, tmp_path
         proc.kill()
         proc.wait()
         os.close(read_end)
-    final = int(re.fullmatch(rf"minirt.generate: terminated; (\d+) of {n} records were final and written",
-                             one_error_line(err)).group(1))
+    final = int(
+        re.fullmatch(
+            rf"minirt.generate: terminated; (\d+) of {n} records were final and written",
+            one_error_line(err),
+        ).group(1)
+    )
     assert 1 <= len(whole_jsonl(out)) == final < n
 
 
 # ---------------------------------------------------------------- an interruption before any record
 
+
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 4), batch_size=st.integers(1, 2), stop_at=st.integers(0, 8),
-       signalled=st.sampled_from([Terminated, KeyboardInterrupt]), policy=st.sampled_from(["static", "continuous"]))
-def test_an_interruption_before_any_record_leaves_the_output_file_as_it_was(tiny_lm, tmp_path_factory, n, batch_size,
-                                                                          stop_at, signalled, policy):
+@given(
+    n=st.integers(1, 4),
+    batch_size=st.integers(1, 2),
+    stop_at=st.integers(0, 8),
+    signalled=st.sampled_from([Terminated, KeyboardInterrupt]),
+    policy=st.sampled_from(["static", "continuous"]),
+)
+def test_an_interruption_before_any_record_leaves_the_output_file_as_it_was(
+    tiny_lm, tmp_path_factory, n, batch_size, stop_at, signalled, policy
+):
     folder = tmp_path_factory.mktemp("early")
     out = folder / "out.jsonl"
     out.write_bytes(OLD)
@@ -681,9 +1009,24 @@ def test_an_interruption_before_any_record_leaves_the_output_file_as_it_was(tiny
         return real_forward(self, *args, **kwargs)
 
     with mock.patch.object(GPT2, "forward", interrupted_forward):
-        code, _, err = run_in_process(["--model", str(tiny_lm), "--prompts", str(prompts_file(folder, n)),
-                                       "--batch-size", str(batch_size), "--policy", policy, "--max-new-tokens", "2",
-                                       "--ignore-eos", "--output", str(out), "--quiet"])
+        code, _, err = run_in_process(
+            [
+                "--model",
+                str(tiny_lm),
+                "--prompts",
+                str(prompts_file(folder, n)),
+                "--batch-size",
+                str(batch_size),
+                "--policy",
+                policy,
+                "--max-new-tokens",
+                "2",
+                "--ignore-eos",
+                "--output",
+                str(out),
+                "--quiet",
+            ]
+        )
     assert not list(folder.glob(".*partial"))
     if code == EXIT_OK:
         assert len(whole_jsonl(out)) == n

@@ -29,11 +29,22 @@ import minirt.cli.prompt_file as prompt_file
 from minirt.cli.prompt_file import MAX_LINE_BYTES, numbered_lines, read_prompts
 from minirt.engine.params import SamplingParams
 
-GOOD = ["To be", "All the world", "Now is the winter"]  # the good lines every case keeps, in this order
+GOOD = [
+    "To be",
+    "All the world",
+    "Now is the winter",
+]  # the good lines every case keeps, in this order
 CLI = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+json_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
 class BytesStdin:
@@ -49,14 +60,30 @@ def generate(model: Path, prompts: bytes, suffix: str = ".jsonl", stdin: bool = 
     with tempfile.TemporaryDirectory() as tmp:
         source, out = Path(tmp) / f"prompts{suffix}", Path(tmp) / "out.jsonl"
         source.write_bytes(prompts)
-        argv = ["--model", str(model), "--backend", "numpy", "--max-new-tokens", "3", "--output", str(out),
-                "--prompts", "-" if stdin else str(source)]
+        argv = [
+            "--model",
+            str(model),
+            "--backend",
+            "numpy",
+            "--max-new-tokens",
+            "3",
+            "--output",
+            str(out),
+            "--prompts",
+            "-" if stdin else str(source),
+        ]
         stdout, stderr = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2))
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
-                mock.patch.object(sys, "stdin", BytesStdin(prompts)):
+        with (
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            mock.patch.object(sys, "stdin", BytesStdin(prompts)),
+        ):
             code = run_command(main, argv, prog="minirt.generate")
-        records = [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n")[:-1]] \
-            if out.exists() else []  # not splitlines(): a record may hold U+2028 raw
+        records = (
+            [json.loads(line) for line in out.read_text(encoding="utf-8").split("\n")[:-1]]
+            if out.exists()
+            else []
+        )  # not splitlines(): a record may hold U+2028 raw
     stderr.flush()
     return code, records, stderr.buffer.getvalue().decode("utf-8")
 
@@ -73,7 +100,9 @@ def good_tokens(tiny_lm):
     return [r["token_ids"] for r in records]
 
 
-def check_bad_line_alone(model: Path, good_tokens, lines: list[bytes], bad_at: int, error_start: str, **kw):
+def check_bad_line_alone(
+    model: Path, good_tokens, lines: list[bytes], bad_at: int, error_start: str, **kw
+):
     """Insert lines[...] as they are; the line at `bad_at` is the bad one: it alone fails, with `error_start`."""
     code, records, err = generate(model, b"\n".join(lines) + b"\n", **kw)
     assert code == EXIT_REQUEST_FAILED and "Traceback" not in err, err
@@ -88,12 +117,25 @@ def check_bad_line_alone(model: Path, good_tokens, lines: list[bytes], bad_at: i
 
 # ----------------------------------------------------------------------------- stop, stop_token_ids
 
-not_a_stop_list = (st.integers() | st.floats() | st.booleans() | st.dictionaries(st.text(max_size=3), json_scalars)
-                   | st.lists(json_values, min_size=1).filter(lambda v: not all(isinstance(s, str) and s for s in v)))
-not_a_token_id_list = (st.text() | st.integers() | st.floats() | st.booleans()
-                       | st.dictionaries(st.text(max_size=3), json_scalars)
-                       | st.lists(json_values, min_size=1).filter(
-                           lambda v: not all(type(t) is int and t >= 0 for t in v)))
+not_a_stop_list = (
+    st.integers()
+    | st.floats()
+    | st.booleans()
+    | st.dictionaries(st.text(max_size=3), json_scalars)
+    | st.lists(json_values, min_size=1).filter(
+        lambda v: not all(isinstance(s, str) and s for s in v)
+    )
+)
+not_a_token_id_list = (
+    st.text()
+    | st.integers()
+    | st.floats()
+    | st.booleans()
+    | st.dictionaries(st.text(max_size=3), json_scalars)
+    | st.lists(json_values, min_size=1).filter(
+        lambda v: not all(type(t) is int and t >= 0 for t in v)
+    )
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -106,21 +148,30 @@ def test_a_wrong_typed_stop_or_stop_token_ids_is_a_request_error(stop, ids):
 
 
 def test_good_stops_still_become_tuples():
-    assert SamplingParams(stop="\n").stop == ("\n",) and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(stop="\n").stop == ("\n",) and SamplingParams(stop=["a", "b"]).stop == (
+        "a",
+        "b",
+    )
     assert SamplingParams(stop=None, stop_token_ids=None) == SamplingParams()
     assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
     hash(SamplingParams(stop=["x"], stop_token_ids=[1]))
-    with pytest.raises(RequestError, match=r"got \[''\]$"):  # the message of an existing bad line, unchanged
+    with pytest.raises(
+        RequestError, match=r"got \[''\]$"
+    ):  # the message of an existing bad line, unchanged
         SamplingParams(stop=[""])
 
 
 @CLI
-@given(field=st.sampled_from(["stop", "stop_token_ids"]), data=st.data(), at=st.integers(0, len(GOOD)))
+@given(
+    field=st.sampled_from(["stop", "stop_token_ids"]), data=st.data(), at=st.integers(0, len(GOOD))
+)
 def test_a_wrong_typed_stop_fails_its_line_alone(tiny_lm, good_tokens, field, data, at):
     value = data.draw(not_a_stop_list if field == "stop" else not_a_token_id_list)
     lines = jsonl({"prompt": p} for p in GOOD)
     lines.insert(at, json.dumps({"prompt": "To be", field: value}).encode())
-    check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: {field} must be a list of ")
+    check_bad_line_alone(
+        tiny_lm, good_tokens, lines, at, f"line {at + 1}: {field} must be a list of "
+    )
 
 
 # ----------------------------------------------------------------------------- lone surrogates
@@ -129,8 +180,12 @@ surrogates = st.integers(0xD800, 0xDFFF).map(chr)
 
 
 @CLI
-@given(where=st.sampled_from(["prompt", "id", "stop", "stop nested", "field name"]), surrogate=surrogates,
-       cut=st.integers(0, 5), at=st.integers(0, len(GOOD)))
+@given(
+    where=st.sampled_from(["prompt", "id", "stop", "stop nested", "field name"]),
+    surrogate=surrogates,
+    cut=st.integers(0, 5),
+    at=st.integers(0, len(GOOD)),
+)
 def test_a_lone_surrogate_fails_its_line_alone(tiny_lm, good_tokens, where, surrogate, cut, at):
     text = "To be or"[:cut] + surrogate + "To be or"[cut:]
     obj = {"prompt": "To be", "id": "q", "stop": ["\n"]}
@@ -142,18 +197,28 @@ def test_a_lone_surrogate_fails_its_line_alone(tiny_lm, good_tokens, where, surr
     else:
         obj[text], field = 1, "a field name"
     lines = jsonl({"prompt": p} for p in GOOD)
-    lines.insert(at, json.dumps(obj).encode())  # ensure_ascii: the surrogate travels as a \\udXXX escape
+    lines.insert(
+        at, json.dumps(obj).encode()
+    )  # ensure_ascii: the surrogate travels as a \\udXXX escape
     assert b"\\ud" in lines[at]
-    check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: {field} is not valid Unicode "
-                                                           "(a lone surrogate)")
+    check_bad_line_alone(
+        tiny_lm,
+        good_tokens,
+        lines,
+        at,
+        f"line {at + 1}: {field} is not valid Unicode (a lone surrogate)",
+    )
 
 
 def test_a_surrogate_pair_is_one_good_character(tiny_lm):
-    code, records, _ = generate(tiny_lm, json.dumps({"prompt": "To be \U0001F600", "id": "\U0001F600"}).encode())
-    assert code == 0 and records[0]["id"] == "\U0001F600" and records[0]["error"] is None
+    code, records, _ = generate(
+        tiny_lm, json.dumps({"prompt": "To be \U0001f600", "id": "\U0001f600"}).encode()
+    )
+    assert code == 0 and records[0]["id"] == "\U0001f600" and records[0]["error"] is None
 
 
 # ----------------------------------------------------------------------------- bytes that are not UTF-8
+
 
 def not_utf8(data: bytes) -> bool:
     try:
@@ -163,16 +228,27 @@ def not_utf8(data: bytes) -> bool:
     return False
 
 
-bad_bytes = st.binary(min_size=1, max_size=12).filter(lambda b: b"\n" not in b and b"\r" not in b and not_utf8(b))
+bad_bytes = st.binary(min_size=1, max_size=12).filter(
+    lambda b: b"\n" not in b and b"\r" not in b and not_utf8(b)
+)
 
 
 @CLI
-@given(junk=bad_bytes, at=st.integers(0, len(GOOD)), how=st.sampled_from(["stdin", ".txt", ".jsonl"]))
+@given(
+    junk=bad_bytes, at=st.integers(0, len(GOOD)), how=st.sampled_from(["stdin", ".txt", ".jsonl"])
+)
 def test_a_line_that_is_not_utf8_fails_alone(tiny_lm, good_tokens, junk, at, how):
     lines = list(map(str.encode, GOOD)) if how == ".txt" else jsonl({"prompt": p} for p in GOOD)
     lines.insert(at, junk)
-    check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: not UTF-8 text (bad byte at offset ",
-                         suffix=how if how != "stdin" else ".jsonl", stdin=how == "stdin")
+    check_bad_line_alone(
+        tiny_lm,
+        good_tokens,
+        lines,
+        at,
+        f"line {at + 1}: not UTF-8 text (bad byte at offset ",
+        suffix=how if how != "stdin" else ".jsonl",
+        stdin=how == "stdin",
+    )
 
 
 def test_a_file_where_no_line_decodes_is_refused_whole_but_stdin_line_by_line(tiny_lm):
@@ -183,19 +259,27 @@ def test_a_file_where_no_line_decodes_is_refused_whole_but_stdin_line_by_line(ti
     code, records, err = generate(tiny_lm, junk, stdin=True)
     assert code == EXIT_REQUEST_FAILED and [r["error"] for r in records] == [
         "line 1: not UTF-8 text (bad byte at offset 0 of the line); save it as UTF-8",
-        "line 3: not UTF-8 text (bad byte at offset 0 of the line); save it as UTF-8"]
+        "line 3: not UTF-8 text (bad byte at offset 0 of the line); save it as UTF-8",
+    ]
 
 
 # ----------------------------------------------------------------------------- huge lines
+
 
 @pytest.mark.parametrize("how", ["stdin", ".txt", ".jsonl"])
 def test_a_huge_line_fails_alone(tiny_lm, good_tokens, how):
     huge = b"x" * (3 * MAX_LINE_BYTES)
     lines = list(map(str.encode, GOOD)) if how == ".txt" else jsonl({"prompt": p} for p in GOOD)
     lines.insert(1, huge if how == ".txt" else json.dumps({"prompt": huge.decode()}).encode())
-    check_bad_line_alone(tiny_lm, good_tokens, lines, 1,
-                         f"line 2: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; shorten it",
-                         suffix=how if how != "stdin" else ".txt", stdin=how == "stdin")
+    check_bad_line_alone(
+        tiny_lm,
+        good_tokens,
+        lines,
+        1,
+        f"line 2: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; shorten it",
+        suffix=how if how != "stdin" else ".txt",
+        stdin=how == "stdin",
+    )
 
 
 def test_a_huge_line_is_read_past_without_being_held(tmp_path):
@@ -207,8 +291,11 @@ def test_a_huge_line_is_read_past_without_being_held(tmp_path):
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert [(e.line, e.prompt, e.error is None) for e in entries] == [(1, "first", True), (2, None, False),
-                                                                      (3, "last", True)]
+    assert [(e.line, e.prompt, e.error is None) for e in entries] == [
+        (1, "first", True),
+        (2, None, False),
+        (3, "last", True),
+    ]
     assert peak < 8 * MAX_LINE_BYTES  # a 40 MiB line, never held whole
 
 
@@ -224,8 +311,10 @@ def test_the_limit_counts_the_line_without_its_ending(tmp_path, extra, ending):
 
 # ----------------------------------------------------------------------------- normal files read as before
 
-line_texts = st.text(alphabet=st.sampled_from(list("ab{} \\\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029é\U0001F600")),
-                     max_size=40)
+line_texts = st.text(
+    alphabet=st.sampled_from(list("ab{} \\\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029é\U0001f600")),
+    max_size=40,
+)
 
 
 def editor_lines(text: str) -> list[str]:
@@ -236,7 +325,9 @@ def editor_lines(text: str) -> list[str]:
 @settings(max_examples=300, deadline=None)
 @given(text=line_texts, chunk=st.integers(1, 9))
 def test_lines_are_numbered_as_an_editor_numbers_them(text, chunk):
-    with mock.patch.object(prompt_file, "READ_CHUNK", chunk):  # every chunk boundary, \r\n split across two
+    with mock.patch.object(
+        prompt_file, "READ_CHUNK", chunk
+    ):  # every chunk boundary, \r\n split across two
         lines, first_bad = numbered_lines(io.BytesIO(text.encode("utf-8")))
     got = [(line.number, line.text) for line in lines if line.text.strip()]
     assert got == [(n, t) for n, t in enumerate(editor_lines(text), start=1) if t.strip()]
@@ -245,10 +336,16 @@ def test_lines_are_numbered_as_an_editor_numbers_them(text, chunk):
 
 # ----------------------------------------------------------------------------- characters str.splitlines splits at
 
-NOT_LINE_ENDINGS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines ends a line at each; a file does not
-plain_texts = st.text(alphabet=st.sampled_from(list("ab \t\\{}\"é\U0001F600" + NOT_LINE_ENDINGS)), max_size=8)
+NOT_LINE_ENDINGS = (
+    "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # str.splitlines ends a line at each; a file does not
+)
+plain_texts = st.text(
+    alphabet=st.sampled_from(list('ab \t\\{}"é\U0001f600' + NOT_LINE_ENDINGS)), max_size=8
+)
 endings = st.sampled_from(["\n", "\r\n"])
-odd_prompts = st.builds(lambda a, odd, b: a + odd + b, plain_texts, st.sampled_from(NOT_LINE_ENDINGS), plain_texts)
+odd_prompts = st.builds(
+    lambda a, odd, b: a + odd + b, plain_texts, st.sampled_from(NOT_LINE_ENDINGS), plain_texts
+)
 
 
 def txt_line(prompt: str) -> str:
@@ -258,12 +355,17 @@ def txt_line(prompt: str) -> str:
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), how=st.sampled_from([".jsonl", ".txt", "stdin"]))
-def test_a_prompt_holding_a_character_str_splitlines_splits_at_is_one_request(tmp_path_factory, data, how):
+def test_a_prompt_holding_a_character_str_splitlines_splits_at_is_one_request(
+    tmp_path_factory, data, how
+):
     """Each prompt is one line (JSONL written by json.dumps(ensure_ascii=False), or escaped .txt; standard input
     carries JSONL), after 0-2 blank lines, each line ended by \\n or \\r\\n at random."""
-    prompts = data.draw(st.lists(odd_prompts | st.builds(lambda p: p + "\n\r", odd_prompts), min_size=1,
-                                 max_size=5))  # "\n\r" inside a prompt: escaped, so no line ending either
-    if how == ".txt":  # a .txt line that is all spaces is blank; one ending in \r would lose it to a \r\n
+    prompts = data.draw(
+        st.lists(odd_prompts | st.builds(lambda p: p + "\n\r", odd_prompts), min_size=1, max_size=5)
+    )  # "\n\r" inside a prompt: escaped, so no line ending either
+    if (
+        how == ".txt"
+    ):  # a .txt line that is all spaces is blank; one ending in \r would lose it to a \r\n
         prompts = [p + "x" for p in prompts]
     text, expected = "", []
     for i, prompt in enumerate(prompts):
@@ -271,7 +373,11 @@ def test_a_prompt_holding_a_character_str_splitlines_splits_at_is_one_request(tm
             text += data.draw(st.sampled_from(["", " "])) + data.draw(endings)
         number = len(editor_lines(text))  # the lines so far, and the one about to start
         expected.append((number, prompt, None if how == ".txt" else str(i)))
-        line = txt_line(prompt) if how == ".txt" else json.dumps({"prompt": prompt, "id": str(i)}, ensure_ascii=False)
+        line = (
+            txt_line(prompt)
+            if how == ".txt"
+            else json.dumps({"prompt": prompt, "id": str(i)}, ensure_ascii=False)
+        )
         text += line + data.draw(endings)
     if how == "stdin":
         with mock.patch.object(sys, "stdin", BytesStdin(text.encode("utf-8"))):
@@ -286,12 +392,18 @@ def test_a_prompt_holding_a_character_str_splitlines_splits_at_is_one_request(tm
 
 def test_a_prompt_holding_u2028_runs_as_one_request_and_later_lines_keep_their_numbers(tiny_lm):
     prompts = ["To be\u2028or not", "All the\x85world", "Now\u2029is\x0cthe winter"]
-    lines = [json.dumps({"prompt": p, "id": f"q{i}"}, ensure_ascii=False).encode() for i, p in enumerate(prompts)]
+    lines = [
+        json.dumps({"prompt": p, "id": f"q{i}"}, ensure_ascii=False).encode()
+        for i, p in enumerate(prompts)
+    ]
     code, records, err = generate(tiny_lm, b"\r\n".join(lines + [b'{"prompt": 5}']) + b"\n")
     assert code == EXIT_REQUEST_FAILED and "Traceback" not in err, err
     assert [(r["id"], r["prompt"], r["error"]) for r in records] == [
-        ("q0", prompts[0], None), ("q1", prompts[1], None), ("q2", prompts[2], None),
-        ("3", None, 'line 4: "prompt" must be a string (or a list of token ids)')]  # a record's id: its index
+        ("q0", prompts[0], None),
+        ("q1", prompts[1], None),
+        ("q2", prompts[2], None),
+        ("3", None, 'line 4: "prompt" must be a string (or a list of token ids)'),
+    ]  # a record's id: its index
     code, records, _ = generate(tiny_lm, "\n".join(prompts).encode(), suffix=".txt")
     assert code == 0 and [r["prompt"] for r in records] == prompts
 
@@ -300,7 +412,10 @@ def test_a_lone_carriage_return_ends_no_line(tmp_path):
     """JSON Lines ends a line at \\n alone: a lone \\r stays in a .txt prompt, and in JSONL it is whitespace."""
     txt = tmp_path / "p.txt"
     txt.write_bytes(b"To be\ror not\x0cto be\r\nlast\r\r\n")
-    assert [(e.line, e.prompt) for e in read_prompts(str(txt))] == [(1, "To be\ror not\x0cto be"), (2, "last\r")]
+    assert [(e.line, e.prompt) for e in read_prompts(str(txt))] == [
+        (1, "To be\ror not\x0cto be"),
+        (2, "last\r"),
+    ]
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_bytes(b'{"prompt": "a",\r"id": "x"}\r\n{"prompt": "b"}\r{"prompt": "c"}\n')
     first, second = read_prompts(str(jsonl))
@@ -320,10 +435,17 @@ def test_a_byte_order_mark_at_the_start_is_skipped(tiny_lm, suffix, stdin):
     valid JSON") and stayed as U+FEFF at the start of a .txt prompt.  Only the very first one is a mark: a
     U+FEFF inside a later line is that line's text and stays."""
     bom = b"\xef\xbb\xbf"
-    lines = ([b'{"prompt": "To be"}', b'{"prompt": "\xef\xbb\xbfShall I"}'] if suffix == ".jsonl"
-             else [b"To be", b"\xef\xbb\xbfShall I"])
-    code, records, _ = generate(tiny_lm, bom + b"\n".join(lines) + b"\n", suffix=suffix, stdin=stdin)
+    lines = (
+        [b'{"prompt": "To be"}', b'{"prompt": "\xef\xbb\xbfShall I"}']
+        if suffix == ".jsonl"
+        else [b"To be", b"\xef\xbb\xbfShall I"]
+    )
+    code, records, _ = generate(
+        tiny_lm, bom + b"\n".join(lines) + b"\n", suffix=suffix, stdin=stdin
+    )
     assert code == 0 and [r["error"] for r in records] == [None, None]
     assert [r["prompt"] for r in records] == ["To be", "\ufeffShall I"]
     _, plain, _ = generate(tiny_lm, b"\n".join(lines) + b"\n", suffix=suffix, stdin=stdin)
-    assert [r["token_ids"] for r in records] == [r["token_ids"] for r in plain]  # as if the mark were not there
+    assert [r["token_ids"] for r in records] == [
+        r["token_ids"] for r in plain
+    ]  # as if the mark were not there

@@ -30,14 +30,27 @@ from minirt.cli.command import EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_com
 from minirt.errors import CheckpointError, TokenizerError
 from minirt.generate import main as generate_main
 from minirt.llm import LLM
-from minirt.loading.generation_config import generation_defaults
+from minirt.llm import generation_defaults
 from minirt.engine.params import SamplingParams
 from tiny_random_model import train_tokenizer
 
 OLD = b'{"an": "existing record"}\n'
-FIELDS = ("temperature", "top_k", "top_p", "max_new_tokens")  # what minirt reads from generation_config.json
-STRUCTURE = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder", "padding",
-             "truncation")  # tokenizer.json's top-level parts
+FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_new_tokens",
+)  # what minirt reads from generation_config.json
+STRUCTURE = (
+    "model",
+    "added_tokens",
+    "normalizer",
+    "pre_tokenizer",
+    "post_processor",
+    "decoder",
+    "padding",
+    "truncation",
+)  # tokenizer.json's top-level parts
 FIXTURE_SCOPED = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -81,14 +94,30 @@ def refused_by_the_command_line(folder: Path, run_dir: Path, file_name: str) -> 
     output.write_bytes(OLD)
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = run_command(generate_main, ["--model", str(folder), "--prompts", str(run_dir / "p.txt"), "--backend",
-                                           "numpy", "--output", str(output), "--quiet"], prog="minirt.generate")
+        code = run_command(
+            generate_main,
+            [
+                "--model",
+                str(folder),
+                "--prompts",
+                str(run_dir / "p.txt"),
+                "--backend",
+                "numpy",
+                "--output",
+                str(output),
+                "--quiet",
+            ],
+            prog="minirt.generate",
+        )
     lines = err.getvalue().splitlines()
     assert code == EXIT_USAGE and len(lines) == 1, err.getvalue()
     assert lines[0].startswith("minirt.generate: error: ") and "Traceback" not in err.getvalue()
     assert str(folder / file_name) in lines[0], lines[0]
     assert out.getvalue() == "" and output.read_bytes() == OLD
-    assert sorted(p.name for p in run_dir.iterdir()) == ["out.jsonl", "p.txt"]  # no partial file left behind
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "out.jsonl",
+        "p.txt",
+    ]  # no partial file left behind
     return lines[0]
 
 
@@ -99,10 +128,20 @@ def trained_tokenizer(target: int):
 
 # --- tokenizer.json that cannot be read -------------------------------------------------------------------------
 
-JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-                         st.text(max_size=12))
-JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=8)
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 NON_NULL_SCALARS = JSON_SCALARS.filter(lambda v: v is not None)
 
 
@@ -110,10 +149,13 @@ NON_NULL_SCALARS = JSON_SCALARS.filter(lambda v: v is not None)
 def corrupt_tokenizer_files(draw, good: bytes) -> bytes:
     """tokenizer.json's bytes cut short, random, made not UTF-8, or valid JSON of the wrong shape."""
     parsed = json.loads(good)
-    kind = draw(st.sampled_from(["cut", "random", "not_utf8", "not_an_object", "no_model", "wrong_part",
-                                 "wrong_vocab"]))
+    kind = draw(
+        st.sampled_from(
+            ["cut", "random", "not_utf8", "not_an_object", "no_model", "wrong_part", "wrong_vocab"]
+        )
+    )
     if kind == "cut":  # anywhere before the closing brace: never a whole JSON value
-        return good[:draw(st.integers(0, len(good.rstrip()) - 1))]
+        return good[: draw(st.integers(0, len(good.rstrip()) - 1))]
     if kind == "random":
         return draw(st.binary(max_size=300))
     if kind == "not_utf8":  # a byte that no UTF-8 text holds there, put anywhere
@@ -122,9 +164,15 @@ def corrupt_tokenizer_files(draw, good: bytes) -> bytes:
     if kind == "not_an_object":
         value = draw(JSON_VALUES.filter(lambda v: not isinstance(v, dict)))
     elif kind == "no_model":
-        value = draw(st.dictionaries(st.text(max_size=10).filter(lambda k: k != "model"), JSON_VALUES, max_size=4))
+        value = draw(
+            st.dictionaries(
+                st.text(max_size=10).filter(lambda k: k != "model"), JSON_VALUES, max_size=4
+            )
+        )
         value.update(draw(st.sampled_from([{}, {k: v for k, v in parsed.items() if k != "model"}])))
-    elif kind == "wrong_part":  # one part that must be an object or a list (or null) given as a scalar
+    elif (
+        kind == "wrong_part"
+    ):  # one part that must be an object or a list (or null) given as a scalar
         value = {**parsed, draw(st.sampled_from(STRUCTURE)): draw(NON_NULL_SCALARS)}
     else:
         part = draw(st.sampled_from(["vocab", "merges"]))
@@ -143,13 +191,18 @@ def test_a_corrupt_tokenizer_json_is_refused_at_load_in_one_line_naming_it(model
 
 @settings(max_examples=12, **FIXTURE_SCOPED)
 @given(data=st.data())
-def test_the_command_line_refuses_a_corrupt_tokenizer_json_and_keeps_the_output(model, run_dir, tiny_lm, data):
+def test_the_command_line_refuses_a_corrupt_tokenizer_json_and_keeps_the_output(
+    model, run_dir, tiny_lm, data
+):
     good = (tiny_lm / "tokenizer.json").read_bytes()
     (model / "tokenizer.json").write_bytes(data.draw(corrupt_tokenizer_files(good)))
-    assert "not a valid tokenizer file" in refused_by_the_command_line(model, run_dir, "tokenizer.json")
+    assert "not a valid tokenizer file" in refused_by_the_command_line(
+        model, run_dir, "tokenizer.json"
+    )
 
 
 # --- tokenizer of the wrong size ----------------------------------------------------------------------------------
+
 
 @settings(max_examples=25, **FIXTURE_SCOPED)
 @given(target=st.integers(258, 450))
@@ -164,7 +217,9 @@ def test_a_trained_tokenizer_of_another_size_is_refused_with_both_sizes(model, t
 
 @settings(max_examples=15, **FIXTURE_SCOPED)
 @given(extra=st.integers(1, 60))
-def test_added_tokens_beyond_the_models_vocabulary_are_refused_with_both_sizes(model, tiny_lm, extra):
+def test_added_tokens_beyond_the_models_vocabulary_are_refused_with_both_sizes(
+    model, tiny_lm, extra
+):
     """The common real case: tokens added to a tokenizer whose model's embedding was never resized."""
     from tokenizers import Tokenizer
 
@@ -180,7 +235,9 @@ def test_added_tokens_beyond_the_models_vocabulary_are_refused_with_both_sizes(m
 def test_the_command_line_refuses_a_tokenizer_of_another_size(model, run_dir, delta):
     n_model = vocab_size(model)
     tok = trained_tokenizer(n_model + delta)
-    assert tok.get_vocab_size(with_added_tokens=True) == n_model + delta  # the corpus allows this many
+    assert (
+        tok.get_vocab_size(with_added_tokens=True) == n_model + delta
+    )  # the corpus allows this many
     tok.save(str(model / "tokenizer.json"))
     line = refused_by_the_command_line(model, run_dir, "tokenizer.json")
     assert {n_model + delta, n_model} <= sizes_in(line, model), line
@@ -208,6 +265,7 @@ def test_a_tokenizer_whose_ids_reach_past_the_models_vocabulary_is_refused(model
 
 # --- vocab.json + merges.txt ---------------------------------------------------------------------------------------
 
+
 def write_vocab_and_merges(model: Path, tiny_lm: Path) -> tuple[str, str]:
     """The tiny model's own tokenizer as vocab.json + merges.txt (its tokenizer.json removed): they match it."""
     raw = json.loads((tiny_lm / "tokenizer.json").read_text())
@@ -231,16 +289,23 @@ def test_vocab_json_and_merges_txt_that_fit_the_model_load(model, tiny_lm):
 @given(data=st.data())
 def test_a_vocab_json_cut_short_is_refused_in_one_line(model, tiny_lm, data):
     vocab, _ = write_vocab_and_merges(model, tiny_lm)
-    (model / "vocab.json").write_text(vocab[:data.draw(st.integers(0, len(vocab) - 1))])
+    (model / "vocab.json").write_text(vocab[: data.draw(st.integers(0, len(vocab) - 1))])
     refused_at_load(model, TokenizerError, "vocab.json")
 
 
 @settings(max_examples=20, **FIXTURE_SCOPED)
-@given(bad_line=st.one_of(
-    st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8),  # one token, not a pair
-    st.lists(st.sampled_from(["Ġ", "t", "h", "e"]), min_size=3, max_size=4).map(" ".join),  # three or more
-    st.just("Ġt zzzzzzzzzzzz"),  # a token the vocabulary does not have
-), at=st.integers(0, 50))
+@given(
+    bad_line=st.one_of(
+        st.text(
+            st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=8
+        ),  # one token, not a pair
+        st.lists(st.sampled_from(["Ġ", "t", "h", "e"]), min_size=3, max_size=4).map(
+            " ".join
+        ),  # three or more
+        st.just("Ġt zzzzzzzzzzzz"),  # a token the vocabulary does not have
+    ),
+    at=st.integers(0, 50),
+)
 def test_a_bad_line_in_merges_txt_is_refused_in_one_line_naming_it(model, tiny_lm, bad_line, at):
     _, merges = write_vocab_and_merges(model, tiny_lm)
     lines = merges.splitlines(keepends=True)
@@ -251,11 +316,17 @@ def test_a_bad_line_in_merges_txt_is_refused_in_one_line_naming_it(model, tiny_l
 
 # --- positive controls ---------------------------------------------------------------------------------------------
 
+
 def test_the_matching_tokenizer_loads_and_serves_text(model):
     llm = LLM(model)
-    assert llm.tokenizer is not None and llm.tokenizer.vocab_size == vocab_size(model) == llm.model.config.vocab_size
+    assert (
+        llm.tokenizer is not None
+        and llm.tokenizer.vocab_size == vocab_size(model) == llm.model.config.vocab_size
+    )
     (out,) = llm.generate(["To be, or not to be"], SamplingParams(max_new_tokens=4))
-    assert out.error is None and out.finish_reason in ("length", "stop") and isinstance(out.text, str)
+    assert (
+        out.error is None and out.finish_reason in ("length", "stop") and isinstance(out.text, str)
+    )
 
 
 def test_a_folder_without_tokenizer_files_serves_token_ids_and_fails_only_text_prompts(model):
@@ -273,12 +344,27 @@ def test_the_command_line_without_tokenizer_files_fails_text_prompts_one_by_one(
     for prompts, want in (("ids.jsonl", EXIT_OK), ("p.txt", EXIT_REQUEST_FAILED)):
         output = run_dir / f"{prompts}.out"
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
-            code = run_command(generate_main, ["--model", str(model), "--prompts", str(run_dir / prompts), "--backend",
-                                               "numpy", "--output", str(output), "--quiet"], prog="minirt.generate")
+            code = run_command(
+                generate_main,
+                [
+                    "--model",
+                    str(model),
+                    "--prompts",
+                    str(run_dir / prompts),
+                    "--backend",
+                    "numpy",
+                    "--output",
+                    str(output),
+                    "--quiet",
+                ],
+                prog="minirt.generate",
+            )
         assert code == want and "Traceback" not in err.getvalue(), err.getvalue()
         records = [json.loads(line) for line in output.read_text().splitlines()]
         assert len(records) == len((run_dir / prompts).read_text().splitlines())
-        assert all((r["finish_reason"] == "error") == (want == EXIT_REQUEST_FAILED) for r in records), records
+        assert all(
+            (r["finish_reason"] == "error") == (want == EXIT_REQUEST_FAILED) for r in records
+        ), records
 
 
 # --- generation_config.json ------------------------------------------------------------------------------------------
@@ -290,15 +376,29 @@ GOOD = {  # values minirt can use (and Hugging Face would accept)
     "top_p": st.floats(0.01, 1.0, exclude_min=False),
     "max_new_tokens": st.integers(1, 4096),
 }
-NOT_A_NUMBER = st.one_of(st.booleans(), st.text(max_size=6), st.lists(st.integers(), max_size=2),
-                         st.dictionaries(st.text(max_size=3), st.integers(), max_size=1))
+NOT_A_NUMBER = st.one_of(
+    st.booleans(),
+    st.text(max_size=6),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=1),
+)
 BIG = 10**15  # magnitudes past int64 are a separate (known) failure, below
 BAD = {  # values it cannot: out of range, or of the wrong type
-    "temperature": st.one_of(st.floats(max_value=-1e-9, min_value=-1e300), st.integers(-BIG, -1),
-                             st.sampled_from([float("nan"), float("inf"), float("-inf")]), NOT_A_NUMBER),
+    "temperature": st.one_of(
+        st.floats(max_value=-1e-9, min_value=-1e300),
+        st.integers(-BIG, -1),
+        st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+        NOT_A_NUMBER,
+    ),
     "top_k": st.one_of(st.integers(max_value=-1), st.floats(**FINITE), NOT_A_NUMBER),
-    "top_p": st.one_of(st.floats(max_value=0.0, min_value=-1e300), st.floats(min_value=1.0, exclude_min=True, **FINITE),
-                       st.integers(-BIG, 0), st.integers(2, BIG), st.just(float("nan")), NOT_A_NUMBER),
+    "top_p": st.one_of(
+        st.floats(max_value=0.0, min_value=-1e300),
+        st.floats(min_value=1.0, exclude_min=True, **FINITE),
+        st.integers(-BIG, 0),
+        st.integers(2, BIG),
+        st.just(float("nan")),
+        NOT_A_NUMBER,
+    ),
     "max_new_tokens": st.one_of(st.integers(max_value=0), st.floats(**FINITE), NOT_A_NUMBER),
 }
 DO_SAMPLE = st.sampled_from([None, True, False])  # None: the key is absent
@@ -308,7 +408,12 @@ DO_SAMPLE = st.sampled_from([None, True, False])  # None: the key is absent
 def generation_configs(draw, bad_field: str | None = None) -> dict:
     """A generation_config.json's content: some of the fields minirt reads (given, null or absent), keys it does
     not read, a do_sample or none; with `bad_field`, that field holds a value minirt cannot use."""
-    raw = {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 0, "transformers_version": "4.44.0"}
+    raw = {
+        "_from_model_config": True,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "transformers_version": "4.44.0",
+    }
     do_sample = draw(DO_SAMPLE)
     if do_sample is not None:
         raw["do_sample"] = do_sample
@@ -336,7 +441,9 @@ def write_generation_config(folder: Path, value) -> None:
 
 
 def write_generation_text(folder: Path, data: str | bytes) -> None:
-    (folder / "generation_config.json").write_bytes(data.encode() if isinstance(data, str) else data)
+    (folder / "generation_config.json").write_bytes(
+        data.encode() if isinstance(data, str) else data
+    )
 
 
 def refused_generation_config(folder: Path) -> str:
@@ -344,7 +451,9 @@ def refused_generation_config(folder: Path) -> str:
         generation_defaults(folder)
     message = str(caught.value)
     assert len(message.splitlines()) == 1 and "\n" not in message, message
-    assert str(folder / "generation_config.json") in message and message.endswith("fix or remove the file"), message
+    assert str(folder / "generation_config.json") in message and message.endswith(
+        "fix or remove the file"
+    ), message
     return message
 
 
@@ -359,7 +468,9 @@ def not_json(data: bytes) -> bool:
 NOT_JSON = st.one_of(
     st.binary(max_size=80).filter(not_json),
     st.text(max_size=40).map(str.encode).filter(not_json),
-    st.builds(lambda raw, n: json.dumps(raw).encode()[:n], generation_configs(), st.integers(0, 60)).filter(not_json),
+    st.builds(
+        lambda raw, n: json.dumps(raw).encode()[:n], generation_configs(), st.integers(0, 60)
+    ).filter(not_json),
     st.just(b"\xef\xbb\xbf{}"),  # a byte-order mark: transformers' reader refuses it too
 )
 
@@ -372,11 +483,24 @@ def test_a_generation_config_that_is_not_json_is_refused_in_one_line(model, cont
 
 
 @settings(max_examples=30, **FIXTURE_SCOPED)
-@given(content=st.one_of(JSON_VALUES.filter(lambda v: not isinstance(v, dict)),
-                         st.builds(lambda raw, d: {**raw, "do_sample": d}, generation_configs(),
-                                   st.one_of(st.integers(), st.floats(**FINITE), st.text(max_size=5),
-                                             st.lists(st.booleans(), max_size=2)))))
-def test_a_generation_config_that_is_not_an_object_or_whose_do_sample_is_not_a_bool_is_refused(model, content):
+@given(
+    content=st.one_of(
+        JSON_VALUES.filter(lambda v: not isinstance(v, dict)),
+        st.builds(
+            lambda raw, d: {**raw, "do_sample": d},
+            generation_configs(),
+            st.one_of(
+                st.integers(),
+                st.floats(**FINITE),
+                st.text(max_size=5),
+                st.lists(st.booleans(), max_size=2),
+            ),
+        ),
+    )
+)
+def test_a_generation_config_that_is_not_an_object_or_whose_do_sample_is_not_a_bool_is_refused(
+    model, content
+):
     write_generation_config(model, content)
     assert "do_sample" in refused_generation_config(model)
 
@@ -394,9 +518,22 @@ def test_llm_refuses_a_bad_generation_config_at_load(model):
     assert "top_p" in refused_at_load(model, CheckpointError, "generation_config.json")
 
 
-@pytest.mark.parametrize("content", ['{"temperature": "hot"}', '{"top_k": -1}', '{"top_k": 2.5}', '{"top_p": 0}',
-                                     '{"max_new_tokens": 0}', '{"do_sample": "yes"}', "[]", '{"temperature": 0.7,'])
-def test_the_command_line_refuses_a_bad_generation_config_and_keeps_the_output(model, run_dir, content):
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"temperature": "hot"}',
+        '{"top_k": -1}',
+        '{"top_k": 2.5}',
+        '{"top_p": 0}',
+        '{"max_new_tokens": 0}',
+        '{"do_sample": "yes"}',
+        "[]",
+        '{"temperature": 0.7,',
+    ],
+)
+def test_the_command_line_refuses_a_bad_generation_config_and_keeps_the_output(
+    model, run_dir, content
+):
     write_generation_text(model, content)
     refused_by_the_command_line(model, run_dir, "generation_config.json")
 
@@ -419,7 +556,9 @@ def test_no_generation_config_is_greedy_with_minirts_own_defaults(model):
     assert generation_defaults(model) == SamplingParams(temperature=0.0)
     write_generation_config(model, {"do_sample": True})
     assert generation_defaults(model) == SamplingParams(temperature=1.0, top_k=50, top_p=1.0)
-    assert LLM(model).defaults == SamplingParams(temperature=1.0, top_k=50, top_p=1.0)  # what LLM serves with
+    assert LLM(model).defaults == SamplingParams(
+        temperature=1.0, top_k=50, top_p=1.0
+    )  # what LLM serves with
 
 
 @pytest.mark.reference
@@ -430,16 +569,25 @@ def test_sampling_defaults_agree_with_transformers_generation_config(model, raw)
     config_class = transformers.GenerationConfig
     write_generation_config(model, raw)
     theirs = config_class.from_pretrained(str(model))
-    if hasattr(config_class, "_get_default_generation_params"):  # transformers 5: unset fields stay None
+    if hasattr(
+        config_class, "_get_default_generation_params"
+    ):  # transformers 5: unset fields stay None
         defaults = config_class._get_default_generation_params()
     else:  # transformers 4: GenerationConfig() holds them
-        defaults = {k: getattr(config_class(), k) for k in ("do_sample", "temperature", "top_k", "top_p")}
-    effective = {k: defaults[k] if getattr(theirs, k) is None else getattr(theirs, k)
-                 for k in ("do_sample", "temperature", "top_k", "top_p")}
+        defaults = {
+            k: getattr(config_class(), k) for k in ("do_sample", "temperature", "top_k", "top_p")
+        }
+    effective = {
+        k: defaults[k] if getattr(theirs, k) is None else getattr(theirs, k)
+        for k in ("do_sample", "temperature", "top_k", "top_p")
+    }
     ours = generation_defaults(model)
     if effective["do_sample"]:
-        assert (ours.temperature, ours.top_k, ours.top_p) == (effective["temperature"], effective["top_k"],
-                                                             effective["top_p"]), (raw, effective, ours)
+        assert (ours.temperature, ours.top_k, ours.top_p) == (
+            effective["temperature"],
+            effective["top_k"],
+            effective["top_p"],
+        ), (raw, effective, ours)
     else:
         assert ours.greedy, (raw, ours)
     if raw.get("max_new_tokens") is not None:
@@ -448,11 +596,14 @@ def test_sampling_defaults_agree_with_transformers_generation_config(model, raw)
 
 @pytest.mark.parametrize("field", ["temperature", "top_p"])
 def test_a_number_too_big_for_numpy_is_refused_in_one_line(model, field):
-    write_generation_text(model, '{"%s": 1%s}' % (field, "0" * 400))  # an integer past float's range
+    write_generation_text(
+        model, '{"%s": 1%s}' % (field, "0" * 400)
+    )  # an integer past float's range
     assert field in refused_generation_config(model)
 
 
 # --- a tokenizer.json that loads but misbehaves on some text (found by review) -------------------------------------
+
 
 def edit_tokenizer_json(folder: Path, **parts) -> None:
     raw = json.loads((folder / "tokenizer.json").read_text())
@@ -462,24 +613,67 @@ def edit_tokenizer_json(folder: Path, **parts) -> None:
 
 def test_a_tokenizer_that_panics_on_a_prompt_fails_that_request_alone(model, run_dir, capsys):
     """An empty Replace pattern makes the Rust library panic (a PanicException, which is no Exception)."""
-    edit_tokenizer_json(model, normalizer={"type": "Replace", "pattern": {"String": ""}, "content": "aa"})
+    edit_tokenizer_json(
+        model, normalizer={"type": "Replace", "pattern": {"String": ""}, "content": "aa"}
+    )
     got = LLM(model).generate(["To be", [1, 2, 3]], SamplingParams(max_new_tokens=2))
-    assert got[0].finish_reason == "error" and "tokenizer.json failed on this prompt" in got[0].error
+    assert (
+        got[0].finish_reason == "error" and "tokenizer.json failed on this prompt" in got[0].error
+    )
     assert got[1].error is None and len(got[1].token_ids) == 2  # its peer is served
     out = run_dir / "o.jsonl"
-    code = run_command(generate_main, ["--model", str(model), "--prompts", str(run_dir / "p.txt"), "--backend", "numpy",
-                                       "--max-new-tokens", "2", "--output", str(out), "--quiet"])
+    code = run_command(
+        generate_main,
+        [
+            "--model",
+            str(model),
+            "--prompts",
+            str(run_dir / "p.txt"),
+            "--backend",
+            "numpy",
+            "--max-new-tokens",
+            "2",
+            "--output",
+            str(out),
+            "--quiet",
+        ],
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert code == 1 and all(r["finish_reason"] == "error" for r in records) and len(records) == 2
     assert "Traceback" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("parts", [
-    {"truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0}},
-    {"truncation": {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 5}},
-    {"padding": {"strategy": {"Fixed": 20}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 5,
-                 "pad_type_id": 0, "pad_token": "x"}},
-])
+@pytest.mark.parametrize(
+    "parts",
+    [
+        {
+            "truncation": {
+                "direction": "Right",
+                "max_length": 2,
+                "strategy": "LongestFirst",
+                "stride": 0,
+            }
+        },
+        {
+            "truncation": {
+                "direction": "Right",
+                "max_length": 2,
+                "strategy": "LongestFirst",
+                "stride": 5,
+            }
+        },
+        {
+            "padding": {
+                "strategy": {"Fixed": 20},
+                "direction": "Right",
+                "pad_to_multiple_of": None,
+                "pad_id": 5,
+                "pad_type_id": 0,
+                "pad_token": "x",
+            }
+        },
+    ],
+)
 def test_truncation_and_padding_in_tokenizer_json_never_change_a_prompt(model, tiny_lm, parts):
     """transformers feeds a prompt whole unless asked; before, minirt ran 2 of 9 tokens, or 20 with padding."""
     prompt = "To be, or not to be, that is the question"
@@ -495,11 +689,27 @@ def test_a_token_id_prompt_is_shown_and_recorded_as_its_decoded_text(tiny_lm, ru
 
     want = Reference.from_file(str(tiny_lm / "tokenizer.json")).decode([5, 6, 7])
     (run_dir / "ids.jsonl").write_text('{"prompt": [5, 6, 7]}\n{"prompt": "To be"}\n')
-    code = run_command(generate_main, ["--model", str(tiny_lm), "--prompts", str(run_dir / "ids.jsonl"),
-                                       "--backend", "numpy", "--max-new-tokens", "2",
-                                       "--output", str(run_dir / "o.jsonl")])
+    code = run_command(
+        generate_main,
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(run_dir / "ids.jsonl"),
+            "--backend",
+            "numpy",
+            "--max-new-tokens",
+            "2",
+            "--output",
+            str(run_dir / "o.jsonl"),
+        ],
+    )
     out = capsys.readouterr().out
     assert code == 0 and f"\n{want}" in out and "None" not in out and want.strip()
-    ids_record, text_record = (json.loads(line) for line in (run_dir / "o.jsonl").read_text().splitlines())
+    ids_record, text_record = (
+        json.loads(line) for line in (run_dir / "o.jsonl").read_text().splitlines()
+    )
     assert ids_record["prompt"] == want and ids_record["prompt_token_ids"] == [5, 6, 7]
-    assert text_record["prompt"] == "To be" and "prompt_token_ids" not in text_record  # a text prompt: as given
+    assert (
+        text_record["prompt"] == "To be" and "prompt_token_ids" not in text_record
+    )  # a text prompt: as given

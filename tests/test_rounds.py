@@ -40,16 +40,25 @@ def test_cli_json_for_the_seed_exercise(capsys):
     report = json.loads(capsys.readouterr().out)
     static, continuous = report["policies"]["static"], report["policies"]["continuous"]
     assert static["total_rounds"] == 12 and continuous["total_rounds"] == 8
-    assert static["requests"][3] == {"index": 3, "output_len": 4, "rounds_waited": 8, "first_round": 9,
-                                     "finish_round": 12}
+    assert static["requests"][3] == {
+        "index": 3,
+        "output_len": 4,
+        "rounds_waited": 8,
+        "first_round": 9,
+        "finish_round": 12,
+    }
     assert continuous["requests"][3]["first_round"] == 3
-    assert static["utilization"] == pytest.approx(19 / (3 * 8 + 1 * 4), abs=1e-6)  # active / held row-rounds
+    assert static["utilization"] == pytest.approx(
+        19 / (3 * 8 + 1 * 4), abs=1e-6
+    )  # active / held row-rounds
 
 
 @SETTINGS
 @given(output_lens=lengths, rows=st.integers(1, 5), data=st.data())
 def test_every_request_gets_exactly_its_tokens(output_lens, rows, data):
-    prompts = data.draw(st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens)))
+    prompts = data.draw(
+        st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens))
+    )
     for policy in ("static", "continuous"):
         sim = simulate(output_lens, policy, rows, prompts, round_tokens=16)
         for r, n in zip(sim.requests, output_lens, strict=True):
@@ -68,19 +77,27 @@ def test_static_rounds_are_the_sum_of_each_groups_longest(output_lens, rows, kv_
     order = [r.index for g in groups for r in g.members]
     assert order == list(range(len(output_lens)))  # groups take requests in arrival order
     for g in groups:
-        longest = max(len(r.token_ids) for r in g.members)  # with 1-token prompts, a request reserves its length
+        longest = max(
+            len(r.token_ids) for r in g.members
+        )  # with 1-token prompts, a request reserves its length
         assert len(g.members) <= rows
         assert len(g.members) == 1 or len(g.members) * longest <= kv_budget
-    if kv_budget >= rows * max(output_lens):  # memory never binds: groups are consecutive chunks of `rows`
-        chunks = [output_lens[i:i + rows] for i in range(0, len(output_lens), rows)]
+    if kv_budget >= rows * max(
+        output_lens
+    ):  # memory never binds: groups are consecutive chunks of `rows`
+        chunks = [output_lens[i : i + rows] for i in range(0, len(output_lens), rows)]
         assert sim.total_rounds == sum(max(c) for c in chunks)
 
 
 @SETTINGS
 @given(output_lens=lengths, rows=st.integers(1, 5), data=st.data())
 def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output_lens, rows, data):
-    prompts = data.draw(st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens)))
-    kv_budget = data.draw(st.integers(max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True)), 80))
+    prompts = data.draw(
+        st.lists(st.integers(1, 9), min_size=len(output_lens), max_size=len(output_lens))
+    )
+    kv_budget = data.draw(
+        st.integers(max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True)), 80)
+    )
     round_tokens = data.draw(st.integers(max(prompts), 30))
     checked = []
 
@@ -95,7 +112,9 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         assert scheduler.pool[0] == pool_rows
         if plan.round_number == 1:
             assert plan.new_kv == (pool_rows, longest_need)
-            assert plan.kv_limited == (pool_rows < min(rows, len(output_lens)))  # the budget, not the queue
+            assert plan.kv_limited == (
+                pool_rows < min(rows, len(output_lens))
+            )  # the budget, not the queue
         assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= pool_rows
         if len(plan.active) < pool_rows:  # a free row: nobody waiting may fit it
             for waiting in scheduler.waiting:
@@ -104,28 +123,55 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
                 assert not (fits_kv and fits_tokens), f"row idle while request {waiting.index} fits"
         checked.append(len(plan.active))
 
-    sim = simulate(output_lens, "continuous", rows, prompts, kv_budget=kv_budget, round_tokens=round_tokens,
-                   on_plan=check)
+    sim = simulate(
+        output_lens,
+        "continuous",
+        rows,
+        prompts,
+        kv_budget=kv_budget,
+        round_tokens=round_tokens,
+        on_plan=check,
+    )
     assert checked == sim.scheduler.active_rows  # the check ran on every round's plan
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(output_lens=st.lists(st.integers(1, 7), min_size=1, max_size=7), rows=st.integers(1, 4), data=st.data())
+@given(
+    output_lens=st.lists(st.integers(1, 7), min_size=1, max_size=7),
+    rows=st.integers(1, 4),
+    data=st.data(),
+)
 def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, data):
     model = random_model(seed=5, vocab_size=40, n_positions=32)
-    prompts = data.draw(st.lists(st.integers(1, 6), min_size=len(output_lens), max_size=len(output_lens)))
+    prompts = data.draw(
+        st.lists(st.integers(1, 6), min_size=len(output_lens), max_size=len(output_lens))
+    )
     tokens_by_policy = {}
     for policy in ("static", "continuous"):
         engine = Engine(model, None, batch_size=rows, policy=policy, round_token_budget=12)
-        requests = [engine.make_request(i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True))
-                    for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))]
+        requests = [
+            engine.make_request(
+                i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True)
+            )
+            for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
+        ]
         stats = engine.serve(requests)
-        sim = simulate(output_lens, policy, rows, prompts, kv_budget=engine.kv_budget_positions, round_tokens=12)
-        assert ([(r.first_round, r.finish_round) for r in requests]
-                == [(r.first_round, r.finish_round) for r in sim.requests])
+        sim = simulate(
+            output_lens,
+            policy,
+            rows,
+            prompts,
+            kv_budget=engine.kv_budget_positions,
+            round_tokens=12,
+        )
+        assert [(r.first_round, r.finish_round) for r in requests] == [
+            (r.first_round, r.finish_round) for r in sim.requests
+        ]
         assert stats.active_rows_per_round == sim.scheduler.active_rows
         tokens_by_policy[policy] = [r.token_ids for r in requests]
-    assert tokens_by_policy["static"] == tokens_by_policy["continuous"]  # the policy never changes a result
+    assert (
+        tokens_by_policy["static"] == tokens_by_policy["continuous"]
+    )  # the policy never changes a result
 
 
 def test_svg_is_well_formed_and_draws_every_active_cell(tmp_path):
@@ -133,25 +179,41 @@ def test_svg_is_well_formed_and_draws_every_active_cell(tmp_path):
     svg = svg_panels(sims, "seed exercise")
     root = ET.fromstring(svg)
     cell = int(root.get("data-cell"))
-    blue = [int(el.get("width")) for el in root.iter("{http://www.w3.org/2000/svg}rect") if el.get("fill") == "#2b6cb0"]
+    blue = [
+        int(el.get("width"))
+        for el in root.iter("{http://www.w3.org/2000/svg}rect")
+        if el.get("fill") == "#2b6cb0"
+    ]
     active_cells = sum(2 + 5 + 8 + 4 for _ in sims)
     gap = 1 if cell >= 10 else 0
-    assert len(blue) - 1 == active_cells and set(blue[:-1]) == {cell - gap}  # one rect per active cell, then the legend
-    assert run_command(main, ["--lengths", "2,5,8,4", "--batch-size", "3", "--svg", str(tmp_path / "g.svg")]) == EXIT_OK
+    assert len(blue) - 1 == active_cells and set(blue[:-1]) == {
+        cell - gap
+    }  # one rect per active cell, then the legend
+    assert (
+        run_command(
+            main, ["--lengths", "2,5,8,4", "--batch-size", "3", "--svg", str(tmp_path / "g.svg")]
+        )
+        == EXIT_OK
+    )
     ET.parse(tmp_path / "g.svg")
 
 
 def test_workload_comparison_and_errors(capsys):
-    assert run_command(main, ["--workload", "30", "--seed", "1", "--batch-sizes", "2,4", "--json"]) == EXIT_OK
+    assert (
+        run_command(main, ["--workload", "30", "--seed", "1", "--batch-sizes", "2,4", "--json"])
+        == EXIT_OK
+    )
     report = json.loads(capsys.readouterr().out)
     for rows in ("2", "4"):
         static = report["batch_sizes"][rows]["policies"]["static"]
         continuous = report["batch_sizes"][rows]["policies"]["continuous"]
         assert continuous["total_rounds"] <= static["total_rounds"]
         assert len(static["requests"]) == 30
-    for argv, fragment in [(["--lengths", "2,0"], "length must be an integer >= 1"),
-                           (["--lengths", "2,5", "--prompt-lengths", "1"], "prompt lengths"),
-                           (["--lengths", "2,5", "--batch-size", "0"], "--batch-size")]:
+    for argv, fragment in [
+        (["--lengths", "2,0"], "length must be an integer >= 1"),
+        (["--lengths", "2,5", "--prompt-lengths", "1"], "prompt lengths"),
+        (["--lengths", "2,5", "--batch-size", "0"], "--batch-size"),
+    ]:
         try:
             code = run_command(main, argv, prog="minirt.rounds")
         except SystemExit as exc:  # argparse refuses a malformed flag itself, also with status 2

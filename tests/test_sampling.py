@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from minirt.errors import RequestError
 from minirt.engine.params import SamplingParams
-from minirt.engine.sampler import choose_token, derived_seed, filtered_distribution, log_softmax, request_rng
+from minirt.engine.sampler import (
+    choose_token,
+    derived_seed,
+    filtered_distribution,
+    log_softmax,
+    request_rng,
+)
 
 
 def brute_force_distribution(logits, temperature, top_k, top_p):
@@ -46,7 +52,9 @@ def brute_force_distribution(logits, temperature, top_k, top_p):
 def test_filtered_distribution_matches_the_definition(logits, temperature, top_k, top_p):
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     got = filtered_distribution(np.array(logits, dtype=np.float32), params)
-    want = brute_force_distribution([float(np.float32(x)) for x in logits], temperature, top_k, top_p)
+    want = brute_force_distribution(
+        [float(np.float32(x)) for x in logits], temperature, top_k, top_p
+    )
     # Where the running total lands within rounding of top_p, the two computations may
     # legitimately keep one token more or less; such boundary cases say nothing.
     kept = sorted((p for p in want if p > 0), reverse=True)
@@ -60,7 +68,9 @@ def test_filtered_distribution_matches_the_definition(logits, temperature, top_k
 def test_hand_computed_example():
     logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
     p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_p=0.8))
-    assert np.allclose(p, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0])  # 0.5+0.2 < 0.8, so 0.15 joins
+    assert np.allclose(
+        p, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]
+    )  # 0.5+0.2 < 0.8, so 0.15 joins
     p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_k=2))
     assert np.allclose(p, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0])
     p = filtered_distribution(logits, SamplingParams(temperature=0.5))
@@ -74,7 +84,9 @@ def test_sampling_frequencies_follow_the_distribution():
     want = np.array(brute_force_distribution(logits.tolist(), 0.9, 4, 0.95))
     rng = request_rng(123)
     n = 20000
-    counts = np.bincount([choose_token(logits, params, rng, want_logprob=False)[0] for _ in range(n)], minlength=6)
+    counts = np.bincount(
+        [choose_token(logits, params, rng, want_logprob=False)[0] for _ in range(n)], minlength=6
+    )
     assert counts[want == 0].sum() == 0  # filtered tokens are never drawn
     observed = counts / n
     assert np.all(np.abs(observed - want) < 4 * np.sqrt(want * (1 - want) / n) + 1e-12)
@@ -83,10 +95,14 @@ def test_sampling_frequencies_follow_the_distribution():
 def test_greedy_is_argmax_and_draws_nothing():
     rng = request_rng(5)
     state = rng.bit_generator.state
-    token, logprob = choose_token(np.array([0.1, 3.0, 3.0, -1.0]), SamplingParams(temperature=0), rng)
+    token, logprob = choose_token(
+        np.array([0.1, 3.0, 3.0, -1.0]), SamplingParams(temperature=0), rng
+    )
     assert token == 1  # ties go to the lowest id
     assert rng.bit_generator.state == state
-    assert logprob == pytest.approx(3.0 - math.log(math.exp(0.1) + 2 * math.exp(3.0) + math.exp(-1.0)))
+    assert logprob == pytest.approx(
+        3.0 - math.log(math.exp(0.1) + 2 * math.exp(3.0) + math.exp(-1.0))
+    )
 
 
 def test_logprob_is_under_the_raw_distribution_not_the_filtered_one():
@@ -107,20 +123,23 @@ def test_same_seed_same_stream_and_derived_seeds_differ():
     assert len(seeds) == 200 and all(0 <= s < 2**63 for s in seeds)
 
 
-@pytest.mark.parametrize("fields, fragment", [
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"top_k": -1}, "top_k"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"seed": -3}, "seed"),
-    ({"stop": [""]}, "stop"),
-    ({"stop": [3]}, "stop"),
-    ({"stop_token_ids": ["x"]}, "stop_token_ids"),
-    ({"ignore_eos": "yes"}, "ignore_eos"),
-    ({"max_new_tokens": True}, "max_new_tokens"),
-])
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": -3}, "seed"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": [3]}, "stop"),
+        ({"stop_token_ids": ["x"]}, "stop_token_ids"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+    ],
+)
 def test_bad_parameters_are_refused(fields, fragment):
     with pytest.raises(RequestError, match=fragment):
         SamplingParams(**fields)
@@ -140,9 +159,12 @@ def test_updated_refuses_unknown_fields_and_accepts_lists():
 # those k tokens, no more (the property test above skips cases within 1e-9 of the boundary, so it cannot tell
 # `<` from `<=` there).
 
+
 @pytest.mark.parametrize("n, k", [(4, 2), (4, 1), (4, 3), (8, 2), (8, 3), (8, 5), (16, 7), (2, 1)])
 def test_top_p_reached_exactly_keeps_exactly_those_tokens(n, k):
-    probs = filtered_distribution(np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n))
+    probs = filtered_distribution(
+        np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n)
+    )
     assert np.count_nonzero(probs) == k  # ties ranked by id: the first k ids, each 1/k
     assert np.array_equal(probs, np.array([1 / k] * k + [0.0] * (n - k)))
 
@@ -154,7 +176,9 @@ def test_top_p_boundary_agrees_with_transformers(n, k):
     warpers = pytest.importorskip("transformers.generation.logits_process")
     scores = torch.zeros((1, n), dtype=torch.float32)
     kept_by_them = torch.isfinite(warpers.TopPLogitsWarper(top_p=k / n)(None, scores)).sum().item()
-    probs = filtered_distribution(np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n))
+    probs = filtered_distribution(
+        np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n)
+    )
     assert np.count_nonzero(probs) == kept_by_them == k
 
 
@@ -168,7 +192,9 @@ class FixedDraw:
         return self.u
 
 
-@pytest.mark.parametrize("u, want", [(0.0, 1), (0.1, 1), (0.25, 2), (0.5, 3), (0.75, 4), (0.999, 4)])
+@pytest.mark.parametrize(
+    "u, want", [(0.0, 1), (0.1, 1), (0.25, 2), (0.5, 3), (0.75, 4), (0.999, 4)]
+)
 def test_a_draw_maps_u_to_the_token_whose_interval_holds_it(u, want):
     """Token i is drawn when cumulative[i-1] <= u < cumulative[i] (inverse CDF, in id order).  top_k=4 over
     logits [0, 1, 1, 1, 1] keeps tokens 1-4 at exactly 1/4 each, cumulative [0, .25, .5, .75, 1]: token 0 has

@@ -40,21 +40,43 @@ def by_hand(logits, bias, repetition, presence, frequency, prompt, output):
 
 
 @settings(max_examples=200, deadline=None)
-@given(logits=logit_lists, prompt=histories, output=histories,
-       bias=st.dictionaries(st.integers(0, V - 1), st.floats(-5, 5), max_size=4),
-       repetition=st.floats(0.2, 3.0), presence=st.floats(-2, 2), frequency=st.floats(-2, 2))
-def test_biases_and_penalties_follow_their_formulas(logits, prompt, output, bias, repetition, presence, frequency):
-    params = SamplingParams(logit_bias=bias, repetition_penalty=repetition, presence_penalty=presence,
-                            frequency_penalty=frequency)
+@given(
+    logits=logit_lists,
+    prompt=histories,
+    output=histories,
+    bias=st.dictionaries(st.integers(0, V - 1), st.floats(-5, 5), max_size=4),
+    repetition=st.floats(0.2, 3.0),
+    presence=st.floats(-2, 2),
+    frequency=st.floats(-2, 2),
+)
+def test_biases_and_penalties_follow_their_formulas(
+    logits, prompt, output, bias, repetition, presence, frequency
+):
+    params = SamplingParams(
+        logit_bias=bias,
+        repetition_penalty=repetition,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+    )
     got = processed_logits(np.array(logits, dtype=np.float32), params, prompt, output)
-    want = by_hand(np.array(logits, dtype=np.float32).tolist(), bias, repetition, presence, frequency, prompt, output)
+    want = by_hand(
+        np.array(logits, dtype=np.float32).tolist(),
+        bias,
+        repetition,
+        presence,
+        frequency,
+        prompt,
+        output,
+    )
     assert np.allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 @settings(max_examples=200, deadline=None)
 @given(logits=logit_lists, min_p=st.floats(0.0, 1.0), temperature=st.floats(0.2, 3.0))
 def test_min_p_keeps_what_is_at_least_min_p_of_the_top(logits, min_p, temperature):
-    probs = filtered_distribution(np.array(logits), SamplingParams(temperature=temperature, min_p=min_p))
+    probs = filtered_distribution(
+        np.array(logits), SamplingParams(temperature=temperature, min_p=min_p)
+    )
     exps = [math.exp(v / temperature - max(logits) / temperature) for v in logits]
     p = [e / sum(exps) for e in exps]
     kept = [q if q >= min_p * max(p) else 0.0 for q in p]
@@ -67,14 +89,23 @@ def test_json_keys_are_token_ids_and_bad_values_are_refused():
     for bad in ({"x": 1}, {"-1": 1}, {5: float("nan")}, {5: "big"}, [1, 2], "7:1"):
         with pytest.raises(RequestError, match="logit_bias"):
             SamplingParams(logit_bias=bad)
-    for field, value in (("repetition_penalty", 0), ("repetition_penalty", -1.0), ("presence_penalty", math.inf),
-                         ("frequency_penalty", "1"), ("min_p", 1.5), ("min_p", -0.1), ("min_p", math.nan)):
+    for field, value in (
+        ("repetition_penalty", 0),
+        ("repetition_penalty", -1.0),
+        ("presence_penalty", math.inf),
+        ("frequency_penalty", "1"),
+        ("min_p", 1.5),
+        ("min_p", -0.1),
+        ("min_p", math.nan),
+    ):
         with pytest.raises(RequestError, match=field):
             SamplingParams(**{field: value})
 
 
 def serve(engine, prompts, params):
-    requests = [engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+    requests = [
+        engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+    ]
     engine.serve(requests)
     return [r.token_ids for r in requests]
 
@@ -84,25 +115,46 @@ def model():
     return random_model(seed=4, vocab_size=40, n_positions=64)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), batch_size=st.integers(1, 4), policy=st.sampled_from(["static", "continuous"]))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(), batch_size=st.integers(1, 4), policy=st.sampled_from(["static", "continuous"])
+)
 def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, policy):
     n = data.draw(st.integers(1, 5), label="requests")
-    prompts = [data.draw(st.lists(st.integers(0, 39), min_size=1, max_size=6), label="prompt") for _ in range(n)]
-    params = [SamplingParams(
-        max_new_tokens=data.draw(st.integers(1, 8)), temperature=data.draw(st.sampled_from([0.0, 0.9])),
-        seed=i, ignore_eos=True, min_p=data.draw(st.sampled_from([0.0, 0.05])),
-        repetition_penalty=data.draw(st.sampled_from([1.0, 1.3])),
-        presence_penalty=data.draw(st.sampled_from([0.0, 0.5])),
-        frequency_penalty=data.draw(st.sampled_from([0.0, 0.7])),
-        logit_bias=data.draw(st.dictionaries(st.integers(0, 39), st.floats(-3, 3), max_size=2)),
-        logprobs=data.draw(st.sampled_from([None, 0, 3])), prompt_logprobs=data.draw(st.booleans()),
-        n=data.draw(st.integers(1, 3)))
-        for i in range(n)]
+    prompts = [
+        data.draw(st.lists(st.integers(0, 39), min_size=1, max_size=6), label="prompt")
+        for _ in range(n)
+    ]
+    params = [
+        SamplingParams(
+            max_new_tokens=data.draw(st.integers(1, 8)),
+            temperature=data.draw(st.sampled_from([0.0, 0.9])),
+            seed=i,
+            ignore_eos=True,
+            min_p=data.draw(st.sampled_from([0.0, 0.05])),
+            repetition_penalty=data.draw(st.sampled_from([1.0, 1.3])),
+            presence_penalty=data.draw(st.sampled_from([0.0, 0.5])),
+            frequency_penalty=data.draw(st.sampled_from([0.0, 0.7])),
+            logit_bias=data.draw(st.dictionaries(st.integers(0, 39), st.floats(-3, 3), max_size=2)),
+            logprobs=data.draw(st.sampled_from([None, 0, 3])),
+            prompt_logprobs=data.draw(st.booleans()),
+            n=data.draw(st.integers(1, 3)),
+        )
+        for i in range(n)
+    ]
     together = served(Engine(model, None, batch_size=batch_size, policy=policy), prompts, params)
-    for request in together:  # each sample alone, in a batch of one, is what it was beside its peers
-        [alone] = [r for r in served(Engine(model, None, batch_size=1), [prompts[request.index]],
-                                     [params[request.index]]) if r.sample == request.sample]
+    for (
+        request
+    ) in together:  # each sample alone, in a batch of one, is what it was beside its peers
+        [alone] = [
+            r
+            for r in served(
+                Engine(model, None, batch_size=1), [prompts[request.index]], [params[request.index]]
+            )
+            if r.sample == request.sample
+        ]
         assert alone.token_ids == request.token_ids
         assert len(alone.top_logprobs) == len(request.top_logprobs)
         for mine, theirs in zip(alone.top_logprobs, request.top_logprobs, strict=True):
@@ -116,8 +168,11 @@ def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, po
 
 def served(engine, prompts, params):
     """Every request, a prompt's n samples one after another, after serving them together."""
-    requests = [engine.make_request(i, p, sp, sample=k) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
-                for k in range(sp.n)]
+    requests = [
+        engine.make_request(i, p, sp, sample=k)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        for k in range(sp.n)
+    ]
     engine.serve(requests)
     return requests
 
@@ -125,15 +180,28 @@ def served(engine, prompts, params):
 def test_a_bias_steers_greedy_decoding(model):
     """+100 on token 5 makes greedy pick 5 every time; a repetition penalty alone changes nothing unless seen."""
     engine = Engine(model, None, batch_size=2)
-    biased = serve(engine, [[1, 2, 3]], [SamplingParams(max_new_tokens=4, logit_bias={5: 100.0}, ignore_eos=True)])
+    biased = serve(
+        engine,
+        [[1, 2, 3]],
+        [SamplingParams(max_new_tokens=4, logit_bias={5: 100.0}, ignore_eos=True)],
+    )
     assert biased == [[5, 5, 5, 5]]
-    plain, penalised = serve(engine, [[1, 2, 3], [1, 2, 3]], [SamplingParams(max_new_tokens=12, ignore_eos=True),
-                             SamplingParams(max_new_tokens=12, ignore_eos=True, repetition_penalty=50.0)])
+    plain, penalised = serve(
+        engine,
+        [[1, 2, 3], [1, 2, 3]],
+        [
+            SamplingParams(max_new_tokens=12, ignore_eos=True),
+            SamplingParams(max_new_tokens=12, ignore_eos=True, repetition_penalty=50.0),
+        ],
+    )
     assert len(set(penalised)) > len(set(plain)) or len(set(plain)) == 12  # it repeats itself less
 
 
 @settings(max_examples=200, deadline=None)
-@given(logits=st.lists(st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0]), min_size=V, max_size=V), n=st.integers(1, V))
+@given(
+    logits=st.lists(st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0]), min_size=V, max_size=V),
+    n=st.integers(1, V),
+)
 def test_top_logprobs_are_the_most_likely_by_hand(logits, n):
     """Most likely first, ties to the lower id, values the log-softmax computed by hand."""
     total = math.log(sum(math.exp(v) for v in logits))
@@ -153,18 +221,49 @@ def test_logprobs_n_records_the_alternatives_of_every_step(tiny_lm, tmp_path):
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "To be"}\n{"prompt": "To be", "logprobs": 1}\n')
-    for flags, sizes in ((["--logprobs", "3"], [3, 1]), (["--logprobs"], [None, 1]), ([], [None, 1])):
+    for flags, sizes in (
+        (["--logprobs", "3"], [3, 1]),
+        (["--logprobs"], [None, 1]),
+        ([], [None, 1]),
+    ):
         out = tmp_path / "o.jsonl"
-        assert run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--quiet",
-                                  "--max-new-tokens", "5", "--temperature", "0", "--no-progress", *flags]) == 0
-        for record, size in zip([json.loads(line) for line in out.read_text().splitlines()], sizes, strict=True):
+        assert (
+            run_command(
+                main,
+                [
+                    "--model",
+                    str(tiny_lm),
+                    "--prompts",
+                    str(prompts),
+                    "--output",
+                    str(out),
+                    "--quiet",
+                    "--max-new-tokens",
+                    "5",
+                    "--temperature",
+                    "0",
+                    "--no-progress",
+                    *flags,
+                ],
+            )
+            == 0
+        )
+        for record, size in zip(
+            [json.loads(line) for line in out.read_text().splitlines()], sizes, strict=True
+        ):
             if size is None:
                 assert "top_logprobs" not in record
                 continue
-            assert [len(step) for step in record["top_logprobs"]] == [size] * len(record["token_ids"])
-            assert [step[0][0] for step in record["top_logprobs"]] == record["token_ids"]  # greedy: the top one
+            assert [len(step) for step in record["top_logprobs"]] == [size] * len(
+                record["token_ids"]
+            )
+            assert [step[0][0] for step in record["top_logprobs"]] == record[
+                "token_ids"
+            ]  # greedy: the top one
             assert [step[0][1] for step in record["top_logprobs"]] == record["logprobs"]
-            assert all(step == sorted(step, key=lambda pair: -pair[1]) for step in record["top_logprobs"])
+            assert all(
+                step == sorted(step, key=lambda pair: -pair[1]) for step in record["top_logprobs"]
+            )
 
 
 @pytest.mark.parametrize("name", ["base", "untied_head", "odd_heads"])
@@ -186,9 +285,15 @@ def test_prompt_logprobs_equal_the_committed_transformers_logits(name):
         assert np.allclose(out.prompt_logprobs[1:], want, atol=1e-4)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(1, 4), batch_size=st.integers(1, 5), seed=st.integers(0, 99),
-       policy=st.sampled_from(["static", "continuous"]))
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    n=st.integers(1, 4),
+    batch_size=st.integers(1, 5),
+    seed=st.integers(0, 99),
+    policy=st.sampled_from(["static", "continuous"]),
+)
 def test_sample_k_does_not_depend_on_n(tiny_lm, n, batch_size, seed, policy):
     """Each sample draws from its own stream, fixed by the request's seed and k: asking for more samples never
     changes the earlier ones, in any batch; samples share nothing that changes their tokens."""
@@ -199,8 +304,9 @@ def test_sample_k_does_not_depend_on_n(tiny_lm, n, batch_size, seed, policy):
     four = llm.generate(["To be", "All the world"], params.updated(n=4))
     some = llm.generate(["To be", "All the world"], params.updated(n=n))
     assert [(o.index, o.sample) for o in four] == [(i, k) for i in range(2) for k in range(4)]
-    assert [(o.index, o.sample, o.token_ids) for o in some] == [(o.index, o.sample, o.token_ids) for o in four
-                                                                if o.sample < n]
+    assert [(o.index, o.sample, o.token_ids) for o in some] == [
+        (o.index, o.sample, o.token_ids) for o in four if o.sample < n
+    ]
     alone = LLM(tiny_lm, batch_size=1).generate(["All the world"], params)[0]
     assert alone.token_ids == four[4].token_ids  # sample 0 of prompt 1 is what n = 1 always drew
 
@@ -212,13 +318,35 @@ def test_n_gives_one_record_per_sample(tiny_lm, tmp_path):
     from minirt.generate import main
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "To be", "id": "a", "n": 3}\n{"prompt": "Now"}\n{"prompt": "x", "n": 0}\n')
+    prompts.write_text(
+        '{"prompt": "To be", "id": "a", "n": 3}\n{"prompt": "Now"}\n{"prompt": "x", "n": 0}\n'
+    )
     out = tmp_path / "o.jsonl"
-    run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--quiet",
-                       "--max-new-tokens", "5", "--temperature", "1", "--no-progress"])
+    run_command(
+        main,
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(out),
+            "--quiet",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "1",
+            "--no-progress",
+        ],
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["index"], r["id"], r.get("sample")) for r in records] == [(0, "a", 0), (0, "a", 1), (0, "a", 2),
-                                                                         (1, "1", None), (2, "2", None)]
+    assert [(r["index"], r["id"], r.get("sample")) for r in records] == [
+        (0, "a", 0),
+        (0, "a", 1),
+        (0, "a", 2),
+        (1, "1", None),
+        (2, "2", None),
+    ]
     assert len({tuple(r["token_ids"]) for r in records[:3]}) > 1  # independent streams
     assert "n must be an integer from 1" in records[4]["error"]
     assert run_command(main, ["--model", str(tiny_lm), "--prompt", "x", "--n", "0"]) == EXIT_USAGE
@@ -226,7 +354,9 @@ def test_n_gives_one_record_per_sample(tiny_lm, tmp_path):
 
 # ----------------------------------------------------------------------------- against live transformers
 
-live = pytest.mark.skipif(not reference_available(), reason="torch/transformers not installed (.[reference])")
+live = pytest.mark.skipif(
+    not reference_available(), reason="torch/transformers not installed (.[reference])"
+)
 
 
 @pytest.mark.reference
@@ -240,14 +370,22 @@ def test_processors_equal_transformers(seed, penalty, min_p):
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, 3, size=(1, 50)).astype(np.float32)
     ids = rng.integers(0, 50, size=(1, 9))
-    want = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor(ids), torch.tensor(logits)).numpy()[0]
-    got = processed_logits(logits[0], SamplingParams(repetition_penalty=penalty), ids[0, :4].tolist(),
-                           ids[0, 4:].tolist())
+    want = RepetitionPenaltyLogitsProcessor(penalty)(
+        torch.tensor(ids), torch.tensor(logits)
+    ).numpy()[0]
+    got = processed_logits(
+        logits[0],
+        SamplingParams(repetition_penalty=penalty),
+        ids[0, :4].tolist(),
+        ids[0, 4:].tolist(),
+    )
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
     warped = MinPLogitsWarper(min_p=min_p)(torch.tensor(ids), torch.tensor(logits)).numpy()[0]
     want_probs = np.exp(warped - warped.max()) / np.exp(warped - warped.max()).sum()
     got_probs = filtered_distribution(logits[0], SamplingParams(temperature=1.0, min_p=min_p))
-    assert np.array_equal(got_probs > 0, want_probs > 0) and np.allclose(got_probs, want_probs, atol=1e-6)
+    assert np.array_equal(got_probs > 0, want_probs > 0) and np.allclose(
+        got_probs, want_probs, atol=1e-6
+    )
 
 
 @pytest.mark.reference
@@ -262,10 +400,18 @@ def test_greedy_with_repetition_penalty_equals_transformers_generate(tiny_lm):
     llm = LLM(tiny_lm, backend="numpy")
     for prompt in ([5, 6, 7, 8], [40, 41], [3, 3, 3, 9, 1]):
         with torch.no_grad():
-            out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=20, min_new_tokens=20,
-                                     repetition_penalty=1.3, pad_token_id=0)
-        want = out[0, len(prompt):].tolist()
-        got = llm.generate([prompt], SamplingParams(max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True))[0]
+            out = reference.generate(
+                torch.tensor([prompt]),
+                do_sample=False,
+                max_new_tokens=20,
+                min_new_tokens=20,
+                repetition_penalty=1.3,
+                pad_token_id=0,
+            )
+        want = out[0, len(prompt) :].tolist()
+        got = llm.generate(
+            [prompt], SamplingParams(max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True)
+        )[0]
         assert got.token_ids == want
 
 
@@ -278,15 +424,39 @@ def test_jsonl_fields_and_flags_reach_each_request(tiny_lm, tmp_path):
     from minirt.generate import main
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps(row) for row in [
-        {"prompt": "To be", "logit_bias": {"5": 100}},
-        {"prompt": "To be"},
-        {"prompt": "To be", "min_p": 7},
-        {"prompt": "To be", "logit_bias": {"100000": 1}}]) + "\n")
+    prompts.write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in [
+                {"prompt": "To be", "logit_bias": {"5": 100}},
+                {"prompt": "To be"},
+                {"prompt": "To be", "min_p": 7},
+                {"prompt": "To be", "logit_bias": {"100000": 1}},
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "o.jsonl"
-    code = run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out), "--quiet",
-                              "--max-new-tokens", "4", "--temperature", "0", "--logit-bias", "7=100",
-                              "--ignore-eos", "--no-progress"])
+    code = run_command(
+        main,
+        [
+            "--model",
+            str(tiny_lm),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(out),
+            "--quiet",
+            "--max-new-tokens",
+            "4",
+            "--temperature",
+            "0",
+            "--logit-bias",
+            "7=100",
+            "--ignore-eos",
+            "--no-progress",
+        ],
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert code == EXIT_REQUEST_FAILED
     assert records[0]["token_ids"] == [5] * 4  # its own bias replaces the flag's
@@ -305,8 +475,10 @@ def test_top_logprobs_equal_transformers_log_softmax(tiny_lm):
 
     reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
     prompt = [5, 6, 7, 8]
-    out = LLM(tiny_lm, backend="numpy").generate([prompt], SamplingParams(max_new_tokens=8, temperature=1.0, seed=2,
-                                                                          logprobs=5, ignore_eos=True))[0]
+    out = LLM(tiny_lm, backend="numpy").generate(
+        [prompt],
+        SamplingParams(max_new_tokens=8, temperature=1.0, seed=2, logprobs=5, ignore_eos=True),
+    )[0]
     for step, alternatives in enumerate(out.top_logprobs):
         with torch.no_grad():
             raw = reference(torch.tensor([prompt + out.token_ids[:step]])).logits[0, -1].double()
@@ -331,13 +503,32 @@ def test_prompt_logprobs_equal_transformers(tiny_lm, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": [5, 6, 7, 8, 30, 31]}\n{"prompt": [9]}\n')
     out = tmp_path / "o.jsonl"
-    assert run_command(main, ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out),
-                              "--prompt-logprobs", "--max-new-tokens", "2", "--quiet", "--no-progress"]) == 0
+    assert (
+        run_command(
+            main,
+            [
+                "--model",
+                str(tiny_lm),
+                "--prompts",
+                str(prompts),
+                "--output",
+                str(out),
+                "--prompt-logprobs",
+                "--max-new-tokens",
+                "2",
+                "--quiet",
+                "--no-progress",
+            ],
+        )
+        == 0
+    )
     first, second = [json.loads(line) for line in out.read_text().splitlines()]
     with torch.no_grad():
         raw = reference(torch.tensor([[5, 6, 7, 8, 30, 31]])).logits[0].double()
     want = torch.log_softmax(raw, -1)[torch.arange(5), torch.tensor([6, 7, 8, 30, 31])].numpy()
-    assert first["prompt_logprobs"][0] is None and np.allclose(first["prompt_logprobs"][1:], want, atol=1e-4)
+    assert first["prompt_logprobs"][0] is None and np.allclose(
+        first["prompt_logprobs"][1:], want, atol=1e-4
+    )
     assert second["prompt_logprobs"] == [None]  # one token: nothing before it
 
 
@@ -349,12 +540,18 @@ def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
     engine = Engine(model, None, batch_size=2)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 6, 3, 1)]
     requests = [engine.make_request(i, [1 + i], sp) for i, sp in enumerate(params)]
-    requests.append(engine.make_request(4, [5], SamplingParams(), error="a bad line"))  # refused, never runs
+    requests.append(
+        engine.make_request(4, [5], SamplingParams(), error="a bad line")
+    )  # refused, never runs
     stats = engine.serve(requests)
     served, refused = requests[:4], requests[4]
-    assert all(r.arrival_s == 0.0 <= r.first_token_s <= r.finish_s <= stats.wall_seconds for r in served)
+    assert all(
+        r.arrival_s == 0.0 <= r.first_token_s <= r.finish_s <= stats.wall_seconds for r in served
+    )
     assert refused.error and refused.first_token_s is None and refused.finish_s is not None
-    assert min(r.first_token_s for r in served if r.group == 2) >= max(r.finish_s for r in served if r.group == 1)
+    assert min(r.first_token_s for r in served if r.group == 2) >= max(
+        r.finish_s for r in served if r.group == 1
+    )
     assert sorted(stats.first_token_seconds) == sorted(r.first_token_s for r in served)
     assert "first token  " in summary(stats, 0.0)
 
@@ -371,7 +568,11 @@ def test_greedy_with_presence_and_frequency_equals_a_hand_loop_on_transformers_l
 
     reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
     llm = LLM(tiny_lm, backend="numpy")
-    for prompt, presence, frequency in (([5, 6, 7, 8], 0.8, 0.3), ([40, 41], 0.0, 1.5), ([3, 3, 9], 2.0, 0.0)):
+    for prompt, presence, frequency in (
+        ([5, 6, 7, 8], 0.8, 0.3),
+        ([40, 41], 0.0, 1.5),
+        ([3, 3, 9], 2.0, 0.0),
+    ):
         output: list[int] = []
         for _ in range(16):
             with torch.no_grad():
@@ -379,6 +580,13 @@ def test_greedy_with_presence_and_frequency_equals_a_hand_loop_on_transformers_l
             for token in set(output):
                 logits[token] -= frequency * output.count(token) + presence
             output.append(max(range(len(logits)), key=lambda t: (logits[t], -t)))
-        got = llm.generate([prompt], SamplingParams(max_new_tokens=16, presence_penalty=presence,
-                                                    frequency_penalty=frequency, ignore_eos=True))[0]
+        got = llm.generate(
+            [prompt],
+            SamplingParams(
+                max_new_tokens=16,
+                presence_penalty=presence,
+                frequency_penalty=frequency,
+                ignore_eos=True,
+            ),
+        )[0]
         assert got.token_ids == output

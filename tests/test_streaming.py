@@ -22,18 +22,27 @@ from minirt.cli.command import run_command
 from minirt.generate import main as generate_main
 from minirt.engine.request import Request, Status, unshown_text
 
-PROMPTS = ["To be, or not to be", "Café", "", "All the world's a stage, and all the men and women merely players"]
+PROMPTS = [
+    "To be, or not to be",
+    "Café",
+    "",
+    "All the world's a stage, and all the men and women merely players",
+]
 
 
 @pytest.fixture(scope="module")
 def llms(tiny_lm):
-    return {policy: LLM(tiny_lm, batch_size=3, policy=policy) for policy in ("static", "continuous")}
+    return {
+        policy: LLM(tiny_lm, batch_size=3, policy=policy) for policy in ("static", "continuous")
+    }
 
 
 def untimed(result):
     """A record (dict) or a RequestOutput without its timings (seconds from a run's start)."""
     if isinstance(result, dict):
-        return {k: v for k, v in result.items() if k not in ("arrival_s", "first_token_s", "finish_s")}
+        return {
+            k: v for k, v in result.items() if k not in ("arrival_s", "first_token_s", "finish_s")
+        }
     return dataclasses.replace(result, arrival_s=None, first_token_s=None, finish_s=None)
 
 
@@ -44,24 +53,34 @@ def streamed(llm, prompts, params):
     return outputs, events
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data(), policy=st.sampled_from(["static", "continuous"]), temperature=st.sampled_from([0.0, 1.0]),
-       n_prompts=st.integers(1, 4))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.data(),
+    policy=st.sampled_from(["static", "continuous"]),
+    temperature=st.sampled_from([0.0, 1.0]),
+    n_prompts=st.integers(1, 4),
+)
 def test_the_streamed_text_joins_into_the_final_text(llms, data, policy, temperature, n_prompts):
     llm = llms[policy]
     prompts = PROMPTS[:n_prompts]
     plain = SamplingParams(max_new_tokens=20, temperature=temperature, seed=3)
     probe = llm.generate(prompts, plain)  # the run without streaming or stops
     stops = []
-    for out in probe:  # stop strings taken from what the run writes, so that some of them cut the text
+    for (
+        out
+    ) in probe:  # stop strings taken from what the run writes, so that some of them cut the text
         text = out.text or ""
         if len(text) >= 2:
             start = data.draw(st.integers(0, len(text) - 2), label="stop at")
-            stops.append(text[start: start + data.draw(st.integers(1, 4), label="stop length")])
+            stops.append(text[start : start + data.draw(st.integers(1, 4), label="stop length")])
     params = SamplingParams(max_new_tokens=20, temperature=temperature, seed=3, stop=stops or None)
     unstreamed = llm.generate(prompts, params)
     outputs, events = streamed(llm, prompts, params)
-    assert [untimed(o) for o in outputs] == [untimed(o) for o in unstreamed]  # streaming changes no result
+    assert [untimed(o) for o in outputs] == [
+        untimed(o) for o in unstreamed
+    ]  # streaming changes no result
     for out in outputs:
         mine = [e for e in events if e.index == out.index]
         assert [e.token_id for e in mine] == out.token_ids
@@ -73,8 +92,10 @@ def test_the_streamed_text_joins_into_the_final_text(llms, data, policy, tempera
 def test_a_multibyte_character_is_never_split(llms):
     """Byte-level tokens may end inside a character: the stream shows it whole, once its last byte has come."""
     llm = llms["static"]
-    prompts = ["Café", "日本語", "\U0001F600 emoji"]
-    outputs, events = streamed(llm, prompts, SamplingParams(max_new_tokens=24, temperature=1.0, seed=11))
+    prompts = ["Café", "日本語", "\U0001f600 emoji"]
+    outputs, events = streamed(
+        llm, prompts, SamplingParams(max_new_tokens=24, temperature=1.0, seed=11)
+    )
     for out in outputs:
         pieces = [e.text for e in events if e.index == out.index]
         assert "".join(pieces) == out.text
@@ -83,9 +104,13 @@ def test_a_multibyte_character_is_never_split(llms):
 
 def test_on_final_hears_each_output_once_as_it_finishes(llms):
     heard = []
-    outputs = llms["continuous"].generate(PROMPTS, SamplingParams(max_new_tokens=8), on_final=heard.append)
+    outputs = llms["continuous"].generate(
+        PROMPTS, SamplingParams(max_new_tokens=8), on_final=heard.append
+    )
     assert sorted(heard, key=lambda o: o.index) == outputs
-    assert [o.finish_round for o in heard] == sorted(o.finish_round for o in heard)  # in the order they finished
+    assert [o.finish_round for o in heard] == sorted(
+        o.finish_round for o in heard
+    )  # in the order they finished
 
 
 def request_with(text: str, stop: list[str] | None, finished: bool) -> Request:
@@ -100,10 +125,15 @@ def test_unshown_text_holds_back_what_a_stop_string_could_still_cut(stop, held_b
     assert unshown_text(running) == "0123456789"[: 10 - held_back]
     assert unshown_text(running) == ""  # handed out once
     running.text += "abc"
-    assert unshown_text(running) == "0123456789abc"[10 - held_back: 13 - held_back]
+    assert unshown_text(running) == "0123456789abc"[10 - held_back : 13 - held_back]
     running.status = Status.FINISHED
-    assert unshown_text(running) == "0123456789abc"[13 - held_back:]  # finished: the rest, all of it
-    assert request_with("", stop, finished=False).shown == 0 and unshown_text(request_with("", stop, False)) == ""
+    assert (
+        unshown_text(running) == "0123456789abc"[13 - held_back :]
+    )  # finished: the rest, all of it
+    assert (
+        request_with("", stop, finished=False).shown == 0
+        and unshown_text(request_with("", stop, False)) == ""
+    )
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -133,26 +163,47 @@ def generate(argv, monkeypatch, capsys) -> tuple[int, LoggedStdout]:
 
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
-def test_stream_shows_each_completion_in_input_order_as_its_tokens_come(tiny_lm, tmp_path, monkeypatch, capsys,
-                                                                          policy):
+def test_stream_shows_each_completion_in_input_order_as_its_tokens_come(
+    tiny_lm, tmp_path, monkeypatch, capsys, policy
+):
     prompts = ["To be, or not to be", "Café", "All the world", "Now is the winter"]
-    argv = ["--model", str(tiny_lm), "--batch-size", "2", "--max-new-tokens", "12", "--ignore-eos",
-            "--policy", policy, "--temperature", "1", "--stop", "e t", *[f"--prompt={p}" for p in prompts]]
+    argv = [
+        "--model",
+        str(tiny_lm),
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--ignore-eos",
+        "--policy",
+        policy,
+        "--temperature",
+        "1",
+        "--stop",
+        "e t",
+        *[f"--prompt={p}" for p in prompts],
+    ]
     code, plain = generate(argv + ["--output", str(tmp_path / "plain.jsonl")], monkeypatch, capsys)
     assert code == 0
-    code, out = generate(argv + ["--stream", "--output", str(tmp_path / "streamed.jsonl")], monkeypatch, capsys)
+    code, out = generate(
+        argv + ["--stream", "--output", str(tmp_path / "streamed.jsonl")], monkeypatch, capsys
+    )
     assert code == 0
     records = [json.loads(line) for line in (tmp_path / "streamed.jsonl").read_text().splitlines()]
-    assert [untimed(r) for r in records] == [untimed(json.loads(line)) for line in
-                                             (tmp_path / "plain.jsonl").read_text().splitlines()]  # same results
+    assert [untimed(r) for r in records] == [
+        untimed(json.loads(line)) for line in (tmp_path / "plain.jsonl").read_text().splitlines()
+    ]  # same results
     plain_blocks = plain.getvalue().split("\n\n")[:-1]
     header = [block.split("\n")[0] for block in plain_blocks]
-    expected_streamed = [f"### [{r['index']}]: streaming\n{r['prompt']}{r['text']}\n{header[r['index']]}"
-                         for r in records]
+    expected_streamed = [
+        f"### [{r['index']}]: streaming\n{r['prompt']}{r['text']}\n{header[r['index']]}"
+        for r in records
+    ]
     got = out.getvalue().split("\n\n")[:-1]
     assert len(got) == len(records)
-    for record, block, plain_block, streamed_block in zip(records, got, plain_blocks, expected_streamed,
-                                                          strict=True):
+    for record, block, plain_block, streamed_block in zip(
+        records, got, plain_blocks, expected_streamed, strict=True
+    ):
         assert block in (plain_block, streamed_block), (record, block)
     assert got[0] == expected_streamed[0]  # the first request's turn comes at once: it streams
     first_writes = out.writes[: next(i for i, w in enumerate(out.writes) if header[0] in w) + 1]
@@ -160,18 +211,38 @@ def test_stream_shows_each_completion_in_input_order_as_its_tokens_come(tiny_lm,
 
 
 def test_without_stream_a_pipe_gets_whole_completions(tiny_lm, monkeypatch, capsys):
-    code, out = generate(["--model", str(tiny_lm), "--max-new-tokens", "6", "--prompt", "To be"], monkeypatch, capsys)
+    code, out = generate(
+        ["--model", str(tiny_lm), "--max-new-tokens", "6", "--prompt", "To be"], monkeypatch, capsys
+    )
     assert code == 0 and "streaming" not in out.getvalue() and len(out.writes) == 1
 
 
 @pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
-@pytest.mark.parametrize("flags, streams", [([], True), (["--no-stream"], False), (["--prompt", "Café"], False)])
+@pytest.mark.parametrize(
+    "flags, streams", [([], True), (["--no-stream"], False), (["--prompt", "Café"], False)]
+)
 def test_a_single_prompt_on_a_terminal_streams_by_default(tiny_lm, flags, streams):
     leader, follower = os.openpty()
     try:
-        result = subprocess.run([sys.executable, "-m", "minirt.generate", "--model", str(tiny_lm), "--prompt", "To be",
-                                 "--max-new-tokens", "6", "--no-progress", *flags],
-                                stdout=follower, stderr=subprocess.PIPE, cwd=ROOT, timeout=120)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "minirt.generate",
+                "--model",
+                str(tiny_lm),
+                "--prompt",
+                "To be",
+                "--max-new-tokens",
+                "6",
+                "--no-progress",
+                *flags,
+            ],
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            timeout=120,
+        )
         os.close(follower)
         shown = b""
         with contextlib.suppress(OSError):  # the terminal reads as closed once all is read

@@ -24,10 +24,21 @@ SHA256 = {
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
 }
 SAMPLES = [
-    "Hello, world!", "The quick brown fox jumps over the lazy dog.", "  leading spaces and trailing  ",
-    "I'm sure they'll've done it; we'd", "numbers 12345 and 3.14159", "tabs\tand\nnewlines\n\n",
-    "naïve café résumé", "日本語のテキスト", "emoji 🤗🚀 mixed", "<|endoftext|>", "a<|endoftext|>b",
-    "", " ", "\u200b zero width", "Ωmega ßtraße",
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "  leading spaces and trailing  ",
+    "I'm sure they'll've done it; we'd",
+    "numbers 12345 and 3.14159",
+    "tabs\tand\nnewlines\n\n",
+    "naïve café résumé",
+    "日本語のテキスト",
+    "emoji 🤗🚀 mixed",
+    "<|endoftext|>",
+    "a<|endoftext|>b",
+    "",
+    " ",
+    "\u200b zero width",
+    "Ωmega ßtraße",
 ]
 
 
@@ -43,14 +54,21 @@ def reference_bpe():
     encoder = json.loads((VOCAB_DIR / "encoder.json").read_text(encoding="utf-8"))
     merges = (VOCAB_DIR / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:-1]
     ranks = {tuple(m.split()): i for i, m in enumerate(merges)}
-    pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    pattern = regex.compile(
+        r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    )
     to_unicode = byte_to_unicode()
 
     def bpe(word):
         parts = list(word)
         while len(parts) > 1:
-            pairs = [(ranks.get((a, b), float("inf")), i)  # adjacent pairs: parts[1:] is one shorter, by design
-                     for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False))]
+            pairs = [
+                (
+                    ranks.get((a, b), float("inf")),
+                    i,
+                )  # adjacent pairs: parts[1:] is one shorter, by design
+                for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False))
+            ]
             rank, i = min(pairs)
             if rank == float("inf"):
                 break
@@ -121,8 +139,10 @@ def test_a_character_split_across_tokens_is_held_back():
     text = "🤗 ok"
     ids = tok.encode(text)
     pieces = [tok.token_bytes(i) for i in ids]
-    assert any(not p.decode("utf-8", errors="ignore") == p.decode("utf-8", errors="replace") for p in pieces), \
-        "the emoji must really be split into byte pieces for this test to mean anything"
+    assert any(
+        not p.decode("utf-8", errors="ignore") == p.decode("utf-8", errors="replace")
+        for p in pieces
+    ), "the emoji must really be split into byte pieces for this test to mean anything"
     stream = tok.stream()
     emitted = [stream.push(i) for i in ids]
     assert "" in emitted  # the incomplete bytes were held back...
@@ -168,7 +188,9 @@ def test_tokenizer_larger_than_the_model_is_refused():
 
 
 def test_no_tokenizer_files_is_no_tokenizer(tmp_path):
-    assert load_tokenizer(tmp_path) is None  # token-id prompts still work; a broken tokenizer is an error instead
+    assert (
+        load_tokenizer(tmp_path) is None
+    )  # token-id prompts still work; a broken tokenizer is an error instead
 
 
 def test_non_byte_level_tokenizer_streams_by_redecoding(tmp_path):

@@ -62,7 +62,10 @@ WORKLOADS = {
 def workload_prompts(name: str, vocab_size: int, seed: int) -> list[list[int]]:
     n, (low, high), _, _ = WORKLOADS[name]
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, size=int(rng.integers(low, high + 1))).tolist() for _ in range(n)]
+    return [
+        rng.integers(0, vocab_size, size=int(rng.integers(low, high + 1))).tolist()
+        for _ in range(n)
+    ]
 
 
 def peak_rss_mb() -> float:
@@ -95,20 +98,27 @@ def transformers_side(model_dir: str, dtype: str, batch_size: int):
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    model = GPT2LMHeadModel.from_pretrained(model_dir, local_files_only=True,
-                                            torch_dtype=getattr(torch, dtype)).eval()
+    model = GPT2LMHeadModel.from_pretrained(
+        model_dir, local_files_only=True, torch_dtype=getattr(torch, dtype)
+    ).eval()
     pad_id = model.config.eos_token_id if model.config.eos_token_id is not None else 0
 
     def generate(prompts, new_tokens):
         tokens = []
         for first in range(0, len(prompts), batch_size):
-            chunk = prompts[first:first + batch_size]
+            chunk = prompts[first : first + batch_size]
             width = max(len(p) for p in chunk)
             ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])  # left padding
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
             with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-                                     min_new_tokens=new_tokens, pad_token_id=pad_id)
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=False,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    pad_token_id=pad_id,
+                )
             tokens += out[:, width:].tolist()
         return tokens
 
@@ -126,14 +136,19 @@ def child(side: str, name: str, model_dir: str, dtype: str, seed: int) -> dict:
     n_prompts, _, new_tokens, batch_size = WORKLOADS[name]
     vocab_size = load_checkpoint(model_dir).config.vocab_size
     prompts = workload_prompts(name, vocab_size, seed)
-    generate, score = (minirt_side if side == "minirt" else transformers_side)(model_dir, dtype, batch_size)
+    generate, score = (minirt_side if side == "minirt" else transformers_side)(
+        model_dir, dtype, batch_size
+    )
     result = {}
     if name.startswith("score"):
         score([p[:16] for p in prompts[:2]])  # warm-up
         start = time.perf_counter()
         logits = score(prompts)
         seconds = time.perf_counter() - start
-        result["tokens"], result["logits_mb"] = logits.argmax(-1).tolist(), logits.nbytes / 2**20  # after the clock
+        result["tokens"], result["logits_mb"] = (
+            logits.argmax(-1).tolist(),
+            logits.nbytes / 2**20,
+        )  # after the clock
         result["rate"] = sum(map(len, prompts)) / seconds  # tokens scored per second
     elif name.startswith("decode"):
         generate(prompts[:2], 2)  # warm-up
@@ -143,7 +158,9 @@ def child(side: str, name: str, model_dir: str, dtype: str, seed: int) -> dict:
         start = time.perf_counter()
         result["tokens"] = generate(prompts, new_tokens)
         seconds = time.perf_counter() - start
-        result["rate"] = n_prompts * (new_tokens - 1) / (seconds - prefill)  # decode tokens per second
+        result["rate"] = (
+            n_prompts * (new_tokens - 1) / (seconds - prefill)
+        )  # decode tokens per second
     else:
         generate(prompts[:1], 2)  # warm-up
         start = time.perf_counter()
@@ -155,8 +172,19 @@ def child(side: str, name: str, model_dir: str, dtype: str, seed: int) -> dict:
 
 
 def run_child(side: str, name: str, args) -> dict:
-    command = [sys.executable, __file__, "--child", side, name, "--model", args.model, "--dtype", args.dtype,
-               "--seed", str(args.seed)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        side,
+        name,
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--seed",
+        str(args.seed),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
         raise SystemExit(f"bench: the {side} child for {name} failed:\n{done.stderr[-3000:]}")
@@ -171,10 +199,14 @@ def spread(values) -> str:
 
 
 def matrix(args) -> None:
-    print(f"model {args.model}, {args.dtype}; {args.repeats} alternating runs per side, each in a fresh process; "
-          "rates are medians (min-max)")
-    print("| workload | minirt tok/s | transformers tok/s | ratio (pair range) | peak RSS MB minirt / transformers "
-          "| same tokens |")
+    print(
+        f"model {args.model}, {args.dtype}; {args.repeats} alternating runs per side, each in a fresh process; "
+        "rates are medians (min-max)"
+    )
+    print(
+        "| workload | minirt tok/s | transformers tok/s | ratio (pair range) | peak RSS MB minirt / transformers "
+        "| same tokens |"
+    )
     print("|---|---|---|---|---|---|")
     for name in args.workloads:
         ours, theirs = [], []
@@ -182,15 +214,20 @@ def matrix(args) -> None:
             ours.append(run_child("minirt", name, args))
             theirs.append(run_child("transformers", name, args))
         ratios = [a["rate"] / b["rate"] for a, b in zip(ours, theirs, strict=True)]
-        rate = statistics.median(a["rate"] for a in ours) / statistics.median(b["rate"] for b in theirs)
+        rate = statistics.median(a["rate"] for a in ours) / statistics.median(
+            b["rate"] for b in theirs
+        )
         rss = [statistics.median(r["peak_rss_mb"] for r in side) for side in (ours, theirs)]
         same = sum(x == y for x, y in zip(ours[-1]["tokens"], theirs[-1]["tokens"], strict=True))
         extra = ""
         if "logits_mb" in ours[-1]:
             extra = f"; minirt RSS above its logits {rss[0] - ours[-1]['logits_mb']:.0f} MB"
-        print(f"| {name} | {spread([a['rate'] for a in ours])} | {spread([b['rate'] for b in theirs])} "
-              f"| **{rate:.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) | {rss[0]:.0f} / {rss[1]:.0f}{extra} "
-              f"| {same}/{len(ours[-1]['tokens'])} rows |", flush=True)
+        print(
+            f"| {name} | {spread([a['rate'] for a in ours])} | {spread([b['rate'] for b in theirs])} "
+            f"| **{rate:.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) | {rss[0]:.0f} / {rss[1]:.0f}{extra} "
+            f"| {same}/{len(ours[-1]['tokens'])} rows |",
+            flush=True,
+        )
 
 
 def decode_floor(args) -> None:
@@ -200,7 +237,10 @@ def decode_floor(args) -> None:
 
     model, kv_len, steps = minirt.load_model(args.model, dtype=args.dtype), 40, 21
     c, rng = model.config, np.random.default_rng(args.seed)
-    head_cv, head_vc_t = model.head_weight, np.ascontiguousarray(model.head_weight.T).T  # same numbers
+    head_cv, head_vc_t = (
+        model.head_weight,
+        np.ascontiguousarray(model.head_weight.T).T,
+    )  # same numbers
 
     def gemms(x):
         for block in model.blocks:
@@ -208,8 +248,12 @@ def decode_floor(args) -> None:
             (x @ block.mlp.c_fc.weight) @ block.mlp.c_proj.weight
         return x @ model.head_weight
 
-    print(f"decode step (model.forward, KV {kv_len}) against its weight GEMMs; medians of {steps} alternating steps")
-    print("| batch | step ms | GEMMs ms | step / GEMMs | step with the head as [V, C]^T ms | saving |")
+    print(
+        f"decode step (model.forward, KV {kv_len}) against its weight GEMMs; medians of {steps} alternating steps"
+    )
+    print(
+        "| batch | step ms | GEMMs ms | step / GEMMs | step with the head as [V, C]^T ms | saving |"
+    )
     print("|---|---|---|---|---|---|")
     for batch_size in (1, 8, 32):
         cache = model.new_kv_cache(batch_size, kv_len + 1)
@@ -225,31 +269,57 @@ def decode_floor(args) -> None:
                 if key == "gemms":
                     gemms(x)
                 else:
-                    tokens = rng.integers(0, c.vocab_size, (batch_size, 1)).tolist()  # every step at KV 40 + 1
-                    model.forward(Batch(tokens, model.backend, slots=slots, past_lens=[kv_len] * batch_size), cache)
+                    tokens = rng.integers(
+                        0, c.vocab_size, (batch_size, 1)
+                    ).tolist()  # every step at KV 40 + 1
+                    model.forward(
+                        Batch(tokens, model.backend, slots=slots, past_lens=[kv_len] * batch_size),
+                        cache,
+                    )
                 times[key].append(time.perf_counter() - start)
         model.head_weight = head_cv
         step, gemm, old = (1e3 * statistics.median(times[k]) for k in ("step", "gemms", "old head"))
-        print(f"| {batch_size} | {step:.2f} | {gemm:.2f} | {step / gemm:.2f}x | {old:.2f} | {old / step:.2f}x |",
-              flush=True)
+        print(
+            f"| {batch_size} | {step:.2f} | {gemm:.2f} | {step / gemm:.2f}x | {old:.2f} | {old / step:.2f}x |",
+            flush=True,
+        )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="minirt beside transformers: a matrix of workloads, fresh processes.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="examples:\n  python tools/bench.py --repeats 3\n"
-                                            "  python tools/bench.py --workloads long-b8 --repeats 5\n"
-                                            "  python tools/bench.py --decode-floor")
-    parser.add_argument("--model", help="checkpoint folder or hub id (default: a random gpt2-124M in --scratch)")
-    parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpt2-124m-random"),
-                        help="where the random checkpoint lives (made on first use)")
-    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
-                        help="rows of the matrix (default: all)")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs per side (default 3)")
-    parser.add_argument("--decode-floor", action="store_true", help="measure the decode step against its GEMMs")
+    parser = argparse.ArgumentParser(
+        description="minirt beside transformers: a matrix of workloads, fresh processes.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python tools/bench.py --repeats 3\n"
+        "  python tools/bench.py --workloads long-b8 --repeats 5\n"
+        "  python tools/bench.py --decode-floor",
+    )
+    parser.add_argument(
+        "--model", help="checkpoint folder or hub id (default: a random gpt2-124M in --scratch)"
+    )
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=Path("/tmp/gpt2-124m-random"),
+        help="where the random checkpoint lives (made on first use)",
+    )
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=list(WORKLOADS),
+        default=list(WORKLOADS),
+        help="rows of the matrix (default: all)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="alternating runs per side (default 3)"
+    )
+    parser.add_argument(
+        "--decode-floor", action="store_true", help="measure the decode step against its GEMMs"
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds one child may run (default 900)")
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds one child may run (default 900)"
+    )
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -45,8 +45,14 @@ print(minirt.__file__, generate, score, hash(tuple(tuple(o.token_ids) for o in o
 
 def run_once(tree: Path, model: str) -> tuple[str, float, float, int]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", ONE_RUN.replace("MODEL", repr(model))], env=env, cwd=tree, check=True,
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_RUN.replace("MODEL", repr(model))],
+        env=env,
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     where, generate, score, tokens = out[0], float(out[1]), float(out[2]), int(out[3])
     if not Path(where).resolve().is_relative_to(tree.resolve()):
         raise SystemExit(f"{tree}: imported minirt from {where}, not from this tree")
@@ -56,7 +62,9 @@ def run_once(tree: Path, model: str) -> tuple[str, float, float, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", nargs=2, type=Path, required=True, metavar=("OLD", "NEW"))
-    parser.add_argument("--model", required=True, help="a model folder, e.g. from tools/reference.py make-124m")
+    parser.add_argument(
+        "--model", required=True, help="a model folder, e.g. from tools/reference.py make-124m"
+    )
     parser.add_argument("--runs", type=int, default=4, help="alternating runs per tree (default 4)")
     args = parser.parse_args(argv)
     results = {tree: [] for tree in args.trees}
@@ -70,9 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         gen, sco = [r[0] for r in rows], [r[1] for r in rows]
         ratio_gen = statistics.median(gen) / statistics.median([r[0] for r in results[first]])
         ratio_sco = statistics.median(sco) / statistics.median([r[1] for r in results[first]])
-        print(f"{tree}: generate median {statistics.median(gen):.3f} s ({min(gen):.3f}-{max(gen):.3f}), "
-              f"x{ratio_gen:.2f}; score median {statistics.median(sco):.3f} s ({min(sco):.3f}-{max(sco):.3f}), "
-              f"x{ratio_sco:.2f}")
+        print(
+            f"{tree}: generate median {statistics.median(gen):.3f} s ({min(gen):.3f}-{max(gen):.3f}), "
+            f"x{ratio_gen:.2f}; score median {statistics.median(sco):.3f} s ({min(sco):.3f}-{max(sco):.3f}), "
+            f"x{ratio_sco:.2f}"
+        )
     tokens = {r[2] for rows in results.values() for r in rows}
     print(f"tokens identical in every run: {len(tokens) == 1}")
     return 0

@@ -66,18 +66,41 @@ class Deadline:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="minirt on a GPU: environment, correctness, speed, bandwidth floor.",
-                                epilog="example: python tools/device_check.py --out $OUT/device_check.json")
-    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "device_check.json"),
-                   help="JSON results file, rewritten after every section (default $OUT/device_check.json)")
-    p.add_argument("--deadline", type=float, default=510.0, help="seconds for the whole run (default 510)")
-    p.add_argument("--backend", choices=("cupy", "numpy"), default="cupy", help="numpy runs the CPU side only")
-    p.add_argument("--quick", action="store_true", help="a tiny model and few tokens (for CPU smoke tests)")
-    p.add_argument("--batch-sizes", default="1,8,64", help="decode batch sizes to time (default 1,8,64)")
-    p.add_argument("--dtypes", default="float16,float32", help="compute dtypes to time (default float16,float32)")
-    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per request (default 32)")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request (default 64)")
-    p.add_argument("--sections", default="environment,correctness,timing,floor", help="which sections to run")
+    p = argparse.ArgumentParser(
+        description="minirt on a GPU: environment, correctness, speed, bandwidth floor.",
+        epilog="example: python tools/device_check.py --out $OUT/device_check.json",
+    )
+    p.add_argument(
+        "--out",
+        default=os.path.join(os.environ.get("OUT", "."), "device_check.json"),
+        help="JSON results file, rewritten after every section (default $OUT/device_check.json)",
+    )
+    p.add_argument(
+        "--deadline", type=float, default=510.0, help="seconds for the whole run (default 510)"
+    )
+    p.add_argument(
+        "--backend", choices=("cupy", "numpy"), default="cupy", help="numpy runs the CPU side only"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a tiny model and few tokens (for CPU smoke tests)"
+    )
+    p.add_argument(
+        "--batch-sizes", default="1,8,64", help="decode batch sizes to time (default 1,8,64)"
+    )
+    p.add_argument(
+        "--dtypes",
+        default="float16,float32",
+        help="compute dtypes to time (default float16,float32)",
+    )
+    p.add_argument(
+        "--prompt-len", type=int, default=32, help="prompt tokens per request (default 32)"
+    )
+    p.add_argument(
+        "--new-tokens", type=int, default=64, help="tokens generated per request (default 64)"
+    )
+    p.add_argument(
+        "--sections", default="environment,correctness,timing,floor", help="which sections to run"
+    )
     p.add_argument("--no-transformers", action="store_true", help="skip the transformers side")
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
@@ -120,7 +143,9 @@ def weight_bytes_per_step(config, dtype) -> int:
     """Bytes of weights a decode step reads: every block and the head (kept in fp32), not wte/wpe rows."""
     item = np.dtype(dtype).itemsize
     C, n_inner, V = config.n_embd, config.n_inner, config.vocab_size
-    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * n_inner + n_inner) + (n_inner * C + C) + 4 * C
+    per_block = (
+        (C * 3 * C + 3 * C) + (C * C + C) + (C * n_inner + n_inner) + (n_inner * C + C) + 4 * C
+    )
     return config.n_layer * per_block * item + V * C * 4 + 2 * C * item
 
 
@@ -134,7 +159,11 @@ def kv_bytes_per_step(config, dtype, batch: int, kv_len: float) -> float:
 def section_environment(args, deadline, state) -> dict:
     from minirt.model.layers import gelu
 
-    out = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform()}
+    out = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+    }
     for name in ("torch", "transformers", "safetensors", "tokenizers"):
         try:
             out[name] = __import__(name).__version__
@@ -145,13 +174,23 @@ def section_environment(args, deadline, state) -> dict:
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
-        out.update({"cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
-                    "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
-                    "gpu": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
-                    "gpu_memory_gib": round(props["totalGlobalMem"] / 2**30, 1)})
+        out.update(
+            {
+                "cupy": cupy.__version__,
+                "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+                "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
+                "gpu": props["name"].decode()
+                if isinstance(props["name"], bytes)
+                else str(props["name"]),
+                "gpu_memory_gib": round(props["totalGlobalMem"] / 2**30, 1),
+            }
+        )
         kernel = cupy.ElementwiseKernel(
-            "float32 x", "float32 y",
-            "y = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)))", "minirt_gelu_tanh")
+            "float32 x",
+            "float32 y",
+            "y = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)))",
+            "minirt_gelu_tanh",
+        )
         got = cupy.asnumpy(kernel(cupy.asarray(x)))
         out["compiled_kernel_max_abs_error_vs_numpy_twin"] = float(np.abs(got - gelu(np, x)).max())
     else:
@@ -168,14 +207,34 @@ def section_correctness(args, deadline, state) -> dict:
     if args.backend == "cupy":
         budget = max(30, min(240, deadline.left() - 200))
         try:
-            run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py",
-                                  "-p", "no:cacheprovider"],
-                                 cwd=ROOT, capture_output=True, text=True, timeout=budget,
-                                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
-            out["gpu_property_tests"] = {"exit_code": run.returncode, "tail": run.stdout.strip().splitlines()[-3:],
-                                         "stderr_tail": run.stderr.strip().splitlines()[-3:]}
+            run = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-m",
+                    "gpu",
+                    "tests/test_gpu.py",
+                    "-p",
+                    "no:cacheprovider",
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=budget,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            )
+            out["gpu_property_tests"] = {
+                "exit_code": run.returncode,
+                "tail": run.stdout.strip().splitlines()[-3:],
+                "stderr_tail": run.stderr.strip().splitlines()[-3:],
+            }
         except subprocess.TimeoutExpired:
-            out["gpu_property_tests"] = {"exit_code": None, "tail": [f"timed out after {budget:.0f} s"]}
+            out["gpu_property_tests"] = {
+                "exit_code": None,
+                "tail": [f"timed out after {budget:.0f} s"],
+            }
     else:
         out["gpu_property_tests"] = "skipped (numpy backend)"
 
@@ -188,11 +247,17 @@ def section_correctness(args, deadline, state) -> dict:
     device = torch_device(args)
     ref_model = reference.to(device)  # stays fp32; timing makes its own copies
     with torch.no_grad():
-        want = [ref_model(torch.tensor([s], device=device)).logits[0].float().cpu().numpy() for s in sequences]
+        want = [
+            ref_model(torch.tensor([s], device=device)).logits[0].float().cpu().numpy()
+            for s in sequences
+        ]
     for dtype in ("float32", "float16"):
         model = minirt.load_model(folder, backend=args.backend, dtype=dtype)
         got = model.logits(sequences)
-        errs = [float(np.abs(got[b, :len(s)] - want[b]).max() / np.abs(want[b]).max()) for b, s in enumerate(sequences)]
+        errs = [
+            float(np.abs(got[b, : len(s)] - want[b]).max() / np.abs(want[b]).max())
+            for b, s in enumerate(sequences)
+        ]
         out[f"logits_{dtype}_max_rel_error_vs_transformers_fp32"] = max(errs)
     out["model_shape"] = model_shape(args)
     out["fp32_within_1e-4"] = out["logits_float32_max_rel_error_vs_transformers_fp32"] <= 1e-4
@@ -206,7 +271,9 @@ def time_minirt(args, folder, dtype, batch) -> dict:
     V = llm.model.config.vocab_size
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(0, V, args.prompt_len).tolist() for _ in range(batch)]
-    llm.generate(prompts[:1], SamplingParams(max_new_tokens=2, ignore_eos=True))  # warm-up: kernels, memory pool
+    llm.generate(
+        prompts[:1], SamplingParams(max_new_tokens=2, ignore_eos=True)
+    )  # warm-up: kernels, memory pool
 
     def timed(max_new_tokens: int) -> float:
         llm.model.backend.synchronize()
@@ -218,9 +285,11 @@ def time_minirt(args, folder, dtype, batch) -> dict:
     prefill = timed(1)  # one round: the prefill alone
     seconds = timed(args.new_tokens)
     decode = max(seconds - prefill, 1e-9)
-    result = {"tokens_per_s": batch * args.new_tokens / seconds,  # end to end, prefill included
-              "decode_tokens_per_s": batch * (args.new_tokens - 1) / decode,
-              "step_ms": 1e3 * decode / max(args.new_tokens - 1, 1)}  # one decode round
+    result = {
+        "tokens_per_s": batch * args.new_tokens / seconds,  # end to end, prefill included
+        "decode_tokens_per_s": batch * (args.new_tokens - 1) / decode,
+        "step_ms": 1e3 * decode / max(args.new_tokens - 1, 1),
+    }  # one decode round
     if args.backend == "cupy":
         result["host_overhead"] = host_overhead(llm.model, batch, args)
     return result
@@ -242,7 +311,9 @@ def host_overhead(model, batch: int, args) -> dict:
 
     def one_round():
         cache.lengths[:] = args.prompt_len  # rewind, so every repeat is the same round
-        logits = model.forward(Batch([[2]] * batch, model.backend, past_lens=cache.lengths), cache)  # [B, V]
+        logits = model.forward(
+            Batch([[2]] * batch, model.backend, past_lens=cache.lengths), cache
+        )  # [B, V]
         return model.xp.argmax(logits, axis=-1)  # stays on the device
 
     perf = benchmark(one_round, n_repeat=20, n_warmup=3)
@@ -256,10 +327,19 @@ def time_transformers(args, reference, dtype, batch) -> dict:
     import copy
 
     device = torch_device(args)
-    model = copy.deepcopy(reference).to(device=device, dtype=getattr(torch, dtype)).eval()  # the fp32 original stays
+    model = (
+        copy.deepcopy(reference).to(device=device, dtype=getattr(torch, dtype)).eval()
+    )  # the fp32 original stays
     V = model.config.vocab_size
-    ids = torch.as_tensor(np.random.default_rng(batch).integers(0, V, (batch, args.prompt_len)), device=device)
-    kwargs = dict(do_sample=False, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, pad_token_id=0)
+    ids = torch.as_tensor(
+        np.random.default_rng(batch).integers(0, V, (batch, args.prompt_len)), device=device
+    )
+    kwargs = dict(
+        do_sample=False,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        pad_token_id=0,
+    )
     with torch.no_grad():
         model.generate(ids[:1], **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
         if device == "cuda":
@@ -307,16 +387,25 @@ def section_floor(args, deadline, state) -> dict:
             if not isinstance(row, dict):
                 continue
             kv_len = args.prompt_len + args.new_tokens / 2  # the average history a step reads
-            step_bytes = weight_bytes_per_step(config, dtype) + kv_bytes_per_step(config, dtype, batch, kv_len)
+            step_bytes = weight_bytes_per_step(config, dtype) + kv_bytes_per_step(
+                config, dtype, batch, kv_len
+            )
             floor_ms = 1e3 * step_bytes / H200_BANDWIDTH
-            out[f"{dtype}_batch{batch}"] = {"bytes_per_step": step_bytes, "floor_ms": floor_ms,
-                                            "measured_step_ms": row["minirt"]["step_ms"],
-                                            "fraction_of_floor": floor_ms / row["minirt"]["step_ms"]}
+            out[f"{dtype}_batch{batch}"] = {
+                "bytes_per_step": step_bytes,
+                "floor_ms": floor_ms,
+                "measured_step_ms": row["minirt"]["step_ms"],
+                "fraction_of_floor": floor_ms / row["minirt"]["step_ms"],
+            }
     return out
 
 
-SECTIONS = {"environment": section_environment, "correctness": section_correctness,
-            "timing": section_timing, "floor": section_floor}
+SECTIONS = {
+    "environment": section_environment,
+    "correctness": section_correctness,
+    "timing": section_timing,
+    "floor": section_floor,
+}
 MIN_SECONDS = {"environment": 5, "correctness": 60, "timing": 60, "floor": 1}
 
 
@@ -331,23 +420,34 @@ def write_results(args, results) -> None:
 def summary_table(results) -> str:
     lines = ["section       status"]
     for name, value in results["sections"].items():
-        status = value if isinstance(value, str) else ("error: " + value["error"] if "error" in value else "ok")
+        status = (
+            value
+            if isinstance(value, str)
+            else ("error: " + value["error"] if "error" in value else "ok")
+        )
         lines.append(f"{name:13s} {status}")
     timing = results["sections"].get("timing", {})
     floor = results["sections"].get("floor", {})
     if isinstance(timing, dict):
         lines.append("")
-        lines.append(f"{'dtype':8s} {'batch':>5s} {'minirt tok/s':>13s} {'transformers':>13s} {'ratio':>6s} "
-                     f"{'floor frac':>10s}")
+        lines.append(
+            f"{'dtype':8s} {'batch':>5s} {'minirt tok/s':>13s} {'transformers':>13s} {'ratio':>6s} "
+            f"{'floor frac':>10s}"
+        )
         for key, row in timing.items():
             if not isinstance(row, dict) or "minirt" not in row:
                 continue
             dtype, batch = key.split("_batch")
             theirs = row.get("transformers", {}).get("tokens_per_s", float("nan"))
-            frac = (floor.get(key, {}).get("fraction_of_floor", float("nan")) if isinstance(floor, dict)
-                    else float("nan"))
-            lines.append(f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
-                         f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}")
+            frac = (
+                floor.get(key, {}).get("fraction_of_floor", float("nan"))
+                if isinstance(floor, dict)
+                else float("nan")
+            )
+            lines.append(
+                f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
+                f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}"
+            )
     return "\n".join(lines)
 
 

@@ -90,8 +90,22 @@ def cmd_build(args) -> int:
     start = time.perf_counter()
     if not sdist.is_file():
         print(f"downloading llama-cpp-python=={LLAMA_CPP_PYTHON} (sources) into {root}", flush=True)
-        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", root], timeout=1200, capture_output=False)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                "-d",
+                root,
+            ],
+            timeout=1200,
+            capture_output=False,
+        )
     if not (src / "CMakeLists.txt").is_file():
         print(f"extracting {sdist.name}", flush=True)
         with tarfile.open(sdist) as tar:
@@ -99,16 +113,36 @@ def cmd_build(args) -> int:
     commit = vendored_commit(root)
     build = src / "build"
     if not (build / "CMakeCache.txt").is_file():
-        flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-                 "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                 "-DLLAMA_BUILD_SERVER=OFF", f"-DLLAMA_BUILD_COMMIT={commit or 'unknown'}"]
-        run(["nice", "-n", "10", "cmake", "-S", src, "-B", build, *flags], timeout=900, capture_output=False)
-    run(["nice", "-n", "10", "cmake", "--build", build, "--target", *TARGETS, "-j2"],
-        timeout=4 * 3600, capture_output=False)  # make skips what is up to date
+        flags = [
+            "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON",
+            "-DLLAMA_CURL=OFF",
+            "-DLLAMA_OPENSSL=OFF",
+            "-DGGML_CUDA=OFF",
+            "-DGGML_METAL=OFF",
+            "-DGGML_VULKAN=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_SERVER=OFF",
+            f"-DLLAMA_BUILD_COMMIT={commit or 'unknown'}",
+        ]
+        run(
+            ["nice", "-n", "10", "cmake", "-S", src, "-B", build, *flags],
+            timeout=900,
+            capture_output=False,
+        )
+    run(
+        ["nice", "-n", "10", "cmake", "--build", build, "--target", *TARGETS, "-j2"],
+        timeout=4 * 3600,
+        capture_output=False,
+    )  # make skips what is up to date
     version = run([build / "bin" / "llama-bench", "--version"], timeout=60)
-    print(f"\nbuilt {', '.join(TARGETS)} in {build / 'bin'} ({time.perf_counter() - start:.0f} s this run)")
-    print(f"llama-cpp-python {LLAMA_CPP_PYTHON} vendors ggml-org/llama.cpp@{commit or '? (not in its CHANGELOG)'}; "
-          f"--version: {(version.stdout + version.stderr).decode().strip()}")
+    print(
+        f"\nbuilt {', '.join(TARGETS)} in {build / 'bin'} ({time.perf_counter() - start:.0f} s this run)"
+    )
+    print(
+        f"llama-cpp-python {LLAMA_CPP_PYTHON} vendors ggml-org/llama.cpp@{commit or '? (not in its CHANGELOG)'}; "
+        f"--version: {(version.stdout + version.stderr).decode().strip()}"
+    )
     return 0
 
 
@@ -130,9 +164,23 @@ def cmd_convert(args) -> int:
             if file.name != "config.json":
                 (Path(staging) / file.name).symlink_to(file)
         config = json.loads((model / "config.json").read_text())
-        (Path(staging) / "config.json").write_text(json.dumps({"n_ctx": config["n_positions"], **config}, indent=2))
-        run([sys.executable, src / "convert_hf_to_gguf.py", staging, "--outtype", "f32", "--outfile", args.out],
-            timeout=1800, env=env, capture_output=False)
+        (Path(staging) / "config.json").write_text(
+            json.dumps({"n_ctx": config["n_positions"], **config}, indent=2)
+        )
+        run(
+            [
+                sys.executable,
+                src / "convert_hf_to_gguf.py",
+                staging,
+                "--outtype",
+                "f32",
+                "--outfile",
+                args.out,
+            ],
+            timeout=1800,
+            env=env,
+            capture_output=False,
+        )
     print(f"wrote {args.out} ({args.out.stat().st_size / 2**20:.0f} MiB)")
     return 0
 
@@ -141,46 +189,101 @@ def cmd_convert(args) -> int:
 
 
 def llama_prompt_ids(bin_dir: Path, gguf: Path, text: str) -> list[int]:
-    out = run([bin_dir / "llama-tokenize", "-m", gguf, "-p", text, "--ids", "--no-escape", "--log-disable"],
-              timeout=120)
+    out = run(
+        [
+            bin_dir / "llama-tokenize",
+            "-m",
+            gguf,
+            "-p",
+            text,
+            "--ids",
+            "--no-escape",
+            "--log-disable",
+        ],
+        timeout=120,
+    )
     return json.loads(out.stdout.decode().strip().splitlines()[-1])
 
 
-def llama_greedy_ids(bin_dir: Path, gguf: Path, text: str, n: int, piece_ids: dict[bytes, int], eos: int) -> list[int]:
+def llama_greedy_ids(
+    bin_dir: Path, gguf: Path, text: str, n: int, piece_ids: dict[bytes, int], eos: int
+) -> list[int]:
     """llama-simple's greedy tokens: run k (k = 1..n) prints the prompt, k new pieces and a newline; the
     bytes run k adds to run k-1 are token k.  Nothing added means it stopped at end-of-text."""
     prompt, ids, previous = text.encode(), [], b""
     for k in range(1, n + 1):
         out = run([bin_dir / "llama-simple", "-m", gguf, "-n", k, text], timeout=300).stdout
         if not (out.startswith(prompt) and out.endswith(b"\n")):
-            raise SystemExit(f"llama-simple printed {out[:200]!r}..., not the prompt followed by its continuation")
-        generated = out[len(prompt):-1]
-        piece = generated[len(previous):]
+            raise SystemExit(
+                f"llama-simple printed {out[:200]!r}..., not the prompt followed by its continuation"
+            )
+        generated = out[len(prompt) : -1]
+        piece = generated[len(previous) :]
         if not piece:
             return ids + [eos]
         if not generated.startswith(previous) or piece not in piece_ids:
-            raise SystemExit(f"llama-simple's run {k} added {piece!r} to run {k - 1}: not one vocabulary piece")
+            raise SystemExit(
+                f"llama-simple's run {k} added {piece!r} to run {k - 1}: not one vocabulary piece"
+            )
         ids.append(piece_ids[piece])
         previous = generated
     return ids
 
 
 def llama_pp(bin_dir: Path, gguf: Path, n_prompt: int, flags: list) -> tuple[float, dict]:
-    out = run([bin_dir / "llama-bench", "-m", gguf, "-p", n_prompt, "-n", 0, "-r", 1, *flags, "-o", "json"],
-              timeout=600)
+    out = run(
+        [
+            bin_dir / "llama-bench",
+            "-m",
+            gguf,
+            "-p",
+            n_prompt,
+            "-n",
+            0,
+            "-r",
+            1,
+            *flags,
+            "-o",
+            "json",
+        ],
+        timeout=600,
+    )
     result = json.loads(out.stdout)[0]
     return result["avg_ts"], result
 
 
-def llama_batched(bin_dir: Path, gguf: Path, n_prompt: int, n_gen: int, batches: list[int], flags: list) -> dict:
+def llama_batched(
+    bin_dir: Path, gguf: Path, n_prompt: int, n_gen: int, batches: list[int], flags: list
+) -> dict:
     """llama-batched-bench's result row (S_PP, S_TG, ...) for each number of parallel sequences."""
-    n_ctx = max(batches) * (n_prompt + n_gen)  # every sequence's own prompt and generation fit in the KV cache
-    out = run([bin_dir / "llama-batched-bench", "-m", gguf, "-c", n_ctx, "-npp", n_prompt, "-ntg", n_gen,
-               "-npl", ",".join(map(str, batches)), *flags, "--output-format", "jsonl"], timeout=1800)
+    n_ctx = max(batches) * (
+        n_prompt + n_gen
+    )  # every sequence's own prompt and generation fit in the KV cache
+    out = run(
+        [
+            bin_dir / "llama-batched-bench",
+            "-m",
+            gguf,
+            "-c",
+            n_ctx,
+            "-npp",
+            n_prompt,
+            "-ntg",
+            n_gen,
+            "-npl",
+            ",".join(map(str, batches)),
+            *flags,
+            "--output-format",
+            "jsonl",
+        ],
+        timeout=1800,
+    )
     lines = (out.stdout + out.stderr).decode().splitlines()
     rows = {row["pl"]: row for row in (json.loads(line) for line in lines if line.startswith("{"))}
     if sorted(rows) != sorted(batches):
-        raise SystemExit(f"llama-batched-bench measured {sorted(rows)} parallel sequences, not {batches}")
+        raise SystemExit(
+            f"llama-batched-bench measured {sorted(rows)} parallel sequences, not {batches}"
+        )
     return rows
 
 
@@ -201,7 +304,9 @@ def minirt_decode(llm, prompts: list[list[int]], n_gen: int) -> float:
     params = SamplingParams(max_new_tokens=n_gen + 1, ignore_eos=True)
     requests = [llm.make_request(i, p, params) for i, p in enumerate(prompts)]
     round_ends: dict[int, float] = {}
-    llm.serve(requests, on_round=lambda stats: round_ends.__setitem__(stats.rounds, time.perf_counter()))
+    llm.serve(
+        requests, on_round=lambda stats: round_ends.__setitem__(stats.rounds, time.perf_counter())
+    )
     assert all(len(r.token_ids) == n_gen + 1 for r in requests) and max(round_ends) == n_gen + 1
     return len(prompts) * n_gen / (round_ends[n_gen + 1] - round_ends[1])
 
@@ -211,7 +316,9 @@ def summary(values: list[float]) -> str:
 
 
 def cmd_compare(args) -> int:
-    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before NumPy loads
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(
+        args.threads
+    )  # before NumPy loads
     sys.path.insert(0, str(REPO))
     import numpy as np
 
@@ -219,32 +326,55 @@ def cmd_compare(args) -> int:
 
     bin_dir = source_dir(args.llama_dir.resolve()) / "build" / "bin"
     checkpoint = load_checkpoint(ensure_model(args.model))
-    llms = {b: LLM(checkpoint, backend="numpy", dtype="float32", batch_size=b) for b in {1, *args.batches}}
+    llms = {
+        b: LLM(checkpoint, backend="numpy", dtype="float32", batch_size=b)
+        for b in {1, *args.batches}
+    }
     llm = llms[1]
     vocab, eos = llm.model.config.vocab_size, llm.tokenizer.eos_token_id
     rng = np.random.default_rng(args.seed)
-    print(f"model {args.model}: {llm.model.n_params / 1e6:.0f}M parameters, float32; gguf {args.gguf}; "
-          f"llama.cpp {vendored_commit(args.llama_dir.resolve())} (llama-cpp-python {LLAMA_CPP_PYTHON}); "
-          f"{args.threads} threads each\n", flush=True)
+    print(
+        f"model {args.model}: {llm.model.n_params / 1e6:.0f}M parameters, float32; gguf {args.gguf}; "
+        f"llama.cpp {vendored_commit(args.llama_dir.resolve())} (llama-cpp-python {LLAMA_CPP_PYTHON}); "
+        f"{args.threads} threads each\n",
+        flush=True,
+    )
 
-    ours_prompt, theirs_prompt = llm.prompt_ids(args.text), llama_prompt_ids(bin_dir, args.gguf, args.text)
+    ours_prompt, theirs_prompt = (
+        llm.prompt_ids(args.text),
+        llama_prompt_ids(bin_dir, args.gguf, args.text),
+    )
     piece_ids = {llm.tokenizer.token_bytes(i): i for i in range(vocab)}
     ours = llm.generate([args.text], SamplingParams(max_new_tokens=args.check_tokens))[0].token_ids
     theirs = llama_greedy_ids(bin_dir, args.gguf, args.text, args.check_tokens, piece_ids, eos)
-    print(f"prompt {args.text!r}: ids {'equal' if ours_prompt == theirs_prompt else 'DIFFER'} "
-          f"(minirt {ours_prompt}, llama.cpp {theirs_prompt})")
+    print(
+        f"prompt {args.text!r}: ids {'equal' if ours_prompt == theirs_prompt else 'DIFFER'} "
+        f"(minirt {ours_prompt}, llama.cpp {theirs_prompt})"
+    )
     print(f"greedy, {args.check_tokens} new tokens:\n  minirt    {ours}\n  llama.cpp {theirs}")
-    print(f"  {'MATCH' if ours == theirs else 'MISMATCH'}: {llm.tokenizer.decode(ours)!r}\n", flush=True)
+    print(
+        f"  {'MATCH' if ours == theirs else 'MISMATCH'}: {llm.tokenizer.decode(ours)!r}\n",
+        flush=True,
+    )
 
     pp_prompt = rng.integers(0, vocab, size=args.pp).tolist()
     decode_prompts = {b: rng.integers(0, vocab, size=(b, args.npp)).tolist() for b in args.batches}
     for b in llms:  # warm-up (the llama.cpp tools warm up on their own)
-        minirt_decode(llms[b], [pp_prompt[:args.npp]] * b, 2)
-    flags = ["-t", args.threads, "-fa", args.flash_attn]  # llama-bench takes no f32 KV cache: its own is f16
+        minirt_decode(llms[b], [pp_prompt[: args.npp]] * b, 2)
+    flags = [
+        "-t",
+        args.threads,
+        "-fa",
+        args.flash_attn,
+    ]  # llama-bench takes no f32 KV cache: its own is f16
     batched_flags = [*flags, "-ctk", args.kv_type, "-ctv", args.kv_type]
-    pp_names = (f"pp{args.pp}, llama-bench (f16 KV)", f"pp{args.pp}, llama-batched-bench ({args.kv_type} KV)")
+    pp_names = (
+        f"pp{args.pp}, llama-bench (f16 KV)",
+        f"pp{args.pp}, llama-batched-bench ({args.kv_type} KV)",
+    )
     rows: dict[str, tuple[list[float], list[float]]] = {
-        name: ([], []) for name in (*pp_names, *(f"decode, {b} seq" for b in args.batches))}
+        name: ([], []) for name in (*pp_names, *(f"decode, {b} seq" for b in args.batches))
+    }
 
     def add(name: str, theirs: float, ours: float) -> None:
         rows[name][0].append(theirs)
@@ -252,60 +382,116 @@ def cmd_compare(args) -> int:
 
     for repeat in range(args.repeats):  # each repeat: llama.cpp, then minirt, workload by workload
         bench_pp, info = llama_pp(bin_dir, args.gguf, args.pp, flags)
-        batched_pp = llama_batched(bin_dir, args.gguf, args.pp, 1, [1], batched_flags)[1]["speed_pp"]
+        batched_pp = llama_batched(bin_dir, args.gguf, args.pp, 1, [1], batched_flags)[1][
+            "speed_pp"
+        ]
         ours_pp = minirt_pp(llm, pp_prompt)
         add(pp_names[0], bench_pp, ours_pp)
         add(pp_names[1], batched_pp, ours_pp)
         batched = llama_batched(bin_dir, args.gguf, args.npp, args.ntg, args.batches, batched_flags)
         for b in args.batches:
-            add(f"decode, {b} seq", batched[b]["speed_tg"], minirt_decode(llms[b], decode_prompts[b], args.ntg))
-        print(f"repeat {repeat + 1}/{args.repeats} (llama.cpp vs minirt, tok/s): "
-              + ", ".join(f"{name} {a[-1]:.1f} vs {m[-1]:.1f}" for name, (a, m) in rows.items()), flush=True)
+            add(
+                f"decode, {b} seq",
+                batched[b]["speed_tg"],
+                minirt_decode(llms[b], decode_prompts[b], args.ntg),
+            )
+        print(
+            f"repeat {repeat + 1}/{args.repeats} (llama.cpp vs minirt, tok/s): "
+            + ", ".join(f"{name} {a[-1]:.1f} vs {m[-1]:.1f}" for name, (a, m) in rows.items()),
+            flush=True,
+        )
 
-    print(f"\nllama.cpp: flash attention {args.flash_attn}, batched-bench KV {args.kv_type}, "
-          f"n_batch {info['n_batch']}, n_ubatch {info['n_ubatch']}, cpu {info['cpu_info']}.  "
-          f"pp: one {args.pp}-token prompt, prompt tok/s; "
-          f"decode: {args.npp}-token prompts, {args.ntg} decode steps, decode tok/s.  "
-          f"Medians of {args.repeats} (min-max).\n")
+    print(
+        f"\nllama.cpp: flash attention {args.flash_attn}, batched-bench KV {args.kv_type}, "
+        f"n_batch {info['n_batch']}, n_ubatch {info['n_ubatch']}, cpu {info['cpu_info']}.  "
+        f"pp: one {args.pp}-token prompt, prompt tok/s; "
+        f"decode: {args.npp}-token prompts, {args.ntg} decode steps, decode tok/s.  "
+        f"Medians of {args.repeats} (min-max).\n"
+    )
     print("| workload | llama.cpp | minirt | minirt/llama.cpp |")
     print("|---|---|---|---|")
     for name, (theirs_all, ours_all) in rows.items():
-        ratios = [o / t for o, t in zip(ours_all, theirs_all, strict=True)]  # each pair measured back to back
-        print(f"| {name} | {summary(theirs_all)} | {summary(ours_all)} | "
-              f"{statistics.median(ours_all) / statistics.median(theirs_all):.2f}x "
-              f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+        ratios = [
+            o / t for o, t in zip(ours_all, theirs_all, strict=True)
+        ]  # each pair measured back to back
+        print(
+            f"| {name} | {summary(theirs_all)} | {summary(ours_all)} | "
+            f"{statistics.median(ours_all) / statistics.median(theirs_all):.2f}x "
+            f"({min(ratios):.2f}-{max(ratios):.2f}) |"
+        )
     return 0 if ours == theirs else 1
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0], epilog=__doc__.split("\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0],
+        epilog=__doc__.split("\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("build", help="download llama-cpp-python's sdist and build its vendored llama.cpp")
+    p = sub.add_parser(
+        "build", help="download llama-cpp-python's sdist and build its vendored llama.cpp"
+    )
     p.add_argument("dir", type=Path, help="where the sdist goes and is built (e.g. /tmp/llama-cpp)")
     p.set_defaults(func=cmd_build)
     p = sub.add_parser("convert", help="convert a Hugging Face GPT-2 folder to an f32 GGUF")
-    p.add_argument("model", type=Path, help="checkpoint folder (made with tools/reference.py make-124m if missing)")
+    p.add_argument(
+        "model",
+        type=Path,
+        help="checkpoint folder (made with tools/reference.py make-124m if missing)",
+    )
     p.add_argument("out", type=Path, help="the .gguf file to write")
-    p.add_argument("--llama-dir", type=Path, default=Path("/tmp/llama-cpp"), help="the build DIR (default: that)")
+    p.add_argument(
+        "--llama-dir",
+        type=Path,
+        default=Path("/tmp/llama-cpp"),
+        help="the build DIR (default: that)",
+    )
     p.set_defaults(func=cmd_convert)
-    p = sub.add_parser("compare", help="greedy tokens, then pp512 and decode speeds, llama.cpp beside minirt "
-                                       "(run it under flock /tmp/bench.lock)")
-    p.add_argument("--model", type=Path, default=Path("/tmp/gpt2-124m-random"), help="checkpoint folder")
-    p.add_argument("--gguf", type=Path, default=Path("/tmp/gpt2-124m-random-f32.gguf"), help="its f32 GGUF")
+    p = sub.add_parser(
+        "compare",
+        help="greedy tokens, then pp512 and decode speeds, llama.cpp beside minirt "
+        "(run it under flock /tmp/bench.lock)",
+    )
+    p.add_argument(
+        "--model", type=Path, default=Path("/tmp/gpt2-124m-random"), help="checkpoint folder"
+    )
+    p.add_argument(
+        "--gguf", type=Path, default=Path("/tmp/gpt2-124m-random-f32.gguf"), help="its f32 GGUF"
+    )
     p.add_argument("--llama-dir", type=Path, default=Path("/tmp/llama-cpp"), help="the build DIR")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs per side (default 3)")
     p.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
-    p.add_argument("--kv-type", choices=["f32", "f16"], default="f32",
-                   help="llama-batched-bench's KV cache (default f32, as minirt's; f16 is llama.cpp's default)")
-    p.add_argument("--flash-attn", choices=["auto", "on", "off"], default="auto",
-                   help="llama.cpp's -fa (default auto, llama.cpp's default: on here)")
+    p.add_argument(
+        "--kv-type",
+        choices=["f32", "f16"],
+        default="f32",
+        help="llama-batched-bench's KV cache (default f32, as minirt's; f16 is llama.cpp's default)",
+    )
+    p.add_argument(
+        "--flash-attn",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="llama.cpp's -fa (default auto, llama.cpp's default: on here)",
+    )
     p.add_argument("--pp", type=int, default=512, help="prompt-processing length (default 512)")
-    p.add_argument("--npp", type=int, default=128, help="decode: prompt tokens per sequence (default 128)")
-    p.add_argument("--ntg", type=int, default=128, help="decode: decode steps per sequence (default 128)")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32], help="parallel sequences (default 1 8 32)")
+    p.add_argument(
+        "--npp", type=int, default=128, help="decode: prompt tokens per sequence (default 128)"
+    )
+    p.add_argument(
+        "--ntg", type=int, default=128, help="decode: decode steps per sequence (default 128)"
+    )
+    p.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=[1, 8, 32],
+        help="parallel sequences (default 1 8 32)",
+    )
     p.add_argument("--text", default="Hello, my name is", help="the correctness check's prompt")
-    p.add_argument("--check-tokens", type=int, default=32, help="greedy tokens compared (default 32)")
+    p.add_argument(
+        "--check-tokens", type=int, default=32, help="greedy tokens compared (default 32)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.set_defaults(func=cmd_compare)
     args = parser.parse_args()

@@ -32,7 +32,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference import build_model, reference_greedy, reference_logits, round_weights, save_checkpoint
+from reference import (
+    build_model,
+    reference_greedy,
+    reference_logits,
+    round_weights,
+    save_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -43,21 +49,36 @@ MIN_MARGIN = 1e-3  # a top-2 gap below this is a near-tie; fixtures are drawn to
 FIXTURE_SPECS = {
     "base": ({}, {}, 1),
     "odd_heads": ({"n_embd": 48, "n_head": 3, "n_inner": 72, "vocab_size": 101}, {}, 2),
-    "tiny_vocab_short_ctx": ({"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 11, "n_positions": 8}, {}, 3),
+    "tiny_vocab_short_ctx": (
+        {"n_layer": 1, "n_embd": 16, "n_head": 2, "vocab_size": 11, "n_positions": 8},
+        {},
+        3,
+    ),
     "fp16_file": ({"n_head": 2}, {"file_dtype": "F16"}, 4),
     "bf16_file": ({"n_embd": 24, "n_head": 6}, {"file_dtype": "BF16"}, 5),
     "no_prefix_with_mask_buffers": ({}, {"prefix": False, "keep_mask_buffers": True}, 6),
     "untied_head": ({"tie_word_embeddings": False, "n_layer": 3}, {}, 7),
-    "erf_gelu_eps_noscale": ({"activation_function": "gelu", "layer_norm_epsilon": 1e-3,
-                              "scale_attn_weights": False, "n_embd": 20, "n_head": 5}, {}, 8),
+    "erf_gelu_eps_noscale": (
+        {
+            "activation_function": "gelu",
+            "layer_norm_epsilon": 1e-3,
+            "scale_attn_weights": False,
+            "n_embd": 20,
+            "n_head": 5,
+        },
+        {},
+        8,
+    ),
     "sharded": ({"n_layer": 3}, {"shards": 3}, 9),
 }
 
 
 def sequences_for(vocab_size: int, n_positions: int, rng: np.random.Generator) -> list[list[int]]:
     """Sequences of different lengths: the full context, a single token, and some in between."""
-    lengths = sorted({n_positions, 1, max(1, n_positions // 2), max(1, n_positions // 3), min(5, n_positions)},
-                     reverse=True)
+    lengths = sorted(
+        {n_positions, 1, max(1, n_positions // 2), max(1, n_positions // 3), min(5, n_positions)},
+        reverse=True,
+    )
     rng.shuffle(lengths)
     return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
 
@@ -90,11 +111,18 @@ def make_fixture(name: str, out_dir: Path) -> dict[str, np.ndarray]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                      epilog="example: python tools/make_fixtures.py --only base odd_heads")
-    parser.add_argument("--check", action="store_true",
-                        help="recompute into a temporary folder and compare with the committed fixtures")
-    parser.add_argument("--only", nargs="+", choices=sorted(FIXTURE_SPECS), help="make just these fixtures")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python tools/make_fixtures.py --only base odd_heads",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="recompute into a temporary folder and compare with the committed fixtures",
+    )
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted(FIXTURE_SPECS), help="make just these fixtures"
+    )
     args = parser.parse_args()
     names = args.only or list(FIXTURE_SPECS)
     if args.check:
@@ -114,8 +142,10 @@ def main() -> int:
         arrays = make_fixture(name, target)
         size = sum(p.stat().st_size for p in target.iterdir())
         greedy = sum(1 for k in arrays if k.startswith("greedy_"))
-        print(f"{name:32s} {size / 1024:7.1f} KiB  {len([k for k in arrays if k.startswith('seq_')])} sequences, "
-              f"{greedy} greedy prompts")
+        print(
+            f"{name:32s} {size / 1024:7.1f} KiB  {len([k for k in arrays if k.startswith('seq_')])} sequences, "
+            f"{greedy} greedy prompts"
+        )
     return 0
 
 

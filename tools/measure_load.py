@@ -67,7 +67,7 @@ MINIRT_CHILD = CHILD_TEMPLATE.format(
 )
 TRANSFORMERS_CHILD = CHILD_TEMPLATE.format(
     imports="import torch\nfrom transformers import GPT2LMHeadModel\n"
-            "from transformers.utils import logging\nlogging.set_verbosity_error()",
+    "from transformers.utils import logging\nlogging.set_verbosity_error()",
     load="model = GPT2LMHeadModel.from_pretrained(sys.argv[1], local_files_only=True).eval()",
     forward="with torch.no_grad():\n    model(torch.arange(32)[None])",
 )
@@ -78,23 +78,32 @@ def make_checkpoint(folder: Path) -> None:
     from reference import make_gpt2_124m
 
     make_gpt2_124m(folder)
-    print(f"checkpoint {folder} ({sum(p.stat().st_size for p in folder.iterdir()) / 2**20:.0f} MiB)")
+    print(
+        f"checkpoint {folder} ({sum(p.stat().st_size for p in folder.iterdir()) / 2**20:.0f} MiB)"
+    )
 
 
 def run_child(code: str, model: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code, model], capture_output=True, text=True, check=False
+    )
     if result.returncode != 0:
         raise SystemExit(f"measurement failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Load time and peak RSS: minirt vs transformers from_pretrained.",
-                                     epilog="example: python tools/measure_load.py --model /tmp/gpt2-124m-random "
-                                            "--repeats 3")
+    parser = argparse.ArgumentParser(
+        description="Load time and peak RSS: minirt vs transformers from_pretrained.",
+        epilog="example: python tools/measure_load.py --model /tmp/gpt2-124m-random --repeats 3",
+    )
     parser.add_argument("--model", help="checkpoint folder or hub id in the local HF cache")
-    parser.add_argument("--make", type=Path, metavar="FOLDER", help="write a random gpt2-124M checkpoint here first")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per side, alternating (default 3)")
+    parser.add_argument(
+        "--make", type=Path, metavar="FOLDER", help="write a random gpt2-124M checkpoint here first"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs per side, alternating (default 3)"
+    )
     args = parser.parse_args()
     if args.make:
         make_checkpoint(args.make)
@@ -107,19 +116,29 @@ def main() -> int:
         runs["minirt"].append(run_child(MINIRT_CHILD, args.model))
         runs["transformers"].append(run_child(TRANSFORMERS_CHILD, args.model))
     keys = ["import_s", "load_s", "first_s", "rss_import", "peak_load", "peak_first"]
-    median = {side: {k: statistics.median(r[k] for r in rs) for k in keys} for side, rs in runs.items()}
-    print(f"model: {args.model}   (median of {args.repeats} alternating runs, each in a fresh process)")
-    print(f"{'':14s}{'import s':>10s}{'load s':>10s}{'1st fwd s':>11s}"
-          f"{'RSS import':>12s}{'peak load':>11s}{'peak 1st':>10s}   (MiB)")
+    median = {
+        side: {k: statistics.median(r[k] for r in rs) for k in keys} for side, rs in runs.items()
+    }
+    print(
+        f"model: {args.model}   (median of {args.repeats} alternating runs, each in a fresh process)"
+    )
+    print(
+        f"{'':14s}{'import s':>10s}{'load s':>10s}{'1st fwd s':>11s}"
+        f"{'RSS import':>12s}{'peak load':>11s}{'peak 1st':>10s}   (MiB)"
+    )
     for side in runs:
         m = median[side]
-        print(f"{side:14s}{m['import_s']:10.3f}{m['load_s']:10.3f}{m['first_s']:11.3f}{m['rss_import']:12.0f}{m['peak_load']:11.0f}{m['peak_first']:10.0f}")
+        print(
+            f"{side:14s}{m['import_s']:10.3f}{m['load_s']:10.3f}{m['first_s']:11.3f}{m['rss_import']:12.0f}{m['peak_load']:11.0f}{m['peak_first']:10.0f}"
+        )
     a, b = median["minirt"], median["transformers"]
-    print(f"ratios (transformers / minirt): load time {b['load_s'] / a['load_s']:.1f}x, "
-          f"load + first forward {(b['load_s'] + b['first_s']) / (a['load_s'] + a['first_s']):.1f}x, "
-          f"peak RSS after first forward {b['peak_first'] / a['peak_first']:.2f}x, "
-          "peak RSS above the imports "
-          f"{(b['peak_first'] - b['rss_import']) / (a['peak_first'] - a['rss_import']):.2f}x")
+    print(
+        f"ratios (transformers / minirt): load time {b['load_s'] / a['load_s']:.1f}x, "
+        f"load + first forward {(b['load_s'] + b['first_s']) / (a['load_s'] + a['first_s']):.1f}x, "
+        f"peak RSS after first forward {b['peak_first'] / a['peak_first']:.2f}x, "
+        "peak RSS above the imports "
+        f"{(b['peak_first'] - b['rss_import']) / (a['peak_first'] - a['rss_import']):.2f}x"
+    )
     return 0
 
 

@@ -22,20 +22,45 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = {"one process": [], "ray, 1 worker": ["--ray", "local", "--workers", "1"],
-           "ray, 2 workers": ["--ray", "local", "--workers", "2"]}
+CONFIGS = {
+    "one process": [],
+    "ray, 1 worker": ["--ray", "local", "--workers", "1"],
+    "ray, 2 workers": ["--ray", "local", "--workers", "2"],
+}
 SAME = ("index", "id", "text", "token_ids", "finish_reason")
 
 
 def write_prompts(path: Path, n: int) -> None:
-    words = ["ROMEO:", "JULIET:", "To be, or not to be", "All the world's a stage", "Now is the winter of"]
-    path.write_text("".join(json.dumps({"prompt": f"{words[i % len(words)]} {i}"}) + "\n" for i in range(n)))
+    words = [
+        "ROMEO:",
+        "JULIET:",
+        "To be, or not to be",
+        "All the world's a stage",
+        "Now is the winter of",
+    ]
+    path.write_text(
+        "".join(json.dumps({"prompt": f"{words[i % len(words)]} {i}"}) + "\n" for i in range(n))
+    )
 
 
 def run(config: list[str], model: str, prompts: Path, out: Path, max_new_tokens: int) -> float:
-    command = [sys.executable, "-m", "minirt.generate", "--model", model, "--prompts", str(prompts), "--output",
-               str(out), "--max-new-tokens", str(max_new_tokens), "--ignore-eos", "--quiet", "--no-progress",
-               *config]
+    command = [
+        sys.executable,
+        "-m",
+        "minirt.generate",
+        "--model",
+        model,
+        "--prompts",
+        str(prompts),
+        "--output",
+        str(out),
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--ignore-eos",
+        "--quiet",
+        "--no-progress",
+        *config,
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -57,24 +82,36 @@ def main() -> int:
         times: dict[str, list[float]] = {name: [] for name in CONFIGS}
         outputs: dict[str, list[dict]] = {}
         for repeat in range(args.repeats):
-            order = list(CONFIGS) if repeat % 2 == 0 else list(CONFIGS)[::-1]  # alternate who goes first
+            order = (
+                list(CONFIGS) if repeat % 2 == 0 else list(CONFIGS)[::-1]
+            )  # alternate who goes first
             for name in order:
                 out = Path(tmp) / f"{name.replace(' ', '_').replace(',', '')}.jsonl"
-                times[name].append(run(CONFIGS[name], args.model, prompts, out, args.max_new_tokens))
+                times[name].append(
+                    run(CONFIGS[name], args.model, prompts, out, args.max_new_tokens)
+                )
                 outputs[name] = [json.loads(line) for line in out.read_text().splitlines()]
-                print(f"  repeat {repeat + 1}: {name:15s} {times[name][-1]:7.2f} s", file=sys.stderr)
+                print(
+                    f"  repeat {repeat + 1}: {name:15s} {times[name][-1]:7.2f} s", file=sys.stderr
+                )
     base = outputs["one process"]
     tokens = sum(len(r["token_ids"]) for r in base)
-    print(f"{args.prompts} prompts x {args.max_new_tokens} new tokens ({tokens} tokens), model {args.model}, "
-          f"{args.repeats} repeats")
+    print(
+        f"{args.prompts} prompts x {args.max_new_tokens} new tokens ({tokens} tokens), model {args.model}, "
+        f"{args.repeats} repeats"
+    )
     print("| run | wall s, median (min-max) | tokens/s | vs one process | records equal |")
     print("|---|---|---|---|---|")
     single = statistics.median(times["one process"])
     for name, values in times.items():
         median = statistics.median(values)
-        equal = [{k: r[k] for k in SAME} for r in outputs[name]] == [{k: r[k] for k in SAME} for r in base]
-        print(f"| {name} | {median:.2f} ({min(values):.2f}-{max(values):.2f}) | {tokens / median:.0f} | "
-              f"{single / median:.2f}x | {'yes' if equal else 'NO'} |")
+        equal = [{k: r[k] for k in SAME} for r in outputs[name]] == [
+            {k: r[k] for k in SAME} for r in base
+        ]
+        print(
+            f"| {name} | {median:.2f} ({min(values):.2f}-{max(values):.2f}) | {tokens / median:.0f} | "
+            f"{single / median:.2f}x | {'yes' if equal else 'NO'} |"
+        )
     return 0
 
 

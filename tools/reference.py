@@ -29,8 +29,15 @@ TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat
 
 def build_model(seed: int = 0, **config_fields) -> GPT2LMHeadModel:
     """A seeded random-weight GPT2LMHeadModel with every parameter drawn at a useful scale."""
-    fields = {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 128, "n_positions": 64,
-              "bos_token_id": 0, "eos_token_id": 0}
+    fields = {
+        "n_layer": 2,
+        "n_embd": 32,
+        "n_head": 4,
+        "vocab_size": 128,
+        "n_positions": 64,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    }
     fields.update(config_fields)
     config = GPT2Config(**fields)
     torch.manual_seed(seed)
@@ -60,8 +67,14 @@ def round_weights(model: GPT2LMHeadModel, file_dtype: str) -> GPT2LMHeadModel:
     return model
 
 
-def save_checkpoint(model: GPT2LMHeadModel, folder: Path, file_dtype: str = "F32", prefix: bool = True,
-                    keep_mask_buffers: bool = False, shards: int = 1) -> None:
+def save_checkpoint(
+    model: GPT2LMHeadModel,
+    folder: Path,
+    file_dtype: str = "F32",
+    prefix: bool = True,
+    keep_mask_buffers: bool = False,
+    shards: int = 1,
+) -> None:
     """Write config.json and the weights the way Hugging Face lays them out, with variations."""
     from safetensors.torch import save_file
 
@@ -76,7 +89,9 @@ def save_checkpoint(model: GPT2LMHeadModel, folder: Path, file_dtype: str = "F32
     for name, param in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # tied: the head is wte, as save_pretrained writes it
-        stored = name if prefix or not name.startswith("transformer.") else name[len("transformer."):]
+        stored = (
+            name if prefix or not name.startswith("transformer.") else name[len("transformer.") :]
+        )
         tensors[stored] = param.detach().to(TORCH_DTYPES[file_dtype]).contiguous().clone()
     if keep_mask_buffers:  # old checkpoints carry the causal-mask buffers; minirt must skip them
         n = model.config.n_positions
@@ -94,11 +109,15 @@ def save_checkpoint(model: GPT2LMHeadModel, folder: Path, file_dtype: str = "F32
     for k in range(shards):
         part = names[k::shards]
         shard_name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
-        save_file({n: tensors[n] for n in part}, str(folder / shard_name), metadata={"format": "pt"})
+        save_file(
+            {n: tensors[n] for n in part}, str(folder / shard_name), metadata={"format": "pt"}
+        )
         weight_map.update({n: shard_name for n in part})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps(index, indent=2, sort_keys=True) + "\n"
+    )
 
 
 def reference_logits(model: GPT2LMHeadModel, sequences: list[list[int]]) -> np.ndarray:
@@ -112,7 +131,9 @@ def reference_logits(model: GPT2LMHeadModel, sequences: list[list[int]]) -> np.n
     return out
 
 
-def reference_greedy(model: GPT2LMHeadModel, prompt: list[int], steps: int) -> tuple[list[int], list[float]]:
+def reference_greedy(
+    model: GPT2LMHeadModel, prompt: list[int], steps: int
+) -> tuple[list[int], list[float]]:
     """Greedy tokens by full recompute, with each step's top-2 logit margin."""
     tokens, margins = list(prompt), []
     with torch.no_grad():
@@ -121,7 +142,7 @@ def reference_greedy(model: GPT2LMHeadModel, prompt: list[int], steps: int) -> t
             top2 = torch.topk(logits, 2).values
             margins.append(float(top2[0] - top2[1]))
             tokens.append(int(torch.argmax(logits)))
-    return tokens[len(prompt):], margins
+    return tokens[len(prompt) :], margins
 
 
 GPT2_VOCAB = Path(__file__).resolve().parent.parent / "tests" / "data" / "gpt2-vocab"
@@ -138,7 +159,9 @@ def make_gpt2_124m(folder: Path, seed: int = 0) -> Path:
     folder = Path(folder)
     if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
         torch.manual_seed(seed)
-        model = GPT2LMHeadModel(GPT2Config())  # the gpt2 defaults: 12 x 768, 50257 tokens, 1024 positions
+        model = GPT2LMHeadModel(
+            GPT2Config()
+        )  # the gpt2 defaults: 12 x 768, 50257 tokens, 1024 positions
         model.save_pretrained(folder)
     if not (folder / "vocab.json").is_file():
         shutil.copy(GPT2_VOCAB / "encoder.json", folder / "vocab.json")
@@ -150,6 +173,8 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3 or sys.argv[1] != "make-124m":
-        raise SystemExit("usage: python tools/reference.py make-124m FOLDER   "
-                         "(a random-weight gpt2-124M with GPT-2's vocabulary)")
+        raise SystemExit(
+            "usage: python tools/reference.py make-124m FOLDER   "
+            "(a random-weight gpt2-124M with GPT-2's vocabulary)"
+        )
     print(f"wrote {make_gpt2_124m(Path(sys.argv[2]))}")

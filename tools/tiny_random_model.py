@@ -54,13 +54,19 @@ def train_tokenizer(vocab_target: int = 300):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_target, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_target,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator([CORPUS], trainer=trainer)
     return tok
 
 
-def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_target: int = 300) -> Path:
+def write_tiny_lm(
+    folder: Path, seed: int = 0, n_positions: int = 64, vocab_target: int = 300
+) -> Path:
     """A model folder: config.json, model.safetensors, tokenizer.json.  Its EOS is the tokenizer's <|endoftext|>."""
     from safetensors.numpy import save_file
 
@@ -69,9 +75,17 @@ def write_tiny_lm(folder: Path, seed: int = 0, n_positions: int = 64, vocab_targ
     tok = train_tokenizer(vocab_target)
     tok.save(str(folder / "tokenizer.json"))
     eos = tok.token_to_id("<|endoftext|>")
-    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": tok.get_vocab_size(),
-              "n_positions": n_positions, "n_embd": 32, "n_layer": 2, "n_head": 4, "bos_token_id": eos,
-              "eos_token_id": eos}
+    config = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": tok.get_vocab_size(),
+        "n_positions": n_positions,
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = random_tensors(GPT2Config.from_dict(config), seed)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})

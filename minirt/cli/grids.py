@@ -27,8 +27,14 @@ def cell_mark(request: Request, round_number: int, row_held_until: int | None) -
     return "." if row_held_until is not None and round_number <= row_held_until else " "
 
 
-def grid_lines(rows: list[tuple[str, str, str]], rounds: range, active_rows: list[int], active_label: str,
-               gap: int, header_note: str = "") -> list[str]:
+def grid_lines(
+    rows: list[tuple[str, str, str]],
+    rounds: range,
+    active_rows: list[int],
+    active_label: str,
+    gap: int,
+    header_note: str = "",
+) -> list[str]:
     """A round grid, a line per request: rows are (label, cells, suffix); a column per round, spaced when
     40 rounds or fewer fit; round numbers (last digit) on top and the active rows per round underneath."""
     spaced = len(rounds) <= 40
@@ -36,29 +42,52 @@ def grid_lines(rows: list[tuple[str, str, str]], rounds: range, active_rows: lis
     width = max(len(label) for label, _, _ in rows + [(active_label, "", "")]) + gap
     lines = [" " * width + sep.join(str(n % 10) for n in rounds) + header_note] if spaced else []
     lines += [f"{label:<{width}}{sep.join(cells)}{suffix}" for label, cells, suffix in rows]
-    lines.append(f"{active_label:<{width}}" + sep.join(str(n) if n < 10 else "+" for n in active_rows))
+    lines.append(
+        f"{active_label:<{width}}" + sep.join(str(n) if n < 10 else "+" for n in active_rows)
+    )
     return lines
 
 
-def request_grid(title: str, members: list[Request], rounds: range, active_rows: list[int],
-                 held_until: Callable[[Request], int | None]) -> list[str]:
+def request_grid(
+    title: str,
+    members: list[Request],
+    rounds: range,
+    active_rows: list[int],
+    held_until: Callable[[Request], int | None],
+) -> list[str]:
     """The --trace grid of some requests, each row ending with its token count and finish reason."""
-    rows = [(request_label(r), "".join(cell_mark(r, n, held_until(r)) for n in rounds),
-             f"   {len(r.token_ids)} tokens, {r.finish_reason if r.error is None else 'error'}") for r in members]
-    return [title] + grid_lines(rows, rounds, active_rows, "active rows", gap=2, header_note="   (round, last digit)")
+    rows = [
+        (
+            request_label(r),
+            "".join(cell_mark(r, n, held_until(r)) for n in rounds),
+            f"   {len(r.token_ids)} tokens, {r.finish_reason if r.error is None else 'error'}",
+        )
+        for r in members
+    ]
+    return [title] + grid_lines(
+        rows, rounds, active_rows, "active rows", gap=2, header_note="   (round, last digit)"
+    )
 
 
 def group_grid(group: GroupRecord, waiting: list[Request]) -> str:
     """A static group's rounds, and which requests waited for the whole group."""
     members = f"{len(group.members)} member{'s' if len(group.members) != 1 else ''}"
-    lines = request_grid(f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}",
-                         group.members, range(group.first_round, group.last_round + 1), group.active_rows,
-                         held_until=lambda r: group.last_round)
+    lines = request_grid(
+        f"group {group.number}: {members}, rounds {group.first_round}-{group.last_round}",
+        group.members,
+        range(group.first_round, group.last_round + 1),
+        group.active_rows,
+        held_until=lambda r: group.last_round,
+    )
     if waiting:
         rounds = group.last_round - group.first_round + 1
-        shown = ", ".join(f"[{r.index}]" for r in waiting[:8]) + (" ..." if len(waiting) > 8 else "")
-        lines.append(f"waiting through all {rounds} rounds of this group: {shown} "
-                     f"(the next group starts in round {group.last_round + 1})")
+        shown = ", ".join(f"[{r.index}]" for r in waiting[:8]) + (
+            " ..." if len(waiting) > 8 else ""
+        )
+        lines.append(
+            f"waiting through all {rounds} rounds of this group: {shown} "
+            f"(the next group starts in round {group.last_round + 1})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -68,6 +97,11 @@ def continuous_grid(requests: list[Request], stats: RunStats) -> str:
     if not served:
         return ""
     title = f"continuous batching: {len(served)} requests in up to {stats.batch_size} rows, rounds 1-{stats.rounds}"
-    lines = request_grid(title, served, range(1, stats.rounds + 1), stats.active_rows_per_round,
-                         held_until=lambda r: r.finish_round)
+    lines = request_grid(
+        title,
+        served,
+        range(1, stats.rounds + 1),
+        stats.active_rows_per_round,
+        held_until=lambda r: r.finish_round,
+    )
     return "\n".join(lines) + "\n"

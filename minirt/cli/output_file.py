@@ -42,19 +42,30 @@ class OutputFile:
         try:
             st = stat_or_none(self.path)
             stream = standard_stream(st)
-            if stream is not None:  # share its offset: records and completions land in the order written
+            if (
+                stream is not None
+            ):  # share its offset: records and completions land in the order written
                 return os.dup(stream)
             if st is not None and not stat.S_ISREG(st.st_mode):
-                return os.open(self.path, os.O_WRONLY | os.O_APPEND)  # as it is: no O_CREAT, no O_TRUNC
-            self.target = os.path.realpath(self.path)  # through a symlink, the file it names is replaced
+                return os.open(
+                    self.path, os.O_WRONLY | os.O_APPEND
+                )  # as it is: no O_CREAT, no O_TRUNC
+            self.target = os.path.realpath(
+                self.path
+            )  # through a symlink, the file it names is replaced
             if st is not None and not os.access(self.target, os.W_OK):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))  # as writing it in place would
-            fd, self.partial = tempfile.mkstemp(prefix=".minirt-", suffix=".partial",
-                                                dir=os.path.dirname(self.target))
+                raise PermissionError(
+                    errno.EACCES, os.strerror(errno.EACCES)
+                )  # as writing it in place would
+            fd, self.partial = tempfile.mkstemp(
+                prefix=".minirt-", suffix=".partial", dir=os.path.dirname(self.target)
+            )
             return fd
         except OSError as exc:
-            raise MinirtError(f"cannot write --output {self.path} ({exc.strerror}); "
-                              "check the folder exists and is writable") from None
+            raise MinirtError(
+                f"cannot write --output {self.path} ({exc.strerror}); "
+                "check the folder exists and is writable"
+            ) from None
 
     def write(self, line: str) -> None:
         """One record as one whole line; a write that fails part-way is cut back to the last whole record."""
@@ -62,11 +73,13 @@ class OutputFile:
         try:
             left = memoryview(data)
             while left:
-                left = left[os.write(self.fd, left):]
+                left = left[os.write(self.fd, left) :]
         except OSError as exc:
             self._cut_back()
-            raise OutputError(f"cannot write --output {self.path} ({exc.strerror}); the {self.records} records "
-                              "before it are kept, each a whole line") from None
+            raise OutputError(
+                f"cannot write --output {self.path} ({exc.strerror}); the {self.records} records "
+                "before it are kept, each a whole line"
+            ) from None
         self.records, self.size = self.records + 1, self.size + len(data)
 
     def _cut_back(self) -> None:
@@ -87,8 +100,10 @@ class OutputFile:
                     os.chmod(self.partial, 0o666 & ~current_umask())  # as open() would have made it
                 os.replace(self.partial, self.target)
         except OSError as exc:
-            raise OutputError(f"cannot write --output {self.path} ({exc.strerror}); the records are in "
-                              f"{self.partial}") from None
+            raise OutputError(
+                f"cannot write --output {self.path} ({exc.strerror}); the records are in "
+                f"{self.partial}"
+            ) from None
 
     def close(self, interrupted: bool) -> None:
         """The run is over: `keep` the records, unless it was interrupted before any record was written: then
@@ -143,8 +158,15 @@ def writing_changes(path: str, folder) -> str | None:
     (no symlink resolved), or once resolved inside the resolved folder (in a Hugging Face cache snapshot, whose
     files link into `models--org--name/blobs/`, anywhere in that repo folder); or it already is one of the
     folder's files, through a symlink or a hard link."""
-    folders = {model_boundary(Path(os.path.abspath(folder))), model_boundary(Path(os.path.realpath(folder)))}
-    if any(p.is_relative_to(f) for p in (Path(os.path.abspath(path)), Path(os.path.realpath(path))) for f in folders):
+    folders = {
+        model_boundary(Path(os.path.abspath(folder))),
+        model_boundary(Path(os.path.realpath(folder))),
+    }
+    if any(
+        p.is_relative_to(f)
+        for p in (Path(os.path.abspath(path)), Path(os.path.realpath(path)))
+        for f in folders
+    ):
         return "is inside"
     try:
         st = os.stat(path)
@@ -152,7 +174,9 @@ def writing_changes(path: str, folder) -> str | None:
         return None  # nothing there (yet): it cannot be one of the folder's files
     for root, _, names in os.walk(folder):  # a symlinked subfolder is listed, not entered: no loops
         for name in names:
-            with suppress(OSError):  # a symlink is followed to the file it names (a snapshot's blob)
+            with suppress(
+                OSError
+            ):  # a symlink is followed to the file it names (a snapshot's blob)
                 if same_file(os.stat(os.path.join(root, name)), st):
                     return "is the same file as one inside"
     return None

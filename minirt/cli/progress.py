@@ -35,9 +35,15 @@ class Progress:
         if stats.policy != "static":
             where = "continuous"
         else:  # a group is recorded when it starts: the last one is the one running
-            where = f"{len(stats.groups)} groups" if done == self.total else f"group {len(stats.groups)}"
-        line = (f"\rgenerating [{bar}] {done}/{self.total} requests | {where} | "
-                f"round {stats.rounds} | {stats.generated_tokens} tokens | {tokens_per_second(stats):.1f} tok/s")
+            where = (
+                f"{len(stats.groups)} groups"
+                if done == self.total
+                else f"group {len(stats.groups)}"
+            )
+        line = (
+            f"\rgenerating [{bar}] {done}/{self.total} requests | {where} | "
+            f"round {stats.rounds} | {stats.generated_tokens} tokens | {tokens_per_second(stats):.1f} tok/s"
+        )
         self.stream.write(line)
         self.stream.flush()
         self.drawn = True

@@ -92,7 +92,10 @@ def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
     """(line, size) for each line of a binary stream, split at \\n, the only line ending (a decoded line is never
     split again).  The line comes without its ending (\\n, or \\r\\n), or as None when it is longer than
     MAX_LINE_BYTES (read past, never held whole); its size in the stream counts the ending."""
-    pending, dropped = b"", 0  # the line read so far (its last byte alone once it is too long); bytes dropped
+    pending, dropped = (
+        b"",
+        0,
+    )  # the line read so far (its last byte alone once it is too long); bytes dropped
     for chunk in iter(lambda: stream.read(READ_CHUNK), b""):
         *complete, pending = (pending + chunk).split(b"\n")
         for line in complete:
@@ -107,7 +110,9 @@ def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
 
 def sized(line: bytes, dropped: int) -> tuple[bytes | None, int]:
     """A line as `byte_lines` yields it, from what was kept of it (ending included) and the bytes dropped."""
-    content = line[:-1].removesuffix(b"\r") if line.endswith(b"\n") else line  # any other \r is text
+    content = (
+        line[:-1].removesuffix(b"\r") if line.endswith(b"\n") else line
+    )  # any other \r is text
     return (None if dropped + len(content) > MAX_LINE_BYTES else content), dropped + len(line)
 
 
@@ -116,17 +121,34 @@ def decoded_lines(stream: BinaryIO, first_number: int = 1) -> Iterator[tuple[Lin
     its size in the stream; one at a time, so a file of any size streams through.  A byte-order mark is skipped at
     the start of line 1."""
     for number, (raw, size) in enumerate(byte_lines(stream), start=first_number):
-        if number == 1 and raw is not None and raw.startswith(UTF8_BOM):  # a byte-order mark is no part of line 1
-            raw = raw[len(UTF8_BOM):]
+        if (
+            number == 1 and raw is not None and raw.startswith(UTF8_BOM)
+        ):  # a byte-order mark is no part of line 1
+            raw = raw[len(UTF8_BOM) :]
         if raw is None:
-            yield Line(number, None, f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; "
-                                     "shorten it"), size
+            yield (
+                Line(
+                    number,
+                    None,
+                    f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; "
+                    "shorten it",
+                ),
+                size,
+            )
             continue
         try:
             yield Line(number, raw.decode("utf-8")), size
         except UnicodeDecodeError as exc:
-            yield Line(number, None, f"line {number}: not UTF-8 text (bad byte at offset {exc.start} of the line); "
-                                     "save it as UTF-8", bad_byte=exc.start), size
+            yield (
+                Line(
+                    number,
+                    None,
+                    f"line {number}: not UTF-8 text (bad byte at offset {exc.start} of the line); "
+                    "save it as UTF-8",
+                    bad_byte=exc.start,
+                ),
+                size,
+            )
 
 
 def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
@@ -151,8 +173,10 @@ def read_file_lines(path: str) -> list[Line]:
     """The lines of a prompts file; a file that is missing, unreadable or not UTF-8 at all is a MinirtError."""
     file = Path(path)
     if not file.exists():
-        raise MinirtError(f"prompts file {path} does not exist; "
-                          "pass a .txt or .jsonl file, or - for standard input")
+        raise MinirtError(
+            f"prompts file {path} does not exist; "
+            "pass a .txt or .jsonl file, or - for standard input"
+        )
     if file.is_dir():
         raise MinirtError(f"{path} is a folder; --prompts takes a .txt or .jsonl file")
     try:
@@ -161,7 +185,9 @@ def read_file_lines(path: str) -> list[Line]:
     except OSError as exc:
         raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
     if first_bad is not None and not any(line.text and line.text.strip() for line in lines):
-        raise MinirtError(f"{path}: not UTF-8 text (bad byte at offset {first_bad}); save it as UTF-8")
+        raise MinirtError(
+            f"{path}: not UTF-8 text (bad byte at offset {first_bad}); save it as UTF-8"
+        )
     return lines
 
 
@@ -212,31 +238,50 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        return PromptEntry(number, None, error=f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
+        return PromptEntry(
+            number, None, error=f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})"
+        )
     except RecursionError:
         return PromptEntry(number, None, error=f"line {number}: not valid JSON (nested too deeply)")
     if not isinstance(obj, dict):
-        return PromptEntry(number, None,
-                           error=f"line {number}: expected a JSON object with a \"prompt\", got {type(obj).__name__}")
+        return PromptEntry(
+            number,
+            None,
+            error=f'line {number}: expected a JSON object with a "prompt", got {type(obj).__name__}',
+        )
     request_id = obj.get("id")
     request_id = None if request_id is None or has_lone_surrogate(request_id) else str(request_id)
     bad_field = lone_surrogate_field(obj)
     if bad_field is not None:
-        return PromptEntry(number, None, request_id,
-                           error=f"line {number}: {bad_field} is not valid Unicode (a lone surrogate)")
+        return PromptEntry(
+            number,
+            None,
+            request_id,
+            error=f"line {number}: {bad_field} is not valid Unicode (a lone surrogate)",
+        )
     if "prompt" not in obj:
-        return PromptEntry(number, None, request_id, error=f"line {number}: no \"prompt\" field")
+        return PromptEntry(number, None, request_id, error=f'line {number}: no "prompt" field')
     prompt = obj["prompt"]
-    is_id_list = isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    is_id_list = isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    )
     if not isinstance(prompt, str) and not is_id_list:
-        return PromptEntry(number, None, request_id,
-                           error=f"line {number}: \"prompt\" must be a string (or a list of token ids)")
+        return PromptEntry(
+            number,
+            None,
+            request_id,
+            error=f'line {number}: "prompt" must be a string (or a list of token ids)',
+        )
     known = set(FIELD_NAMES)
     unknown = sorted(set(obj) - known - {"prompt", "id"})
     if unknown:
-        return PromptEntry(number, prompt, request_id,
-                           error=f"line {number}: unknown field(s) {', '.join(unknown)}; "
-                                 f"known: prompt, id, {', '.join(sorted(known))}")
+        return PromptEntry(
+            number,
+            prompt,
+            request_id,
+            error=f"line {number}: unknown field(s) {', '.join(unknown)}; "
+            f"known: prompt, id, {', '.join(sorted(known))}",
+        )
     overrides = {k: v for k, v in obj.items() if k in known}
     return PromptEntry(number, prompt, request_id, overrides)
 
@@ -266,7 +311,9 @@ def read_prompts(path: str, fmt: str = "auto") -> list[PromptEntry]:
     """Read a prompts file (or '-' for standard input).  A file that can't be read is a MinirtError; a bad line
     is an entry with an error of its own."""
     lines = read_stdin_lines() if path == "-" else read_file_lines(path)
-    fmt = resolved_format(fmt, path, next((line.text for line in lines if line.text and line.text.strip()), ""))
+    fmt = resolved_format(
+        fmt, path, next((line.text for line in lines if line.text and line.text.strip()), "")
+    )
     entries = [entry_for(line, fmt) for line in lines if is_entry(line)]
     if not entries:
         source = "standard input" if path == "-" else path

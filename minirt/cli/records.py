@@ -27,37 +27,53 @@ from ..loading.tokenizer import Tokenizer
 
 def request_label(request: Request) -> str:
     """'[3]' for a request without an id of its own, '[3] my-id' otherwise."""
-    label = f"[{request.index}]" if request.id == str(request.index) else f"[{request.index}] {request.id}"
+    label = (
+        f"[{request.index}]"
+        if request.id == str(request.index)
+        else f"[{request.index}] {request.id}"
+    )
     return label if request.params.n == 1 else f"{label} sample {request.sample}"
 
 
 def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
     """The JSON-ready record of a finished request (one line of --output): its `RequestOutput`, as JSON."""
-    return RequestOutput.from_request(request, tokenizer).record(request.prompt is None, request.params.n)
+    return RequestOutput.from_request(request, tokenizer).record(
+        request.prompt is None, request.params.n
+    )
 
 
 def block_header(request: Request) -> str:
     """'### [3]: length, 12 new tokens, group 1, rounds 1-12', or '### [3]: error: why'."""
     if request.error is not None:
         return f"### {request_label(request)}: error: {request.error}"
-    group = "" if request.group is None else f"group {request.group}, "  # no groups under continuous batching
-    return (f"### {request_label(request)}: {request.finish_reason}, {len(request.token_ids)} new tokens, "
-            f"{group}rounds {request.first_round}-{request.finish_round}")
+    group = (
+        "" if request.group is None else f"group {request.group}, "
+    )  # no groups under continuous batching
+    return (
+        f"### {request_label(request)}: {request.finish_reason}, {len(request.token_ids)} new tokens, "
+        f"{group}rounds {request.first_round}-{request.finish_round}"
+    )
 
 
 def shown_prompt(request: Request, tokenizer: Tokenizer | None) -> str:
     """The prompt as a completion follows it: its text, or its ids and an arrow when it has no text."""
     prompt = prompt_text(request, tokenizer)
-    return f"{request.prompt_ids} -> " if prompt is None else prompt  # a token-id prompt, no tokenizer given
+    return (
+        f"{request.prompt_ids} -> " if prompt is None else prompt
+    )  # a token-id prompt, no tokenizer given
 
 
-def completion_block(request: Request, color: bool = False, tokenizer: Tokenizer | None = None) -> str:
+def completion_block(
+    request: Request, color: bool = False, tokenizer: Tokenizer | None = None
+) -> str:
     """One request, readably: a header line, then the prompt and its completion (bold on a terminal)."""
     if request.error is not None:
         return block_header(request) + "\n"
     if request.text is None:  # no tokenizer: show ids
         return f"{block_header(request)}\n{request.prompt_ids} -> {request.token_ids}\n"
-    return f"{block_header(request)}\n{shown_prompt(request, tokenizer)}{bold(request.text, color)}\n"
+    return (
+        f"{block_header(request)}\n{shown_prompt(request, tokenizer)}{bold(request.text, color)}\n"
+    )
 
 
 def bold(text: str, color: bool) -> str:
@@ -72,10 +88,22 @@ class OrderedOutput:
     With `stream`, the request whose turn it is shows its text as its tokens come (`token`), between a
     '### [i]: streaming' line and its usual header line; the others wait for their turn, as without it."""
 
-    def __init__(self, total: int, stdout: IO | None, jsonl: OutputFile | None, color: bool = False,
-                 hold: Callable[[], ContextManager] = nullcontext, tokenizer: Tokenizer | None = None,
-                 stream: bool = False):
-        self.total, self.color, self.hold, self.tokenizer = total, color, hold, tokenizer  # tokenizer: id prompts
+    def __init__(
+        self,
+        total: int,
+        stdout: IO | None,
+        jsonl: OutputFile | None,
+        color: bool = False,
+        hold: Callable[[], ContextManager] = nullcontext,
+        tokenizer: Tokenizer | None = None,
+        stream: bool = False,
+    ):
+        self.total, self.color, self.hold, self.tokenizer = (
+            total,
+            color,
+            hold,
+            tokenizer,
+        )  # tokenizer: id prompts
         self.stdout, self.jsonl = stdout, jsonl
         self.ready: dict[int, Request] = {}  # final, and not yet written to --output
         self.next_index = 0
@@ -83,15 +111,28 @@ class OrderedOutput:
         self.shown = 0  # completions that reached standard output
         self.last_shown = -1  # the index of the last of them
         self.showing = False  # still True after a signal cut a completion short
-        self.stdout_failure: OutputError | None = None  # why standard output was given up, the run going on
-        self.stream, self.streaming = stream, -1  # the index of the request whose text is being streamed
+        self.stdout_failure: OutputError | None = (
+            None  # why standard output was given up, the run going on
+        )
+        self.stream, self.streaming = (
+            stream,
+            -1,
+        )  # the index of the request whose text is being streamed
 
     def token(self, request: Request) -> None:
         """A token was added: if the request's turn has come, its new final text goes to standard output now."""
-        if not self.stream or self.stdout is None or request.order != self.next_index or request.text is None:
+        if (
+            not self.stream
+            or self.stdout is None
+            or request.order != self.next_index
+            or request.text is None
+        ):
             return
-        start = "" if self.streaming == request.order else \
-            f"### {request_label(request)}: streaming\n{shown_prompt(request, self.tokenizer)}"
+        start = (
+            ""
+            if self.streaming == request.order
+            else f"### {request_label(request)}: streaming\n{shown_prompt(request, self.tokenizer)}"
+        )
         self.streaming = request.order
         self._write(start + bold(unshown_text(request), self.color))
 
@@ -122,21 +163,30 @@ class OrderedOutput:
             with self.hold():
                 for request in pending:
                     self._write_record(request)
-            if self.streaming == self.next_index and self.stdout is not None:  # a stream was cut short
+            if (
+                self.streaming == self.next_index and self.stdout is not None
+            ):  # a stream was cut short
                 self._write("\n")
             for request in pending:
                 if self.stdout is not None and request.order > self.last_shown:
                     self._show(request)
-        except KeyboardInterrupt:  # every record is written: stop waiting for standard output's reader
+        except (
+            KeyboardInterrupt
+        ):  # every record is written: stop waiting for standard output's reader
             self._drop_stdout()
 
     def _write_record(self, request: Request) -> None:
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps(record(request, self.tokenizer), ensure_ascii=False, allow_nan=False) + "\n")
+            self.jsonl.write(
+                json.dumps(record(request, self.tokenizer), ensure_ascii=False, allow_nan=False)
+                + "\n"
+            )
 
     def _show(self, request: Request) -> None:
         """A completion on standard output (the rest of it, if it was streamed)."""
-        if self.streaming == request.order:  # its text so far is out: the rest, then its header line
+        if (
+            self.streaming == request.order
+        ):  # its text so far is out: the rest, then its header line
             text = bold(unshown_text(request), self.color) + "\n" + block_header(request) + "\n\n"
         else:
             text = completion_block(request, self.color, self.tokenizer) + "\n"
@@ -155,10 +205,13 @@ class OrderedOutput:
             self._drop_stdout()
             told = f"after {self.shown} of {self.total} completions reached it"
             if self.jsonl is None:
-                raise stdout_error(exc, f"{told}; stopped (with --output FILE the run goes on and keeps every "
-                                        "record)") from None
-            self.stdout_failure = stdout_error(exc, f"{told}; the run went on and --output {self.jsonl.path} "
-                                                    "holds every record")
+                raise stdout_error(
+                    exc,
+                    f"{told}; stopped (with --output FILE the run goes on and keeps every record)",
+                ) from None
+            self.stdout_failure = stdout_error(
+                exc, f"{told}; the run went on and --output {self.jsonl.path} holds every record"
+            )
         self.showing = False
         return self.stdout is not None
 

@@ -17,8 +17,13 @@ from ..errors import RequestError
 from ..llm import LLM
 
 
-def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingParams, logprobs: bool,
-                   indexes: list[int] | None = None) -> list[Request]:
+def build_requests(
+    llm: LLM,
+    entries: list[PromptEntry],
+    run_defaults: SamplingParams,
+    logprobs: bool,
+    indexes: list[int] | None = None,
+) -> list[Request]:
     """One request per prompts-file line and sample (its index: the line's place among them, or the one `indexes`
     gives, as rows spread over workers keep theirs; n samples: n requests, one after another); a bad line becomes
     a request with its own error, and its peers still run."""
@@ -31,6 +36,16 @@ def build_requests(llm: LLM, entries: list[PromptEntry], run_defaults: SamplingP
             except RequestError as exc:
                 error = f"line {entry.line}: {exc}"
         for sample in range(params.n if error is None else 1):
-            requests.append(llm.make_request(index, entry.prompt, params, request_id=entry.id, logprobs=logprobs,
-                                             error=error, sample=sample, position=len(requests)))
+            requests.append(
+                llm.make_request(
+                    index,
+                    entry.prompt,
+                    params,
+                    request_id=entry.id,
+                    logprobs=logprobs,
+                    error=error,
+                    sample=sample,
+                    position=len(requests),
+                )
+            )
     return requests

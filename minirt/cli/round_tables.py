@@ -15,26 +15,40 @@ from .simulation import Simulation
 
 def grid_text(sim: Simulation, max_columns: int = 120) -> str:
     rounds = range(1, sim.total_rounds + 1)
-    lines = [f"{sim.policy}: {len(sim.requests)} requests, {sim.rows} rows, {sim.total_rounds} rounds, "
-             f"utilization {sim.utilization:.1%}   (# active, - waiting, . finished but row held)"]
+    lines = [
+        f"{sim.policy}: {len(sim.requests)} requests, {sim.rows} rows, {sim.total_rounds} rounds, "
+        f"utilization {sim.utilization:.1%}   (# active, - waiting, . finished but row held)"
+    ]
     if len(rounds) > max_columns:
-        lines.append(f"(grid not drawn: {len(rounds)} rounds is wider than {max_columns} columns; use --svg)")
+        lines.append(
+            f"(grid not drawn: {len(rounds)} rounds is wider than {max_columns} columns; use --svg)"
+        )
         return "\n".join(lines)
-    rows = [(f"req {r.index:<3d}", "".join(cell_mark(r, n, sim.row_held_until(r)) for n in rounds), "")
-            for r in sim.requests]
+    rows = [
+        (f"req {r.index:<3d}", "".join(cell_mark(r, n, sim.row_held_until(r)) for n in rounds), "")
+        for r in sim.requests
+    ]
     return "\n".join(lines + grid_lines(rows, rounds, sim.scheduler.active_rows, "active", gap=1))
 
 
 def request_table(sim: Simulation) -> str:
-    rows = [f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
-            for r in sim.requests]
-    return "\n".join([f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"] + rows)
+    rows = [
+        f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
+        for r in sim.requests
+    ]
+    return "\n".join(
+        [f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"] + rows
+    )
 
 
 def comparison_table(sims: list[Simulation]) -> str:
-    lines = [f"{'policy':12s} {'rounds':>7s} {'utilization':>12s} {'mean waited':>12s} {'mean finish':>12s}"]
+    lines = [
+        f"{'policy':12s} {'rounds':>7s} {'utilization':>12s} {'mean waited':>12s} {'mean finish':>12s}"
+    ]
     for sim in sims:
         waited = np.mean([r.rounds_waited for r in sim.requests])
         finish = np.mean([r.finish_round for r in sim.requests])
-        lines.append(f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} {finish:12.1f}")
+        lines.append(
+            f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} {finish:12.1f}"
+        )
     return "\n".join(lines)

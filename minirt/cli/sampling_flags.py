@@ -21,40 +21,112 @@ def shipped_defaults() -> dict[str, str]:
     """'; the shipped model's: X' per field --help names, from its generation_config.json read once ({}: unreadable)."""
     with suppress(MinirtError):
         params = generation_defaults(shipped_model_folder())
-        return {f: f"; the shipped model's: {getattr(params, f)}" for f in ("max_new_tokens", "temperature", "top_k")}
+        return {
+            f: f"; the shipped model's: {getattr(params, f)}"
+            for f in ("max_new_tokens", "temperature", "top_k")
+        }
     return {}
 
 
 def add_sampling_flags(g) -> None:
     where, shipped = "default: the model's generation_config.json, else", shipped_defaults()
-    g.add_argument("--max-new-tokens", type=int, metavar="N",
-                   help=f"tokens to generate at most ({where} 64{shipped.get('max_new_tokens', '')})")
-    g.add_argument("--temperature", type=float, metavar="T",
-                   help=f"0 is greedy, higher is more random ({where} 0{shipped.get('temperature', '')})")
-    g.add_argument("--top-k", type=int, metavar="K", help="sample only from the K most likely tokens, 0: off "
-                   f"({where} 0{shipped.get('top_k', '')})")
-    g.add_argument("--top-p", type=float, metavar="P", help=f"sample the smallest set of mass >= P, 1: off ({where} 1)")
-    g.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="the run's seed; a request without a seed gets one derived from S and its line (default 0)")
-    g.add_argument("--stop", action="append", metavar="TEXT",
-                   help="stop when this text appears (repeatable; \\n for newline)")
-    g.add_argument("--stop-token-id", action="append", type=int, metavar="ID",
-                   help="stop when this token is produced (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true", default=None, help="keep generating past the end-of-text token")
-    g.add_argument("--repetition-penalty", type=float, metavar="R", help="a token already in the prompt or output: "
-                   "its logit / R if positive, x R if not (transformers' formula; default 1: off)")
-    g.add_argument("--presence-penalty", type=float, metavar="P", help="subtract P from the logit of every token the "
-                   "output holds (default 0)")
-    g.add_argument("--frequency-penalty", type=float, metavar="F", help="subtract F x how often the output holds a "
-                   "token from its logit (default 0)")
-    g.add_argument("--min-p", type=float, metavar="P", help="keep tokens at least P x the top token's probability, "
-                   "after top-k and top-p (default 0: off)")
-    g.add_argument("--logit-bias", action="append", type=parse_bias, metavar="ID=BIAS", help="add BIAS to token ID's "
-                   "logit, before everything else (repeatable)")
-    g.add_argument("--prompt-logprobs", action="store_true", default=None, help="record each prompt token's "
-                   "log-probability given the tokens before it")
-    g.add_argument("--n", type=int, metavar="N", help="N independent samples of each prompt, one record each "
-                   "(with the prompt's index and id, and its `sample` number; default 1)")
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help=f"tokens to generate at most ({where} 64{shipped.get('max_new_tokens', '')})",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help=f"0 is greedy, higher is more random ({where} 0{shipped.get('temperature', '')})",
+    )
+    g.add_argument(
+        "--top-k",
+        type=int,
+        metavar="K",
+        help="sample only from the K most likely tokens, 0: off "
+        f"({where} 0{shipped.get('top_k', '')})",
+    )
+    g.add_argument(
+        "--top-p",
+        type=float,
+        metavar="P",
+        help=f"sample the smallest set of mass >= P, 1: off ({where} 1)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="the run's seed; a request without a seed gets one derived from S and its line (default 0)",
+    )
+    g.add_argument(
+        "--stop",
+        action="append",
+        metavar="TEXT",
+        help="stop when this text appears (repeatable; \\n for newline)",
+    )
+    g.add_argument(
+        "--stop-token-id",
+        action="append",
+        type=int,
+        metavar="ID",
+        help="stop when this token is produced (repeatable)",
+    )
+    g.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        default=None,
+        help="keep generating past the end-of-text token",
+    )
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        metavar="R",
+        help="a token already in the prompt or output: "
+        "its logit / R if positive, x R if not (transformers' formula; default 1: off)",
+    )
+    g.add_argument(
+        "--presence-penalty",
+        type=float,
+        metavar="P",
+        help="subtract P from the logit of every token the output holds (default 0)",
+    )
+    g.add_argument(
+        "--frequency-penalty",
+        type=float,
+        metavar="F",
+        help="subtract F x how often the output holds a token from its logit (default 0)",
+    )
+    g.add_argument(
+        "--min-p",
+        type=float,
+        metavar="P",
+        help="keep tokens at least P x the top token's probability, "
+        "after top-k and top-p (default 0: off)",
+    )
+    g.add_argument(
+        "--logit-bias",
+        action="append",
+        type=parse_bias,
+        metavar="ID=BIAS",
+        help="add BIAS to token ID's logit, before everything else (repeatable)",
+    )
+    g.add_argument(
+        "--prompt-logprobs",
+        action="store_true",
+        default=None,
+        help="record each prompt token's log-probability given the tokens before it",
+    )
+    g.add_argument(
+        "--n",
+        type=int,
+        metavar="N",
+        help="N independent samples of each prompt, one record each "
+        "(with the prompt's index and id, and its `sample` number; default 1)",
+    )
 
 
 def parse_bias(text: str) -> tuple[int, float]:
@@ -70,15 +142,25 @@ def parse_bias(text: str) -> tuple[int, float]:
 
 def flag_overrides(args) -> dict:
     """Sampling fields given on the command line."""
-    given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-             "top_p": args.top_p, "ignore_eos": args.ignore_eos,
-             "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop) if args.stop else None,
-             "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
-             "repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
-             "frequency_penalty": args.frequency_penalty, "min_p": args.min_p,
-             "logit_bias": tuple(args.logit_bias) if args.logit_bias else None,
-             "logprobs": args.logprobs or None,  # --logprobs N (N >= 1) asks for top_logprobs
-             "prompt_logprobs": args.prompt_logprobs, "n": args.n}
+    given = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "ignore_eos": args.ignore_eos,
+        "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop)
+        if args.stop
+        else None,
+        "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
+        "repetition_penalty": args.repetition_penalty,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "min_p": args.min_p,
+        "logit_bias": tuple(args.logit_bias) if args.logit_bias else None,
+        "logprobs": args.logprobs or None,  # --logprobs N (N >= 1) asks for top_logprobs
+        "prompt_logprobs": args.prompt_logprobs,
+        "n": args.n,
+    }
     return {k: v for k, v in given.items() if v is not None}
 
 

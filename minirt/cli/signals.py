@@ -20,7 +20,10 @@ class StopSignals:
     `held()` a signal waits until the block is done, so a record is never half written.  The handlers that
     were there before come back when the `with` block ends."""
 
-    RAISES: dict[int, type[BaseException]] = {signal.SIGINT: KeyboardInterrupt, signal.SIGTERM: Terminated}
+    RAISES: dict[int, type[BaseException]] = {
+        signal.SIGINT: KeyboardInterrupt,
+        signal.SIGTERM: Terminated,
+    }
 
     def __init__(self) -> None:
         self.previous: dict = {}
@@ -28,9 +31,13 @@ class StopSignals:
         self.holding = False
 
     def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+        if (
+            threading.current_thread() is threading.main_thread()
+        ):  # only the main thread may set handlers
             for signum in self.RAISES:
-                if signal.getsignal(signum) is not signal.SIG_IGN:  # an ignored signal stays ignored (nohup)
+                if (
+                    signal.getsignal(signum) is not signal.SIG_IGN
+                ):  # an ignored signal stays ignored (nohup)
                     self.previous[signum] = signal.signal(signum, self.on_signal)
         return self
 

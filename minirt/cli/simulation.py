@@ -27,6 +27,7 @@ UNLIMITED = 10**12  # a context / KV budget that never binds
 @dataclass
 class Simulation:
     """One policy's run over a workload."""
+
     policy: str
     rows: int
     requests: list[Request]  # each asks for its output length as max_new_tokens
@@ -38,7 +39,9 @@ class Simulation:
 
     @property
     def utilization(self) -> float:
-        return sum(self.scheduler.active_rows) / max(1, sum(self.scheduler.held_rows))  # as generate's summary
+        return sum(self.scheduler.active_rows) / max(
+            1, sum(self.scheduler.held_rows)
+        )  # as generate's summary
 
     def row_held_until(self, request: Request) -> int | None:
         """The last round a request's row was held: its group's end (static) or its own finish (continuous)."""
@@ -47,23 +50,50 @@ class Simulation:
         return request.finish_round
 
     def summary(self) -> dict:
-        requests = [{"index": r.index, "output_len": r.params.max_new_tokens, "rounds_waited": r.rounds_waited,
-                     "first_round": r.first_round, "finish_round": r.finish_round} for r in self.requests]
-        return {"total_rounds": self.total_rounds, "utilization": round(self.utilization, 6), "requests": requests}
+        requests = [
+            {
+                "index": r.index,
+                "output_len": r.params.max_new_tokens,
+                "rounds_waited": r.rounds_waited,
+                "first_round": r.first_round,
+                "finish_round": r.finish_round,
+            }
+            for r in self.requests
+        ]
+        return {
+            "total_rounds": self.total_rounds,
+            "utilization": round(self.utilization, 6),
+            "requests": requests,
+        }
 
 
-def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[int] | None = None,
-             kv_budget: int = UNLIMITED, round_tokens: int = DEFAULT_ROUND_TOKENS,
-             on_plan: Callable[[Scheduler, RoundPlan], None] | None = None) -> Simulation:
+def simulate(
+    output_lens: list[int],
+    policy: str,
+    rows: int,
+    prompt_lens: list[int] | None = None,
+    kv_budget: int = UNLIMITED,
+    round_tokens: int = DEFAULT_ROUND_TOKENS,
+    on_plan: Callable[[Scheduler, RoundPlan], None] | None = None,
+) -> Simulation:
     """Run requests with the given output (and prompt) lengths through the engine's scheduler."""
     prompt_lens = prompt_lens or [1] * len(output_lens)
     if len(prompt_lens) != len(output_lens):
-        raise MinirtError(f"got {len(output_lens)} output lengths but {len(prompt_lens)} prompt lengths")
+        raise MinirtError(
+            f"got {len(output_lens)} output lengths but {len(prompt_lens)} prompt lengths"
+        )
     if any(n < 1 for n in output_lens) or any(p < 1 for p in prompt_lens):
         raise MinirtError("every output and prompt length must be at least 1")
-    requests = [Request(index=i, id=str(i), prompt=None, prompt_ids=[0] * p,
-                        params=SamplingParams(max_new_tokens=n, ignore_eos=True))
-                for i, (n, p) in enumerate(zip(output_lens, prompt_lens, strict=True))]
+    requests = [
+        Request(
+            index=i,
+            id=str(i),
+            prompt=None,
+            prompt_ids=[0] * p,
+            params=SamplingParams(max_new_tokens=n, ignore_eos=True),
+        )
+        for i, (n, p) in enumerate(zip(output_lens, prompt_lens, strict=True))
+    ]
     scheduler = SCHEDULERS[policy](rows, kv_budget, UNLIMITED, round_tokens)
     for request in requests:
         reason = scheduler.refusal(request)
@@ -76,7 +106,9 @@ def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[i
         plan = scheduler.plan(round_number)
         if on_plan:
             on_plan(scheduler, plan)
-        for request in plan.active:  # the "forward pass": every active row produces one token (id 0)
+        for (
+            request
+        ) in plan.active:  # the "forward pass": every active row produces one token (id 0)
             add_token(request, 0, None, round_number, None, UNLIMITED)
         scheduler.complete(plan)
     return Simulation(policy, rows, requests, scheduler)
@@ -85,6 +117,10 @@ def simulate(output_lens: list[int], policy: str, rows: int, prompt_lens: list[i
 def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:
     """(output lengths, prompt lengths): log-normal, so most are short and a few are very long."""
     rng = np.random.default_rng(seed)
-    outputs = np.clip(np.round(rng.lognormal(mean=np.log(24), sigma=1.0, size=n)), 1, 512).astype(int)
-    prompts = np.clip(np.round(rng.lognormal(mean=np.log(32), sigma=0.8, size=n)), 1, 512).astype(int)
+    outputs = np.clip(np.round(rng.lognormal(mean=np.log(24), sigma=1.0, size=n)), 1, 512).astype(
+        int
+    )
+    prompts = np.clip(np.round(rng.lognormal(mean=np.log(32), sigma=0.8, size=n)), 1, 512).astype(
+        int
+    )
     return outputs.tolist(), prompts.tolist()

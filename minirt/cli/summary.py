@@ -21,19 +21,27 @@ def kv_limit_lines(stats: RunStats) -> list[str]:
         return []
     if stats.policy == "static":
         n = len(stats.kv_limited_rows)
-        return [f"kv budget    held {n} group{'s' if n != 1 else ''} below {stats.batch_size} rows "
-                f"(rows: {', '.join(map(str, stats.kv_limited_rows))})"]
+        return [
+            f"kv budget    held {n} group{'s' if n != 1 else ''} below {stats.batch_size} rows "
+            f"(rows: {', '.join(map(str, stats.kv_limited_rows))})"
+        ]
     return [f"kv budget    held the pool to {stats.kv_limited_rows[0]} of {stats.batch_size} rows"]
 
 
 def summary(stats: RunStats, load_seconds: float) -> str:
     """The closing counts, one fact per line."""
-    row_rounds, active = sum(stats.held_rows_per_round), sum(stats.active_rows_per_round)  # rows held, rows run
+    row_rounds, active = (
+        sum(stats.held_rows_per_round),
+        sum(stats.active_rows_per_round),
+    )  # rows held, rows run
     ttft = sorted(stats.first_token_seconds) or [0.0]
     lines = [
         f"requests     {stats.requests} ({stats.requests - stats.failed} ok, {stats.failed} failed)",
-        (f"groups       {len(stats.groups)} (static, batch size {stats.batch_size})" if stats.policy == "static"
-         else f"policy       continuous batching, up to {stats.batch_size} rows"),
+        (
+            f"groups       {len(stats.groups)} (static, batch size {stats.batch_size})"
+            if stats.policy == "static"
+            else f"policy       continuous batching, up to {stats.batch_size} rows"
+        ),
         *kv_limit_lines(stats),
         f"rounds       {stats.rounds}",
         f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",

@@ -23,37 +23,66 @@ def svg_panels(sims: list[Simulation], title: str) -> str:
     left, top, gap = 110, 40, 62
     panel_h = n_requests * cell
     width = max(left + width_rounds * cell + 20, 720)  # room for the legend
-    tick_every = next(step for step in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9) if width_rounds / step <= 20)
+    tick_every = next(
+        step
+        for step in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10**9)
+        if width_rounds / step <= 20
+    )
     height = top + len(sims) * (panel_h + gap) + 40
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="12" data-cell="{cell}">',
-             f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="10" y="20" font-size="14" font-weight="bold">{title}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12" data-cell="{cell}">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="10" y="20" font-size="14" font-weight="bold">{title}</text>',
+    ]
     for k, sim in enumerate(sims):
         y0 = top + k * (panel_h + gap) + 16
-        parts.append(f'<text x="10" y="{y0 - 20}">{sim.policy}: {sim.total_rounds} rounds, '
-                     f'utilization {sim.utilization:.1%}</text>')
-        for n in [1] + list(range(tick_every, sim.total_rounds + 1, tick_every)):  # round numbers on top
-            parts.append(f'<text x="{left + (n - 0.5) * cell}" y="{y0 - 4}" text-anchor="middle" font-size="10" '
-                         f'fill="#555">{n}</text>')
+        parts.append(
+            f'<text x="10" y="{y0 - 20}">{sim.policy}: {sim.total_rounds} rounds, '
+            f"utilization {sim.utilization:.1%}</text>"
+        )
+        for n in [1] + list(
+            range(tick_every, sim.total_rounds + 1, tick_every)
+        ):  # round numbers on top
+            parts.append(
+                f'<text x="{left + (n - 0.5) * cell}" y="{y0 - 4}" text-anchor="middle" font-size="10" '
+                f'fill="#555">{n}</text>'
+            )
         for i, r in enumerate(sim.requests):
             if cell >= 10:
-                parts.append(f'<text x="{left - 6}" y="{y0 + i * cell + cell - 3}" text-anchor="end" '
-                             f'font-size="{min(11, cell - 2)}">req {r.index}</text>')
+                parts.append(
+                    f'<text x="{left - 6}" y="{y0 + i * cell + cell - 3}" text-anchor="end" '
+                    f'font-size="{min(11, cell - 2)}">req {r.index}</text>'
+                )
             n, held_until = 1, sim.row_held_until(r)
-            gap_px = 1 if cell >= 10 else 0  # big cells are drawn one by one, with a gap; small ones as runs
+            gap_px = (
+                1 if cell >= 10 else 0
+            )  # big cells are drawn one by one, with a gap; small ones as runs
             while n <= sim.total_rounds:  # one rect per run of equal cells keeps big grids small
                 mark, run = cell_mark(r, n, held_until), 1
-                while not gap_px and n + run <= sim.total_rounds and cell_mark(r, n + run, held_until) == mark:
+                while (
+                    not gap_px
+                    and n + run <= sim.total_rounds
+                    and cell_mark(r, n + run, held_until) == mark
+                ):
                     run += 1
                 if mark != " ":
-                    parts.append(f'<rect x="{left + (n - 1) * cell}" y="{y0 + i * cell}" width="{run * cell - gap_px}" '
-                                 f'height="{cell - gap_px}" fill="{COLOURS[mark]}"/>')
+                    parts.append(
+                        f'<rect x="{left + (n - 1) * cell}" y="{y0 + i * cell}" width="{run * cell - gap_px}" '
+                        f'height="{cell - gap_px}" fill="{COLOURS[mark]}"/>'
+                    )
                 n += run
-    for j, (mark, label) in enumerate([("#", "active (produces a token)"), ("-", "waiting for a row"),
-                                        (".", "finished, row still held by its static group")]):
+    for j, (mark, label) in enumerate(
+        [
+            ("#", "active (produces a token)"),
+            ("-", "waiting for a row"),
+            (".", "finished, row still held by its static group"),
+        ]
+    ):
         x = 10 + j * 200
-        parts.append(f'<rect x="{x}" y="{height - 26}" width="12" height="12" fill="{COLOURS[mark]}"/>')
+        parts.append(
+            f'<rect x="{x}" y="{height - 26}" width="12" height="12" fill="{COLOURS[mark]}"/>'
+        )
         parts.append(f'<text x="{x + 18}" y="{height - 16}">{label}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"

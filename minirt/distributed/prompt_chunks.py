@@ -20,7 +20,9 @@ from typing import Any, BinaryIO, Iterator, cast
 from ..errors import MinirtError
 from ..cli.prompt_file import FORMATS, decoded_lines, entry_for, is_entry, resolved_format
 
-LINES_PER_CHUNK = 1024  # prompts-file entries one chunk holds (a read task turns one chunk into rows)
+LINES_PER_CHUNK = (
+    1024  # prompts-file entries one chunk holds (a read task turns one chunk into rows)
+)
 PROMPT_SUFFIXES = (".txt", ".jsonl", ".ndjson")
 
 
@@ -29,7 +31,9 @@ def prompt_files(source: str) -> list[str]:
     and .ndjson files, sorted by name; or a glob's matches, sorted."""
     path = Path(source).absolute()  # read tasks run in other processes, maybe on other machines
     if path.is_dir():
-        files = sorted(str(p) for p in path.iterdir() if p.suffix.lower() in PROMPT_SUFFIXES and p.is_file())
+        files = sorted(
+            str(p) for p in path.iterdir() if p.suffix.lower() in PROMPT_SUFFIXES and p.is_file()
+        )
         if not files:
             raise MinirtError(f"{source} is a folder with no .txt, .jsonl or .ndjson files in it")
         return files
@@ -40,7 +44,9 @@ def prompt_files(source: str) -> list[str]:
         if files:
             return files
         raise MinirtError(f"no file matches {source}")
-    raise MinirtError(f"prompts file {source} does not exist; pass a .txt or .jsonl file, a folder or a glob")
+    raise MinirtError(
+        f"prompts file {source} does not exist; pass a .txt or .jsonl file, a folder or a glob"
+    )
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,9 @@ class Chunk:
     entries: int  # how many rows it gives (blank lines give none)
 
 
-def plan_chunks(paths: list[str], fmt: str = "auto", entries_per_chunk: int = LINES_PER_CHUNK) -> list[Chunk]:
+def plan_chunks(
+    paths: list[str], fmt: str = "auto", entries_per_chunk: int = LINES_PER_CHUNK
+) -> list[Chunk]:
     """Chunks of every file, scanned once, a line at a time (no file is ever held whole): where each chunk starts,
     its first line number and the global index of its first entry.  A file that cannot be read, or in which no
     line is UTF-8, is refused whole; so is a source with no prompts at all."""
@@ -67,7 +75,9 @@ def plan_chunks(paths: list[str], fmt: str = "auto", entries_per_chunk: int = LI
     for path in paths:
         try:
             with open(path, "rb") as stream:
-                file_chunks, first_text, decoded_any = scan_file(path, stream, index, entries_per_chunk)
+                file_chunks, first_text, decoded_any = scan_file(
+                    path, stream, index, entries_per_chunk
+                )
         except OSError as exc:
             raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
         if not decoded_any and file_chunks:
@@ -120,8 +130,13 @@ def chunk_rows(chunk: Chunk) -> Iterator[dict[str, Any]]:
     index = chunk.first_index
     with open(chunk.path, "rb") as stream:
         stream.seek(chunk.start)
-        lines = decoded_lines(cast(BinaryIO, LimitedReader(stream, chunk.size)), first_number=chunk.first_line)
+        lines = decoded_lines(
+            cast(BinaryIO, LimitedReader(stream, chunk.size)), first_number=chunk.first_line
+        )
         for line, _ in lines:
             if is_entry(line):
-                yield {"index": index, "entry": json.dumps(asdict(entry_for(line, chunk.fmt)), ensure_ascii=False)}
+                yield {
+                    "index": index,
+                    "entry": json.dumps(asdict(entry_for(line, chunk.fmt)), ensure_ascii=False),
+                }
                 index += 1

@@ -43,7 +43,9 @@ from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prom
 from ..cli.prompt_file import PromptEntry
 
 DEFAULT_WORKERS = 2
-GROUPS_PER_BATCH = 4  # a worker serves rows in batches of this many static groups (batch_size rows each)
+GROUPS_PER_BATCH = (
+    4  # a worker serves rows in batches of this many static groups (batch_size rows each)
+)
 
 
 # ----------------------------------------------------------------------------- reading prompts
@@ -59,12 +61,24 @@ class PromptsDatasource(Datasource):
     def estimate_inmemory_data_size(self) -> int | None:
         return sum(c.size for c in self.chunks)
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context: DataContext | None = None) -> list[ReadTask]:
-        return [ReadTask(partial(chunk_block, chunk),
-                         BlockMetadata(num_rows=chunk.entries, size_bytes=chunk.size, exec_stats=None,
-                                       input_files=(chunk.path,)))
-                for chunk in self.chunks]
+    def get_read_tasks(
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: DataContext | None = None,
+    ) -> list[ReadTask]:
+        return [
+            ReadTask(
+                partial(chunk_block, chunk),
+                BlockMetadata(
+                    num_rows=chunk.entries,
+                    size_bytes=chunk.size,
+                    exec_stats=None,
+                    input_files=(chunk.path,),
+                ),
+            )
+            for chunk in self.chunks
+        ]
 
     @property
     def total(self) -> int:
@@ -74,8 +88,14 @@ class PromptsDatasource(Datasource):
 def chunk_block(chunk: Chunk) -> list:
     """A read task's output: one chunk's rows as one block."""
     rows = list(chunk_rows(chunk))
-    return [BlockAccessor.batch_to_block({"index": np.array([r["index"] for r in rows], dtype=np.int64),
-                                          "entry": np.array([r["entry"] for r in rows], dtype=object)})]
+    return [
+        BlockAccessor.batch_to_block(
+            {
+                "index": np.array([r["index"] for r in rows], dtype=np.int64),
+                "entry": np.array([r["entry"] for r in rows], dtype=object),
+            }
+        )
+    ]
 
 
 def entries_dataset(prompts, fmt: str = "auto") -> tuple[Dataset, int | None]:
@@ -89,9 +109,14 @@ def entries_dataset(prompts, fmt: str = "auto") -> tuple[Dataset, int | None]:
     if isinstance(prompts, PromptsDatasource):
         return ray.data.read_datasource(prompts), prompts.total
     if isinstance(prompts, (list, tuple)):
-        rows = [{"index": i, "entry": json.dumps(asdict(PromptEntry(i + 1, p)))} for i, p in enumerate(prompts)]
+        rows = [
+            {"index": i, "entry": json.dumps(asdict(PromptEntry(i + 1, p)))}
+            for i, p in enumerate(prompts)
+        ]
         return ray.data.from_items(rows), len(rows)
-    raise TypeError(f"prompts must be a path, a list of prompts or a ray.data.Dataset, got {type(prompts).__name__}")
+    raise TypeError(
+        f"prompts must be a path, a list of prompts or a ray.data.Dataset, got {type(prompts).__name__}"
+    )
 
 
 def entry_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -99,8 +124,12 @@ def entry_row(row: dict[str, Any]) -> dict[str, Any]:
     fields = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in row.items()}
     index = int(fields.pop("index"))
     request_id = fields.pop("id", None)
-    entry = PromptEntry(index + 1, fields.pop("prompt"), None if request_id is None else str(request_id),
-                        {k: v for k, v in fields.items() if v is not None})
+    entry = PromptEntry(
+        index + 1,
+        fields.pop("prompt"),
+        None if request_id is None else str(request_id),
+        {k: v for k, v in fields.items() if v is not None},
+    )
     return {"index": index, "entry": json.dumps(asdict(entry), ensure_ascii=False)}
 
 
@@ -138,27 +167,46 @@ class GenerateWorker:
 
         indexes = [int(i) for i in batch["index"]]
         entries = [PromptEntry(**json.loads(text)) for text in batch["entry"]]
-        requests = build_requests(self.llm, entries, self.defaults, self.config.logprobs, indexes=indexes)
+        requests = build_requests(
+            self.llm, entries, self.defaults, self.config.logprobs, indexes=indexes
+        )
         self.llm.serve(requests)
-        lines = [json.dumps(record(r, self.llm.tokenizer), ensure_ascii=False, allow_nan=False) for r in requests]
+        lines = [
+            json.dumps(record(r, self.llm.tokenizer), ensure_ascii=False, allow_nan=False)
+            for r in requests
+        ]
         engine = self.llm.engine
-        return {"index": np.array([r.index for r in requests], dtype=np.int64),  # a prompt's n samples: n rows
-                "record": np.array(lines, dtype=object),
-                "failed": np.array([r.error is not None for r in requests]),
-                # what replaying one process's schedule needs (scale_out.OneProcessSchedule)
-                "max_new_tokens": np.array([r.params.max_new_tokens for r in requests], dtype=np.int64),
-                "kv_budget": np.full(len(requests), engine.kv_budget_positions, dtype=np.int64),
-                "n_positions": np.full(len(requests), self.llm.model.config.n_positions, dtype=np.int64)}
+        return {
+            "index": np.array(
+                [r.index for r in requests], dtype=np.int64
+            ),  # a prompt's n samples: n rows
+            "record": np.array(lines, dtype=object),
+            "failed": np.array([r.error is not None for r in requests]),
+            # what replaying one process's schedule needs (scale_out.OneProcessSchedule)
+            "max_new_tokens": np.array([r.params.max_new_tokens for r in requests], dtype=np.int64),
+            "kv_budget": np.full(len(requests), engine.kv_budget_positions, dtype=np.int64),
+            "n_positions": np.full(
+                len(requests), self.llm.model.config.n_positions, dtype=np.int64
+            ),
+        }
 
 
 def worker_class(config: WorkerConfig) -> type[GenerateWorker]:
     return type("GenerateWorker", (GenerateWorker,), {"config": config})
 
 
-def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAULT_WORKERS,
-                     rows_per_batch: int | None = None, cpus_per_worker: float = 1.0, fmt: str = "auto",
-                     overrides: dict[str, Any] | None = None, logprobs: bool = False,
-                     **llm_kwargs) -> tuple[Dataset, int | None]:
+def generate_dataset(
+    prompts,
+    model: str | None = None,
+    *,
+    workers: int = DEFAULT_WORKERS,
+    rows_per_batch: int | None = None,
+    cpus_per_worker: float = 1.0,
+    fmt: str = "auto",
+    overrides: dict[str, Any] | None = None,
+    logprobs: bool = False,
+    **llm_kwargs,
+) -> tuple[Dataset, int | None]:
     """Serve prompts on `workers` actors; (a Dataset of records in input order, how many or None if unknown).
 
     `prompts`: a prompts file (.txt or .jsonl), a folder of them, a glob; a list of prompts; or a Dataset with
@@ -178,20 +226,31 @@ def generate_dataset(prompts, model: str | None = None, *, workers: int = DEFAUL
     """
     if not isinstance(workers, int) or workers < 1:
         raise MinirtError(f"workers must be at least 1, got {workers!r}")
-    DataContext.get_current().execution_options.preserve_order = True  # records leave in input order
+    DataContext.get_current().execution_options.preserve_order = (
+        True  # records leave in input order
+    )
     entries, total = entries_dataset(prompts, fmt)
-    rows_per_batch = rows_per_batch or GROUPS_PER_BATCH * llm_kwargs.get("batch_size", 8)  # small: spread wide
-    threads = str(max(1, int(cpus_per_worker)))  # each worker's BLAS keeps to its share of a machine's cores
+    rows_per_batch = rows_per_batch or GROUPS_PER_BATCH * llm_kwargs.get(
+        "batch_size", 8
+    )  # small: spread wide
+    threads = str(
+        max(1, int(cpus_per_worker))
+    )  # each worker's BLAS keeps to its share of a machine's cores
     records = entries.map_batches(
-        worker_class(WorkerConfig(model, llm_kwargs, overrides or {}, logprobs)), batch_size=rows_per_batch,
-        batch_format="numpy", compute=ActorPoolStrategy(size=workers), num_cpus=cpus_per_worker,
+        worker_class(WorkerConfig(model, llm_kwargs, overrides or {}, logprobs)),
+        batch_size=rows_per_batch,
+        batch_format="numpy",
+        compute=ActorPoolStrategy(size=workers),
+        num_cpus=cpus_per_worker,
         # Ray Data's actor pool restarts an actor that dies and retries its batch (max_restarts and
         # max_task_retries are -1 by default there): tests/test_distributed.py kills one mid-run.
-        runtime_env={"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}})
+        runtime_env={"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}},
+    )
     return records, total
 
 
 # ----------------------------------------------------------------------------- the command line
+
 
 @contextmanager
 def native_stderr_muted() -> Iterator[None]:
@@ -211,29 +270,45 @@ def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a one-line MinirtError
     when that fails.  Locally, Ray gets enough logical CPUs for the read stage beside every worker."""
     host, colon, port = address.rpartition(":")
-    if colon and port.isdigit() and "://" not in address:  # HOST:PORT: Ray would retry it for minutes; ask once
+    if (
+        colon and port.isdigit() and "://" not in address
+    ):  # HOST:PORT: Ray would retry it for minutes; ask once
         try:
             socket.create_connection((host, int(port)), timeout=5).close()
         except OSError as exc:
-            raise MinirtError(f"--ray {address}: nothing answers there ({exc.strerror or exc}); start the cluster "
-                              "with `ray start --head`, or use --ray local") from None
+            raise MinirtError(
+                f"--ray {address}: nothing answers there ({exc.strerror or exc}); start the cluster "
+                "with `ray start --head`, or use --ray local"
+            ) from None
     if ray.is_initialized():
         return "ray: already initialized"
-    options: dict[str, Any] = {"logging_level": "ERROR", "include_dashboard": False, "log_to_driver": False}
+    options: dict[str, Any] = {
+        "logging_level": "ERROR",
+        "include_dashboard": False,
+        "log_to_driver": False,
+    }
     # Ray's C++ core logs, at error level, that Ray Data keeps the worker class in its object store; that is
     # expected, and any real failure still reaches the command as an exception.  A user's own setting wins.
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    logging.getLogger("ray.data").setLevel(logging.CRITICAL)  # Ray Data's plan and progress lines: the command says
+    logging.getLogger("ray.data").setLevel(
+        logging.CRITICAL
+    )  # Ray Data's plan and progress lines: the command says
     try:
-        with native_stderr_muted():  # Ray's C++ side says at start where its logs go and at what level
+        with (
+            native_stderr_muted()
+        ):  # Ray's C++ side says at start where its logs go and at what level
             if address == "local":
-                ray.init(num_cpus=max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2), **options)
+                ray.init(
+                    num_cpus=max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2), **options
+                )
             else:
                 ray.init(address=address, **options)
     except Exception as exc:  # noqa: BLE001 (Ray raises many kinds: any failure to start or connect is one line)
         message = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise MinirtError(f"--ray {address}: cannot start or reach Ray ({message}); use --ray local, or start a "
-                          "cluster with `ray start --head` and pass --ray auto") from None
+        raise MinirtError(
+            f"--ray {address}: cannot start or reach Ray ({message}); use --ray local, or start a "
+            "cluster with `ray start --head` and pass --ray auto"
+        ) from None
     DataContext.get_current().enable_progress_bars = False  # the command draws its own
     return f"ray: {address}, {workers} worker(s), {int(ray.cluster_resources().get('CPU', 0))} logical CPUs"
 

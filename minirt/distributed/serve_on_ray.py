@@ -40,19 +40,25 @@ class RecordSink:
     --ray), or a folder of shards part-00000.jsonl, part-00001.jsonl, ... of SHARD_RECORDS records each."""
 
     def __init__(self, output: str | None):
-        self.folder = output if output and (output.endswith(os.sep) or Path(output).is_dir()) else None
+        self.folder = (
+            output if output and (output.endswith(os.sep) or Path(output).is_dir()) else None
+        )
         if self.folder is not None:
             try:
                 Path(self.folder).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise MinirtError(f"cannot make the --output folder {self.folder} ({exc.strerror})") from None
+                raise MinirtError(
+                    f"cannot make the --output folder {self.folder} ({exc.strerror})"
+                ) from None
         self.file = OutputFile(output) if output and self.folder is None else None
         self.written = 0
 
     def write(self, line: str) -> None:
         if self.folder is not None and self.written % SHARD_RECORDS == 0:
             self.close_file(interrupted=False)
-            self.file = OutputFile(str(Path(self.folder) / f"part-{self.written // SHARD_RECORDS:05d}.jsonl"))
+            self.file = OutputFile(
+                str(Path(self.folder) / f"part-{self.written // SHARD_RECORDS:05d}.jsonl")
+            )
         if self.file is not None:
             self.file.write(line + "\n")
         self.written += 1
@@ -75,20 +81,31 @@ class OneProcessSchedule:
 
     def __init__(self, policy: str, batch_size: int, round_tokens: int):
         self.policy, self.batch_size, self.round_tokens = policy, batch_size, round_tokens
-        self.scheduler: Scheduler | None = None  # made with the first row: the KV budget comes from the workers
-        self.pending: deque[tuple[dict[str, Any], Request | None]] = deque()  # in input order, fields unknown
-        self.active_rounds: dict[int, int] = {}  # a running stub's index: the rounds it stays active
+        self.scheduler: Scheduler | None = (
+            None  # made with the first row: the KV budget comes from the workers
+        )
+        self.pending: deque[tuple[dict[str, Any], Request | None]] = (
+            deque()
+        )  # in input order, fields unknown
+        self.active_rounds: dict[
+            int, int
+        ] = {}  # a running stub's index: the rounds it stays active
         self.round = 0
 
     def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
         if self.scheduler is None:
-            self.scheduler = SCHEDULERS[self.policy](self.batch_size, int(row["kv_budget"]), int(row["n_positions"]),
-                                                     self.round_tokens)
+            self.scheduler = SCHEDULERS[self.policy](
+                self.batch_size, int(row["kv_budget"]), int(row["n_positions"]), self.round_tokens
+            )
         stub = None
         if record["first_round"] is not None:  # it ran, so it was queued in one process too
-            stub = Request(index=len(self.active_rounds), id=record["id"], prompt=None,  # index: this stub's own
-                           prompt_ids=[0] * record["prompt_tokens"],
-                           params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True))
+            stub = Request(
+                index=len(self.active_rounds),
+                id=record["id"],
+                prompt=None,  # index: this stub's own
+                prompt_ids=[0] * record["prompt_tokens"],
+                params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True),
+            )
             self.active_rounds[stub.index] = record["finish_round"] - record["first_round"] + 1
             self.scheduler.submit(stub)
         self.pending.append((record, stub))
@@ -98,11 +115,15 @@ class OneProcessSchedule:
         scheduler = self.scheduler
         while scheduler is not None and scheduler.has_work():
             choosing = not scheduler.running  # static: a new group is chosen from what waits
-            if not final and (self.policy != "static" or (choosing and len(scheduler.waiting) < self.batch_size)):
+            if not final and (
+                self.policy != "static" or (choosing and len(scheduler.waiting) < self.batch_size)
+            ):
                 break  # more records may join the choice
             self.round += 1
             plan = scheduler.plan(self.round)
-            for active in plan.active:  # each active row produces a token; it is done after its own count
+            for (
+                active
+            ) in plan.active:  # each active row produces a token; it is done after its own count
                 active.token_ids.append(0)
                 if len(active.token_ids) == self.active_rounds[active.index]:
                     active.status, active.finish_round = Status.FINISHED, self.round
@@ -112,7 +133,6 @@ class OneProcessSchedule:
             if stub is not None:
                 record.update({name: getattr(stub, name) for name in self.SCHEDULED})
             yield record
-
 
     def drain(self) -> Iterator[dict[str, Any]]:
         """After an interruption: every record still waiting for its schedule, in input order, its four fields
@@ -126,15 +146,26 @@ class RayProgress:
     """'records N/total | T tokens | tok/s' on standard error, redrawn at most ten times a second."""
 
     def __init__(self, total: int | None, enabled: bool):
-        self.total, self.enabled, self.tokens, self.last, self.start = total, enabled, 0, 0.0, time.perf_counter()
+        self.total, self.enabled, self.tokens, self.last, self.start = (
+            total,
+            enabled,
+            0,
+            0.0,
+            time.perf_counter(),
+        )
 
     def update(self, written: int, tokens: int) -> None:
         self.tokens += tokens
         now = time.perf_counter()
         if self.enabled and (now - self.last >= 0.1 or written == self.total):
             self.last = now
-            print(f"\rgenerating on ray: {written}/{self.total} records | {self.tokens} tokens | "
-                  f"{self.tokens / (now - self.start):.1f} tok/s", end="", file=sys.stderr, flush=True)
+            print(
+                f"\rgenerating on ray: {written}/{self.total} records | {self.tokens} tokens | "
+                f"{self.tokens / (now - self.start):.1f} tok/s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.enabled and self.last:
@@ -143,11 +174,26 @@ class RayProgress:
 
 def request_from_record(record: dict[str, Any]):
     """A finished request rebuilt from its record, for the completion block standard output shows."""
-    samples = 2 if "sample" in record else 1  # the label says "sample k" only when there are several
-    request = Request(index=record["index"], id=record["id"], prompt=record["prompt"],
-                      prompt_ids=record.get("prompt_token_ids") or [], params=SamplingParams(n=samples),
-                      sample=record.get("sample", 0))
-    for name in ("text", "token_ids", "finish_reason", "error", "group", "first_round", "finish_round"):
+    samples = (
+        2 if "sample" in record else 1
+    )  # the label says "sample k" only when there are several
+    request = Request(
+        index=record["index"],
+        id=record["id"],
+        prompt=record["prompt"],
+        prompt_ids=record.get("prompt_token_ids") or [],
+        params=SamplingParams(n=samples),
+        sample=record.get("sample", 0),
+    )
+    for name in (
+        "text",
+        "token_ids",
+        "finish_reason",
+        "error",
+        "group",
+        "first_round",
+        "finish_round",
+    ):
         setattr(request, name, record[name])
     request.status = Status.FINISHED
     return request
@@ -155,32 +201,60 @@ def request_from_record(record: dict[str, Any]):
 
 def records_dataset(args, model_folder: Path, source, cpus: int):
     """The run's Dataset of records, every flag meaning what it means without --ray."""
-    llm_kwargs = {"backend": args.backend, "dtype": args.dtype, "batch_size": args.batch_size, "seed": args.seed,
-                  "policy": args.policy, "round_token_budget": args.max_round_tokens,
-                  "kv_budget_tokens": args.kv_budget_tokens}
+    llm_kwargs = {
+        "backend": args.backend,
+        "dtype": args.dtype,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "policy": args.policy,
+        "round_token_budget": args.max_round_tokens,
+        "kv_budget_tokens": args.kv_budget_tokens,
+    }
     if args.kv_budget_mib is not None:
         llm_kwargs["kv_budget_mib"] = args.kv_budget_mib
-    return generate_dataset(source, str(model_folder), workers=args.workers, cpus_per_worker=cpus, fmt=args.format,
-                            overrides=args.overrides, logprobs=args.logprobs is not None, **llm_kwargs)
+    return generate_dataset(
+        source,
+        str(model_folder),
+        workers=args.workers,
+        cpus_per_worker=cpus,
+        fmt=args.format,
+        overrides=args.overrides,
+        logprobs=args.logprobs is not None,
+        **llm_kwargs,
+    )
 
 
 def serve_on_ray(args, model_folder: Path, signals) -> int:
     """`python -m minirt.generate --ray ADDRESS --workers N`: the records of the run without --ray, in input order
     to --output (a file, or a folder of shards) and as completions to standard output; exit 1 if any failed."""
     start = time.perf_counter()
-    load_checkpoint(model_folder)  # a bad model folder is one line here, not an error in every worker
+    load_checkpoint(
+        model_folder
+    )  # a bad model folder is one line here, not an error in every worker
     if args.ray == "local":
-        get_backend(args.backend)  # and so is a backend this machine (where the workers run) does not have
-    source = PromptsDatasource(args.prompts, args.format) if args.prompts else args.prompt  # a bad file: here
+        get_backend(
+            args.backend
+        )  # and so is a backend this machine (where the workers run) does not have
+    source = (
+        PromptsDatasource(args.prompts, args.format) if args.prompts else args.prompt
+    )  # a bad file: here
     sink = RecordSink(args.output)  # a bad --output path fails here, before Ray starts
-    cpus = args.worker_cpus or (max(1, (os.cpu_count() or 1) // args.workers) if args.ray == "local" else 1)
+    cpus = args.worker_cpus or (
+        max(1, (os.cpu_count() or 1) // args.workers) if args.ray == "local" else 1
+    )
     try:
         print(connect(args.ray, args.workers, cpus), file=sys.stderr)
         records, total = records_dataset(args, model_folder, source, cpus)
     except BaseException:
-        sink.close_file(interrupted=True)  # nothing was written: an existing --output stays as it was
+        sink.close_file(
+            interrupted=True
+        )  # nothing was written: an existing --output stays as it was
         raise
-    failed, interrupted, schedule = 0, True, OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens)
+    failed, interrupted, schedule = (
+        0,
+        True,
+        OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens),
+    )
     progress = RayProgress(total, enabled=not args.no_progress and sys.stderr.isatty())
 
     def emit(final: bool) -> None:
@@ -189,7 +263,9 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
                 sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
             progress.update(sink.written, len(record["token_ids"]))
             if not args.quiet:
-                print(completion_block(request_from_record(record), sys.stdout.isatty()), flush=True)
+                print(
+                    completion_block(request_from_record(record), sys.stdout.isatty()), flush=True
+                )
 
     try:
         for row in worker_errors_as_one_line(records.iter_rows()):
@@ -198,7 +274,9 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
             emit(final=False)
         emit(final=True)
         interrupted = False
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the records already final are written, scheduled or not
+    except (
+        KeyboardInterrupt
+    ):  # Ctrl-C or SIGTERM: the records already final are written, scheduled or not
         with signals.held():
             for record in schedule.drain():
                 sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
@@ -207,8 +285,11 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
         progress.close()
         with signals.held():
             sink.close_file(interrupted=interrupted)
-    print(f"requests     {sink.written} ({sink.written - failed} ok, {failed} failed)\n"
-          f"tokens       {progress.tokens} generated\n"
-          f"workers      {args.workers} on Ray ({args.ray}), {total} rows read in chunks\n"
-          f"wall time    {time.perf_counter() - start:.2f} s, model loads included", file=sys.stderr)
+    print(
+        f"requests     {sink.written} ({sink.written - failed} ok, {failed} failed)\n"
+        f"tokens       {progress.tokens} generated\n"
+        f"workers      {args.workers} on Ray ({args.ray}), {total} rows read in chunks\n"
+        f"wall time    {time.perf_counter() - start:.2f} s, model loads included",
+        file=sys.stderr,
+    )
     return EXIT_REQUEST_FAILED if failed else EXIT_OK

@@ -1,0 +1,12 @@
+"""The engine: requests in, one round at a time, results out.
+
+    params.py     SamplingParams: what a request asks for
+    request.py    Request: one request's own state, and its stop rules
+    scheduler.py  who runs in each round: static groups, or continuous batching
+    sampler.py    each request's next token, from its own logits and its own random stream
+    engine.py     Engine: add_request, step (one round), abort, and the offline loop over step
+    stats.py      RunStats: what a run counted
+    output.py     RequestOutput and TokenEvent: what a caller is handed
+
+Must not know: command-line flags, files or output formats (tests/test_layout.py holds this).
+"""

@@ -23,17 +23,33 @@ class RequestOutput:
     index: int  # its position in the input, 0-based
     id: str  # the id it was given, or its index as a string
     sample: int  # which of the prompt's n samples (SamplingParams.n), 0-based; 0 when n is 1
-    prompt: str | None  # the prompt text; a token-id prompt's decoded text; None without a tokenizer
-    prompt_token_ids: list[int]  # what the model was fed first (BOS alone for an empty prompt; [] if refused)
-    text: str | None  # the completion (without an EOS's text, cut before a stop string); None without a tokenizer
+    prompt: (
+        str | None
+    )  # the prompt text; a token-id prompt's decoded text; None without a tokenizer
+    prompt_token_ids: list[
+        int
+    ]  # what the model was fed first (BOS alone for an empty prompt; [] if refused)
+    text: (
+        str | None
+    )  # the completion (without an EOS's text, cut before a stop string); None without a tokenizer
     token_ids: list[int]  # every token produced, in order (an EOS or stop token included)
     finish_reason: str  # "stop" (EOS, stop token or stop string), "length" (max_new_tokens or context), "error"
     error: str | None  # why it failed, in one line; None when it did not
-    logprobs: list[float] | None  # each token's log-probability under the raw model, when asked for; else None
-    top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (SamplingParams.logprobs)
-    prompt_logprobs: list[float | None] | None  # per prompt token given those before it (the first: None)
-    group: int | None  # the static group that served it (1-based); None under continuous batching, or if refused
-    first_round: int | None  # the round that gave its first token (its prefill); None if it never ran
+    logprobs: (
+        list[float] | None
+    )  # each token's log-probability under the raw model, when asked for; else None
+    top_logprobs: (
+        list[list[tuple[int, float]]] | None
+    )  # per token, the N most likely (SamplingParams.logprobs)
+    prompt_logprobs: (
+        list[float | None] | None
+    )  # per prompt token given those before it (the first: None)
+    group: (
+        int | None
+    )  # the static group that served it (1-based); None under continuous batching, or if refused
+    first_round: (
+        int | None
+    )  # the round that gave its first token (its prefill); None if it never ran
     finish_round: int | None  # the round that gave its last token
     rounds_waited: int | None  # rounds that ran before its first
     arrival_s: float | None  # seconds from the start of the run: when it was queued,
@@ -49,28 +65,54 @@ class RequestOutput:
     def from_request(cls, request: Request, tokenizer: Tokenizer | None = None) -> RequestOutput:
         """The result of a finished request; a token-id prompt gets its text decoded when a tokenizer is given."""
         assert request.finish_reason is not None, "only a finished request has a result"
-        return cls(index=request.index, id=request.id, sample=request.sample, prompt=prompt_text(request, tokenizer),
-                   prompt_token_ids=list(request.prompt_ids), text=request.text, token_ids=list(request.token_ids),
-                   finish_reason=request.finish_reason, error=request.error,
-                   logprobs=list(request.logprobs) if request.want_logprobs else None,
-                   top_logprobs=list(request.top_logprobs) if request.params.logprobs else None,
-                   prompt_logprobs=request.prompt_logprobs, group=request.group,
-                   first_round=request.first_round, finish_round=request.finish_round,
-                   rounds_waited=request.rounds_waited, arrival_s=request.arrival_s,
-                   first_token_s=request.first_token_s, finish_s=request.finish_s)
+        return cls(
+            index=request.index,
+            id=request.id,
+            sample=request.sample,
+            prompt=prompt_text(request, tokenizer),
+            prompt_token_ids=list(request.prompt_ids),
+            text=request.text,
+            token_ids=list(request.token_ids),
+            finish_reason=request.finish_reason,
+            error=request.error,
+            logprobs=list(request.logprobs) if request.want_logprobs else None,
+            top_logprobs=list(request.top_logprobs) if request.params.logprobs else None,
+            prompt_logprobs=request.prompt_logprobs,
+            group=request.group,
+            first_round=request.first_round,
+            finish_round=request.finish_round,
+            rounds_waited=request.rounds_waited,
+            arrival_s=request.arrival_s,
+            first_token_s=request.first_token_s,
+            finish_s=request.finish_s,
+        )
 
     def record(self, prompt_was_ids: bool = False, samples: int = 1) -> dict:
         """The JSON-ready line of `--output`: these fields, `prompt_tokens` (None for a refused request), and
         `prompt_token_ids` only for a prompt given as token ids; logprobs only when asked for, rounded to 6
         places, a -inf (a token the raw model gave probability 0) as null, as strict JSON needs."""
-        out: dict = {"index": self.index, "id": self.id, "prompt": self.prompt, "text": self.text,
-                     "token_ids": self.token_ids, "finish_reason": self.finish_reason, "group": self.group,
-                     "rounds_waited": self.rounds_waited, "first_round": self.first_round,
-                     "finish_round": self.finish_round,
-                     "prompt_tokens": len(self.prompt_token_ids) if self.ok else None, "error": self.error,
-                     **{name: None if value is None else round(value, 6) for name, value in  # timing fields
-                        (("arrival_s", self.arrival_s), ("first_token_s", self.first_token_s),
-                         ("finish_s", self.finish_s))}}
+        out: dict = {
+            "index": self.index,
+            "id": self.id,
+            "prompt": self.prompt,
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "group": self.group,
+            "rounds_waited": self.rounds_waited,
+            "first_round": self.first_round,
+            "finish_round": self.finish_round,
+            "prompt_tokens": len(self.prompt_token_ids) if self.ok else None,
+            "error": self.error,
+            **{
+                name: None if value is None else round(value, 6)
+                for name, value in (  # timing fields
+                    ("arrival_s", self.arrival_s),
+                    ("first_token_s", self.first_token_s),
+                    ("finish_s", self.finish_s),
+                )
+            },
+        }
         if samples > 1:  # one record per sample, each with the prompt's index and id
             out["sample"] = self.sample
         if prompt_was_ids:
@@ -78,9 +120,13 @@ class RequestOutput:
         if self.logprobs is not None:
             out["logprobs"] = [json_logprob(lp) for lp in self.logprobs]
         if self.top_logprobs is not None:
-            out["top_logprobs"] = [[[token, json_logprob(lp)] for token, lp in step] for step in self.top_logprobs]
+            out["top_logprobs"] = [
+                [[token, json_logprob(lp)] for token, lp in step] for step in self.top_logprobs
+            ]
         if self.prompt_logprobs is not None:
-            out["prompt_logprobs"] = [None if lp is None else json_logprob(lp) for lp in self.prompt_logprobs]
+            out["prompt_logprobs"] = [
+                None if lp is None else json_logprob(lp) for lp in self.prompt_logprobs
+            ]
         return out
 
 
@@ -97,8 +143,13 @@ class TokenEvent:
     @classmethod
     def from_request(cls, request: Request) -> TokenEvent:
         """The event for the token just appended; takes the request's text not yet handed out (`unshown_text`)."""
-        return cls(index=request.index, id=request.id, token_id=request.token_ids[-1], text=unshown_text(request),
-                   finish_reason=request.finish_reason)
+        return cls(
+            index=request.index,
+            id=request.id,
+            token_id=request.token_ids[-1],
+            text=unshown_text(request),
+            finish_reason=request.finish_reason,
+        )
 
 
 def json_logprob(logprob: float) -> float | None:

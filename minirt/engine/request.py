@@ -33,6 +33,7 @@ class Status(enum.Enum):
 @dataclass
 class Request:
     """A request and everything that is its own."""
+
     index: int  # position in the input, 0-based; output order follows it
     id: str  # the user's id, or the index as a string
     prompt: str | None  # the prompt text (None when given as token ids)
@@ -41,18 +42,30 @@ class Request:
     rng: np.random.Generator | None = None  # the request's own random stream
     want_logprobs: bool = False
     sample: int = 0  # which of the prompt's n samples (0 when n is 1)
-    position: int | None = None  # its place among the run's requests (samples counted): output order
+    position: int | None = (
+        None  # its place among the run's requests (samples counted): output order
+    )
 
     token_ids: list[int] = field(default_factory=list)  # every token produced, in order
-    logprobs: list[float] = field(default_factory=list)  # log p(token) under the raw model, if wanted
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # per token: the N most likely
-    prompt_logprobs: list[float | None] | None = None  # per prompt token, given those before it (if asked)
-    text: str | None = None  # the completion text (cut before a stop string); None without a tokenizer
+    logprobs: list[float] = field(
+        default_factory=list
+    )  # log p(token) under the raw model, if wanted
+    top_logprobs: list[list[tuple[int, float]]] = field(
+        default_factory=list
+    )  # per token: the N most likely
+    prompt_logprobs: list[float | None] | None = (
+        None  # per prompt token, given those before it (if asked)
+    )
+    text: str | None = (
+        None  # the completion text (cut before a stop string); None without a tokenizer
+    )
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop", "length", or "error"
     error: str | None = None  # why the request was refused, in one line
 
-    group: int | None = None  # which static group served it (1-based; None under continuous batching)
+    group: int | None = (
+        None  # which static group served it (1-based; None under continuous batching)
+    )
     slot: int | None = None  # its KV slot while it runs
     first_round: int | None = None  # the round that produced its first token (its prefill)
     finish_round: int | None = None  # the round that produced its last token
@@ -61,9 +74,13 @@ class Request:
     first_token_s: float | None = None  # ... when its first token was produced
     finish_s: float | None = None  # ... when its record became final
 
-    decoder: StreamDecoder | None = field(default=None, repr=False)  # turns its tokens into text as they come
+    decoder: StreamDecoder | None = field(
+        default=None, repr=False
+    )  # turns its tokens into text as they come
     decoded: str = field(default="", repr=False)  # all text so far, before stop-string cutting
-    shown: int = field(default=0, repr=False)  # how much of `text` a stream has handed out (`unshown_text`)
+    shown: int = field(
+        default=0, repr=False
+    )  # how much of `text` a stream has handed out (`unshown_text`)
 
     @property
     def order(self) -> int:
@@ -86,8 +103,15 @@ def refuse(request: Request, message: str, round_number: int | None = None) -> N
     request.finish_round, request.decoder = round_number, None
 
 
-def add_token(request: Request, token: int, logprob: float | None, round_number: int,
-              eos_token_id: int | None, n_positions: int, top: list[tuple[int, float]] | None = None) -> None:
+def add_token(
+    request: Request,
+    token: int,
+    logprob: float | None,
+    round_number: int,
+    eos_token_id: int | None,
+    n_positions: int,
+    top: list[tuple[int, float]] | None = None,
+) -> None:
     """Append this round's token (and its logprobs, if wanted) to the record and apply every stop rule, in order."""
     request.token_ids.append(token)
     if request.want_logprobs and logprob is not None:
@@ -96,13 +120,17 @@ def add_token(request: Request, token: int, logprob: float | None, round_number:
         request.top_logprobs.append(top)
     params = request.params
     if (token == eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
-        finish(request, "stop", round_number)  # the token is kept in token_ids, its text is not added
+        finish(
+            request, "stop", round_number
+        )  # the token is kept in token_ids, its text is not added
     elif request.decoder is not None and found_stop_string(request, request.decoder.push(token)):
         finish(request, "stop", round_number, text_was_cut=True)
     elif len(request.token_ids) >= params.max_new_tokens:
         finish(request, "length", round_number)
     elif request.prompt_len + len(request.token_ids) >= n_positions:
-        finish(request, "length", round_number)  # prompt + output fill the context (Hugging Face's max_length)
+        finish(
+            request, "length", round_number
+        )  # prompt + output fill the context (Hugging Face's max_length)
 
 
 def found_stop_string(request: Request, new_text: str) -> bool:
@@ -113,7 +141,9 @@ def found_stop_string(request: Request, new_text: str) -> bool:
     if not stops or not new_text:
         request.text = request.decoded
         return False
-    search_from = max(0, before - max(len(s) for s in stops) + 1)  # a stop string may straddle old and new text
+    search_from = max(
+        0, before - max(len(s) for s in stops) + 1
+    )  # a stop string may straddle old and new text
     hits = [pos for s in stops if (pos := request.decoded.find(s, search_from)) != -1]
     request.text = request.decoded[: min(hits)] if hits else request.decoded
     return bool(hits)
@@ -128,13 +158,17 @@ def unshown_text(request: Request) -> str:
     stops = request.params.stop
     held_back = 0 if request.finished or not stops else max(len(s) for s in stops) - 1
     end = max(request.shown, len(request.text) - held_back)
-    new, request.shown = request.text[request.shown:end], end
+    new, request.shown = request.text[request.shown : end], end
     return new
 
 
 def finish(request: Request, reason: str, round_number: int, text_was_cut: bool = False) -> None:
     """The request is done: its status and reason are final, and so is its text."""
-    request.status, request.finish_reason, request.finish_round = Status.FINISHED, reason, round_number
+    request.status, request.finish_reason, request.finish_round = (
+        Status.FINISHED,
+        reason,
+        round_number,
+    )
     if request.decoder is not None and not text_was_cut:
         request.decoded += request.decoder.flush()  # an unfinished character becomes U+FFFD
         request.text = request.decoded

@@ -24,7 +24,9 @@ import numpy as np
 from .params import SamplingParams
 
 
-def processed_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids) -> np.ndarray:
+def processed_logits(
+    logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids
+) -> np.ndarray:
     """The logits [V] (float64) after the biases and penalties, in this order:
         1. logit_bias: logit[t] += bias[t];
         2. repetition_penalty r, for every token t in the prompt or the output (once, however often):
@@ -39,9 +41,13 @@ def processed_logits(logits: np.ndarray, params: SamplingParams, prompt_ids, out
     if params.repetition_penalty != 1.0:
         seen = np.unique(np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64))  # [S]
         seen = seen[seen < x.size]
-        x[seen] = np.where(x[seen] > 0, x[seen] / params.repetition_penalty, x[seen] * params.repetition_penalty)
+        x[seen] = np.where(
+            x[seen] > 0, x[seen] / params.repetition_penalty, x[seen] * params.repetition_penalty
+        )
     if (params.presence_penalty or params.frequency_penalty) and len(output_ids):
-        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=x.size)[: x.size]  # [V]
+        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=x.size)[
+            : x.size
+        ]  # [V]
         x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     return x
 
@@ -66,23 +72,39 @@ def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndar
     if params.top_p < 1.0:
         # Most likely first, by the logits themselves (rounding can tie probabilities they tell apart), then by id.
         order = np.argsort(-scaled, kind="stable")  # [V]
-        mass_before = np.cumsum(probs[order]) - probs[order]  # [V] probability of the tokens ranked above
-        kept_in_order = mass_before < params.top_p  # [V]; the first token has mass_before 0, always kept
+        mass_before = (
+            np.cumsum(probs[order]) - probs[order]
+        )  # [V] probability of the tokens ranked above
+        kept_in_order = (
+            mass_before < params.top_p
+        )  # [V]; the first token has mass_before 0, always kept
         probs[order[~kept_in_order]] = 0.0  # [V], zero outside the nucleus
         probs = probs / probs.sum()
     if params.min_p > 0:
-        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)  # [V]; the top token always stays
+        probs = np.where(
+            probs >= params.min_p * probs.max(), probs, 0.0
+        )  # [V]; the top token always stays
         probs = probs / probs.sum()
     return probs
 
 
-def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None,
-                 want_logprob: bool = True, prompt_ids=(), output_ids=()) -> tuple[int, float | None]:
+def choose_token(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator | None,
+    want_logprob: bool = True,
+    prompt_ids=(),
+    output_ids=(),
+) -> tuple[int, float | None]:
     """(token id, its log-probability under the raw model, or None when not wanted) for one request.
     Greedy takes the argmax (ties to the lowest id) and draws no random number; otherwise one uniform number
     from the request's own stream is mapped through the filtered distribution's cumulative sum, in id order."""
     logits = np.asarray(logits)  # [V] fp32 from the model
-    chosen_from = processed_logits(logits, params, prompt_ids, output_ids) if params.changes_logits else logits
+    chosen_from = (
+        processed_logits(logits, params, prompt_ids, output_ids)
+        if params.changes_logits
+        else logits
+    )
     if params.greedy:
         token = int(np.argmax(chosen_from))
     else:
@@ -106,7 +128,9 @@ def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
     """The n most likely tokens under the raw model, most likely first (ties: the lower id first), with their
     log-probabilities: [(token id, logprob), ...]."""
     logprobs = log_softmax(logits)  # [V] float64
-    return [(int(token), float(logprobs[token])) for token in np.argsort(-logprobs, kind="stable")[:n]]
+    return [
+        (int(token), float(logprobs[token])) for token in np.argsort(-logprobs, kind="stable")[:n]
+    ]
 
 
 def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None, list | None]]:
@@ -117,11 +141,20 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None,
     finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
     if all(r.params.greedy and not r.want_logprobs and not r.params.changes_logits for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
-        return [(int(token), None, None) if ok else (None, None, None) for token, ok in zip(ids, finite, strict=True)]
+        return [
+            (int(token), None, None) if ok else (None, None, None)
+            for token, ok in zip(ids, finite, strict=True)
+        ]
     host = backend.to_numpy(logits)  # [B, V] fp32
-    return [(*choose_token(row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids),
-             top_logprobs(row, r.params.logprobs) if r.params.logprobs else None) if ok else (None, None, None)
-            for row, r, ok in zip(host, rows, finite, strict=True)]
+    return [
+        (
+            *choose_token(row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids),
+            top_logprobs(row, r.params.logprobs) if r.params.logprobs else None,
+        )
+        if ok
+        else (None, None, None)
+        for row, r, ok in zip(host, rows, finite, strict=True)
+    ]
 
 
 def request_rng(seed: int) -> np.random.Generator:

@@ -35,6 +35,7 @@ from .request import Request, Status
 @dataclass
 class GroupRecord:
     """What one static group did."""
+
     number: int  # 1-based
     members: list[Request]
     first_round: int
@@ -45,10 +46,13 @@ class GroupRecord:
 @dataclass
 class RoundPlan:
     """Who runs in one round."""
+
     round_number: int
     active: list[Request]  # every row that runs, in row order; admitted ones included
     admitted: list[Request]  # those whose prefill is this round
-    new_kv: tuple[int, int] | None = None  # (rows, positions per row): a new group or pool starts; allocate it
+    new_kv: tuple[int, int] | None = (
+        None  # (rows, positions per row): a new group or pool starts; allocate it
+    )
     kv_limited: bool = False  # the KV budget held that new group or pool below max_rows
 
 
@@ -63,27 +67,42 @@ class Scheduler:
 
     policy = ""
 
-    def __init__(self, max_rows: int, kv_budget_positions: int, n_positions: int,
-                 round_token_budget: int | None = None):
+    def __init__(
+        self,
+        max_rows: int,
+        kv_budget_positions: int,
+        n_positions: int,
+        round_token_budget: int | None = None,
+    ):
         self.max_rows = max_rows
         self.kv_budget = kv_budget_positions
         self.n_positions = n_positions
-        self.token_budget = round_token_budget  # tokens one round may process (continuous batching only)
+        self.token_budget = (
+            round_token_budget  # tokens one round may process (continuous batching only)
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.active_rows: list[int] = []  # rows that ran, per round
-        self.held_rows: list[int] = []  # rows whose KV slots were held, per round (utilization: active / held)
-        self.groups: list[GroupRecord] = []  # static: every group so far (continuous batching has none)
+        self.held_rows: list[
+            int
+        ] = []  # rows whose KV slots were held, per round (utilization: active / held)
+        self.groups: list[
+            GroupRecord
+        ] = []  # static: every group so far (continuous batching has none)
 
     def need(self, request: Request) -> int:
         """KV positions a request reserves: its prompt plus every output token but the last."""
         prompt_len = request.prompt_len
-        return min(max(prompt_len + request.params.max_new_tokens - 1, prompt_len), self.n_positions)
+        return min(
+            max(prompt_len + request.params.max_new_tokens - 1, prompt_len), self.n_positions
+        )
 
     def refusal(self, request: Request) -> str | None:
         if self.need(request) > self.kv_budget:
-            return (f"needs {self.need(request)} KV cache positions, over the budget of {self.kv_budget}; "
-                    "lower max_new_tokens or raise the KV budget")
+            return (
+                f"needs {self.need(request)} KV cache positions, over the budget of {self.kv_budget}; "
+                "lower max_new_tokens or raise the KV budget"
+            )
         return None
 
     def submit(self, request: Request) -> None:
@@ -112,14 +131,19 @@ class StaticScheduler(Scheduler):
 
     def plan(self, round_number: int) -> RoundPlan:
         if self.running:  # a group is running: its unfinished members, and nobody else
-            return RoundPlan(round_number, active=[r for r in self.running if not r.finished], admitted=[])
+            return RoundPlan(
+                round_number, active=[r for r in self.running if not r.finished], admitted=[]
+            )
         members, kv_limited = self.choose_group()
         group = GroupRecord(number=len(self.groups) + 1, members=members, first_round=round_number)
         self.groups.append(group)
         for request in members:
             mark_admitted(request, group.number, round_number)
         self.running = list(members)
-        new_kv = (len(members), max(self.need(r) for r in members))  # one slot per member, each the longest need
+        new_kv = (
+            len(members),
+            max(self.need(r) for r in members),
+        )  # one slot per member, each the longest need
         return RoundPlan(round_number, list(members), list(members), new_kv, kv_limited)
 
     def rows_held(self) -> int:
@@ -153,28 +177,42 @@ class ContinuousScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pool: tuple[int, int] | None = None  # (rows, positions per row), fixed when the first round is planned
+        self.pool: tuple[int, int] | None = (
+            None  # (rows, positions per row), fixed when the first round is planned
+        )
 
     def refusal(self, request: Request) -> str | None:
         too_big = super().refusal(request)
         if too_big is None and self.pool is not None and self.need(request) > self.pool[1]:
             return f"needs {self.need(request)} KV cache positions, more than each slot of the running pool holds"
-        if too_big is None and self.token_budget is not None and request.prompt_len > self.token_budget:
-            return (f"its prompt of {request.prompt_len} tokens exceeds the round token budget of "
-                    f"{self.token_budget}; raise the budget")
+        if (
+            too_big is None
+            and self.token_budget is not None
+            and request.prompt_len > self.token_budget
+        ):
+            return (
+                f"its prompt of {request.prompt_len} tokens exceeds the round token budget of "
+                f"{self.token_budget}; raise the budget"
+            )
         return too_big
 
     def plan(self, round_number: int) -> RoundPlan:
         new_kv, kv_limited = None, False
-        if self.pool is None:  # rows: as many as fit the budget at the longest need, never more than wait
+        if (
+            self.pool is None
+        ):  # rows: as many as fit the budget at the longest need, never more than wait
             longest = max(self.need(r) for r in self.waiting)
             rows = max(1, min(self.max_rows, len(self.waiting), self.kv_budget // longest))
             self.pool = new_kv = (rows, longest)
-            kv_limited = rows < min(self.max_rows, len(self.waiting))  # the budget, not the queue, held it down
+            kv_limited = rows < min(
+                self.max_rows, len(self.waiting)
+            )  # the budget, not the queue, held it down
         reserved = sum(self.need(r) for r in self.running)  # KV positions held by running requests
         tokens = len(self.running)  # each running request decodes one token
         admitted: list[Request] = []
-        for candidate in list(self.waiting):  # arrival order; one that does not fit is skipped, not blocking
+        for candidate in list(
+            self.waiting
+        ):  # arrival order; one that does not fit is skipped, not blocking
             if len(self.running) + len(admitted) >= self.pool[0]:
                 break
             if self.fits(candidate, reserved, tokens):
@@ -203,5 +241,8 @@ class ContinuousScheduler(Scheduler):
         return None
 
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"static": StaticScheduler, "continuous": ContinuousScheduler}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "static": StaticScheduler,
+    "continuous": ContinuousScheduler,
+}
 POLICIES = tuple(SCHEDULERS)

@@ -18,6 +18,7 @@ from .scheduler import GroupRecord
 class RunStats:
     """Counts for the run summary.  Utilization = active row-rounds / held row-rounds (a round holds the rows of
     its static group, or of the continuous pool: a single request is active in every row-round it holds)."""
+
     batch_size: int
     policy: str = "static"
     requests: int = 0
@@ -29,8 +30,12 @@ class RunStats:
     groups: list[GroupRecord] = field(default_factory=list)  # static groups (none under continuous)
     active_rows_per_round: list[int] = field(default_factory=list)
     held_rows_per_round: list[int] = field(default_factory=list)
-    kv_limited_rows: list[int] = field(default_factory=list)  # rows of each group or pool the KV budget held down
-    first_token_seconds: list[float] = field(default_factory=list)  # each served request's time to first token
+    kv_limited_rows: list[int] = field(
+        default_factory=list
+    )  # rows of each group or pool the KV budget held down
+    first_token_seconds: list[float] = field(
+        default_factory=list
+    )  # each served request's time to first token
 
     @property
     def utilization(self) -> float:

@@ -29,18 +29,32 @@ from .safetensors_header import TensorEntry, read_safetensors_header
 
 SINGLE_FILE = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"
-OTHER_WEIGHT_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+OTHER_WEIGHT_FILES = (
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "flax_model.msgpack",
+)
 
 # Bare hub ids that Hugging Face has since moved under an organisation.
 HUB_ALIASES = {
-    "gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/gpt2-medium",
-    "gpt2-large": "openai-community/gpt2-large", "gpt2-xl": "openai-community/gpt2-xl",
+    "gpt2": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
     "distilgpt2": "distilbert/distilgpt2",
 }
 
 # safetensors dtype code -> the little-endian NumPy dtype holding its bytes (BF16: raw words, see `bf16_to_float32`).
-WEIGHT_DTYPES: dict[str, np.dtype] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
-MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # old checkpoints' causal-mask buffers: not learned
+WEIGHT_DTYPES: dict[str, np.dtype] = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+}
+MASK_BUFFER_SUFFIXES = (
+    ".attn.bias",
+    ".attn.masked_bias",
+)  # old checkpoints' causal-mask buffers: not learned
 
 
 def hub_cache_roots() -> list[Path]:
@@ -57,18 +71,28 @@ def hub_cache_roots() -> list[Path]:
 def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
     """Return (snapshot folder or None, every place looked at, for the error message)."""
     looked: list[str] = []
-    other_name = HUB_ALIASES.get(hub_id) or {long: short for short, long in HUB_ALIASES.items()}.get(hub_id)
+    other_name = HUB_ALIASES.get(hub_id) or {
+        long: short for short, long in HUB_ALIASES.items()
+    }.get(hub_id)
     for root in hub_cache_roots():
-        for candidate in [hub_id] + ([other_name] if other_name else []):  # 'gpt2' and 'openai-community/gpt2'
+        for candidate in [hub_id] + (
+            [other_name] if other_name else []
+        ):  # 'gpt2' and 'openai-community/gpt2'
             repo_dir = root / ("models--" + candidate.replace("/", "--"))
             ref_file = repo_dir / "refs" / "main"
             if ref_file.is_file():
-                snapshot = repo_dir / "snapshots" / ref_file.read_text().strip()  # refs/main holds a commit
+                snapshot = (
+                    repo_dir / "snapshots" / ref_file.read_text().strip()
+                )  # refs/main holds a commit
                 if snapshot.is_dir():
                     return snapshot, looked
                 looked.append(f"{snapshot} (named by refs/main, but missing)")
                 continue
-            snapshots = sorted(p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()) if repo_dir.is_dir() else []
+            snapshots = (
+                sorted(p for p in (repo_dir / "snapshots").glob("*") if p.is_dir())
+                if repo_dir.is_dir()
+                else []
+            )
             if len(snapshots) == 1:  # no refs/main, but only one snapshot: it is the one
                 return snapshots[0], looked
             looked.append(str(repo_dir))
@@ -76,7 +100,10 @@ def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
 
 
 PACKAGE = Path(__file__).resolve().parent.parent  # minirt/, which holds loading/
-SHIPPED_WEIGHTS = [PACKAGE / "weights", PACKAGE.parent / "weights"]  # installed (the build copies it), or a clone
+SHIPPED_WEIGHTS = [
+    PACKAGE / "weights",
+    PACKAGE.parent / "weights",
+]  # installed (the build copies it), or a clone
 
 
 def shipped_model_folder() -> Path:
@@ -86,8 +113,10 @@ def shipped_model_folder() -> Path:
         if found := sorted(p.parent for p in weights.glob("*/config.json")):
             if len(found) == 1:
                 return found[0]
-    raise CheckpointError("no model given (--model), and no single model is shipped in weights/; "
-                          "pass a model folder or a hub id such as gpt2")
+    raise CheckpointError(
+        "no model given (--model), and no single model is shipped in weights/; "
+        "pass a model folder or a hub id such as gpt2"
+    )
 
 
 def resolve_model_folder(model: str | os.PathLike) -> Path:
@@ -97,16 +126,24 @@ def resolve_model_folder(model: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"{path} is a file; --model takes a folder with config.json and model.safetensors, "
-                              "or a hub id")
-    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1  # hub ids are "name" or "org/name"
+        raise CheckpointError(
+            f"{path} is a file; --model takes a folder with config.json and model.safetensors, "
+            "or a hub id"
+        )
+    looks_like_path = (
+        text.startswith((".", "/", "~")) or text.count("/") > 1
+    )  # hub ids are "name" or "org/name"
     if looks_like_path:
-        raise CheckpointError(f"model folder {path} does not exist; check the path, or pass a hub id such as gpt2")
+        raise CheckpointError(
+            f"model folder {path} does not exist; check the path, or pass a hub id such as gpt2"
+        )
     snapshot, looked = find_in_hub_cache(text)
     if snapshot is None:
-        raise CheckpointError(f"model {text!r} is neither a folder nor in the local Hugging Face cache "
-                              f"(looked in: {'; '.join(looked)}); minirt never downloads, so pass a folder, "
-                              "or set HF_HUB_CACHE/HF_HOME to the cache that has it")
+        raise CheckpointError(
+            f"model {text!r} is neither a folder nor in the local Hugging Face cache "
+            f"(looked in: {'; '.join(looked)}); minirt never downloads, so pass a folder, "
+            "or set HF_HUB_CACHE/HF_HOME to the cache that has it"
+        )
     return snapshot
 
 
@@ -122,7 +159,9 @@ def map_tensor(file_map: np.ndarray, data_offset: int, entry: TensorEntry) -> np
     if (raw.ctypes.data % storage.itemsize) != 0:  # a misaligned tensor: copy once to align it
         raw = raw.copy()
     array = np.asarray(raw).view(storage).reshape(entry.shape)  # entry.shape, file precision
-    return bf16_to_float32(array) if entry.dtype == "BF16" else array  # NumPy has no bf16: the one copy
+    return (
+        bf16_to_float32(array) if entry.dtype == "BF16" else array
+    )  # NumPy has no bf16: the one copy
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
@@ -130,15 +169,29 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     V, P, C, I = config.vocab_size, config.n_positions, config.n_embd, config.n_inner  # noqa: E741 (I: inner width)
     # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]: `x @ weight`, no transpose.
     block = {
-        "ln_1.weight": (C,), "ln_1.bias": (C,),
-        "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
-        "ln_2.weight": (C,), "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, I), "mlp.c_fc.bias": (I,),
-        "mlp.c_proj.weight": (I, C), "mlp.c_proj.bias": (C,),
+        "ln_1.weight": (C,),
+        "ln_1.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C),
+        "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C),
+        "attn.c_proj.bias": (C,),
+        "ln_2.weight": (C,),
+        "ln_2.bias": (C,),
+        "mlp.c_fc.weight": (C, I),
+        "mlp.c_fc.bias": (I,),
+        "mlp.c_proj.weight": (I, C),
+        "mlp.c_proj.bias": (C,),
     }
-    blocks = {f"h.{i}.{name}": shape for i in range(config.n_layer) for name, shape in block.items()}
-    return {"wte.weight": (V, C), "wpe.weight": (P, C), **blocks, "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    blocks = {
+        f"h.{i}.{name}": shape for i in range(config.n_layer) for name, shape in block.items()
+    }
+    return {
+        "wte.weight": (V, C),
+        "wpe.weight": (P, C),
+        **blocks,
+        "ln_f.weight": (C,),
+        "ln_f.bias": (C,),
+    }
 
 
 def describe_names(names: list[str], limit: int = 4) -> str:
@@ -149,6 +202,7 @@ def describe_names(names: list[str], limit: int = 4) -> str:
 @dataclass
 class Checkpoint:
     """A checked checkpoint: its folder, config and weights (NumPy, file precision)."""
+
     folder: Path
     config: GPT2Config
     tensors: dict[str, np.ndarray]  # canonical name -> array; "lm_head.weight" always present
@@ -164,34 +218,61 @@ def weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             shard_names = set(read_json_file(index)["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):  # JSON/UTF-8 errors too
-            raise CheckpointError(f"{index}: not a valid shard index "
-                                  "(expected a JSON object with a 'weight_map')") from None
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            RecursionError,
+        ):  # JSON/UTF-8 errors too
+            raise CheckpointError(
+                f"{index}: not a valid shard index (expected a JSON object with a 'weight_map')"
+            ) from None
         shards = [shard_inside(folder, name, index) for name in sorted(shard_names, key=str)]
         missing = [p.name for p in shards if not p.is_file()]
         if missing:
-            raise CheckpointError(f"{index} names shards that are missing: {describe_names(missing)}; "
-                                  "re-download the model")
+            raise CheckpointError(
+                f"{index} names shards that are missing: {describe_names(missing)}; "
+                "re-download the model"
+            )
         return shards
     others = [name for name in OTHER_WEIGHT_FILES if (folder / name).exists()]
     if others:
-        raise CheckpointError(f"{folder} has {others[0]} but no {SINGLE_FILE}; minirt reads safetensors only: "
-                              "convert once with GPT2LMHeadModel.from_pretrained(folder)"
-                              ".save_pretrained(folder, safe_serialization=True)")
-    raise CheckpointError(f"{folder} has no {SINGLE_FILE} (nor {SHARD_INDEX}); "
-                          "a model folder needs its weights in safetensors")
+        raise CheckpointError(
+            f"{folder} has {others[0]} but no {SINGLE_FILE}; minirt reads safetensors only: "
+            "convert once with GPT2LMHeadModel.from_pretrained(folder)"
+            ".save_pretrained(folder, safe_serialization=True)"
+        )
+    raise CheckpointError(
+        f"{folder} has no {SINGLE_FILE} (nor {SHARD_INDEX}); "
+        "a model folder needs its weights in safetensors"
+    )
 
 
 def model_boundary(folder: Path) -> Path:
     """What a model's files must stay inside: its folder, or a hub-cache snapshot's repo (files link to blobs/)."""
-    return next((p.parent for p in folder.parents if p.name == "snapshots" and p.parent.name.startswith("models--")),
-                folder)
+    return next(
+        (
+            p.parent
+            for p in folder.parents
+            if p.name == "snapshots" and p.parent.name.startswith("models--")
+        ),
+        folder,
+    )
 
 
 def shard_inside(folder: Path, name, index: Path) -> Path:
     """A shard the index names, refused before anything is opened unless it is a plain name inside the model."""
-    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise CheckpointError(f"{index}: refused shard name {name!r}; an index may only name files inside {folder}")
+    if (
+        not isinstance(name, str)
+        or not name
+        or Path(name).is_absolute()
+        or ".." in Path(name).parts
+    ):
+        raise CheckpointError(
+            f"{index}: refused shard name {name!r}; an index may only name files inside {folder}"
+        )
     boundary = model_boundary(folder.resolve())
     try:
         outside = not (folder / name).resolve().is_relative_to(boundary)
@@ -199,8 +280,10 @@ def shard_inside(folder: Path, name, index: Path) -> Path:
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop, a name too long
         outside = True
     if outside:
-        raise CheckpointError(f"{index}: refused shard {name!r}, which resolves outside the model folder "
-                              "or cannot be looked up")
+        raise CheckpointError(
+            f"{index}: refused shard {name!r}, which resolves outside the model folder "
+            "or cannot be looked up"
+        )
     return folder / name
 
 
@@ -209,9 +292,11 @@ def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) ->
     context in the billions), in one line with the memory it asks for, before any size is taken from it."""
     file_bytes = sum(path.stat().st_size for path in files)
     if 2 * config.n_weights > file_bytes:
-        raise CheckpointError(f"{source}: implies {config.n_weights:,} weights ({config.n_weights / 2**28:,.1f} "
-                              f"GiB in float32), but the weight files hold {file_bytes:,} bytes; "
-                              "the weights are incomplete, or config.json belongs to another model")
+        raise CheckpointError(
+            f"{source}: implies {config.n_weights:,} weights ({config.n_weights / 2**28:,.1f} "
+            f"GiB in float32), but the weight files hold {file_bytes:,} bytes; "
+            "the weights are incomplete, or config.json belongs to another model"
+        )
 
 
 def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
@@ -219,10 +304,17 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     folder = resolve_model_folder(model)
     config = read_config(folder / "config.json")
     files = weight_files(folder)
-    headers = [(path, *read_safetensors_header(path)) for path in files]  # each file's damage is named first
-    check_files_can_hold(config, files, folder / "config.json")  # then, before anything is sized by the config
+    headers = [
+        (path, *read_safetensors_header(path)) for path in files
+    ]  # each file's damage is named first
+    check_files_can_hold(
+        config, files, folder / "config.json"
+    )  # then, before anything is sized by the config
     expected = expected_shapes(config)
-    allowed = {**expected, "lm_head.weight": (config.vocab_size, config.n_embd)}  # an untied head is optional
+    allowed = {
+        **expected,
+        "lm_head.weight": (config.vocab_size, config.n_embd),
+    }  # an untied head is optional
     tensors: dict[str, np.ndarray] = {}
     file_dtypes: dict[str, str] = {}
     unexpected: list[str] = []
@@ -236,29 +328,49 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
                 unexpected.append(raw_name)
                 continue
             if name in tensors:
-                raise CheckpointError(f"{path}: tensor {name!r} appears twice "
-                                      "(with and without the 'transformer.' prefix?)")
+                raise CheckpointError(
+                    f"{path}: tensor {name!r} appears twice "
+                    "(with and without the 'transformer.' prefix?)"
+                )
             want = allowed[name]
             if entry.shape != want:
-                raise CheckpointError(f"{path}: tensor {raw_name!r} has shape {list(entry.shape)}, but config.json "
-                                      f"implies {list(want)}; the weights and config.json do not belong together")
+                raise CheckpointError(
+                    f"{path}: tensor {raw_name!r} has shape {list(entry.shape)}, but config.json "
+                    f"implies {list(want)}; the weights and config.json do not belong together"
+                )
             if entry.dtype not in WEIGHT_DTYPES:
-                raise CheckpointError(f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
-                                      "minirt reads F32, F16 and BF16 weights")
+                raise CheckpointError(
+                    f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
+                    "minirt reads F32, F16 and BF16 weights"
+                )
             assert file_map is not None  # a file with tensor entries is mapped
             tensors[name] = map_tensor(file_map, data_offset, entry)
             file_dtypes[name] = entry.dtype
     if unexpected:  # the whole folder has been read: now what is wrong with it as a whole
-        raise CheckpointError(f"{folder}: unexpected tensors {describe_names(unexpected)}; "
-                              "this is not a GPT2LMHeadModel checkpoint")
+        raise CheckpointError(
+            f"{folder}: unexpected tensors {describe_names(unexpected)}; "
+            "this is not a GPT2LMHeadModel checkpoint"
+        )
     missing = [name for name in expected if name not in tensors]
     if missing:
-        raise CheckpointError(f"{folder}: missing tensors {describe_names(missing)} ({len(missing)} of "
-                              f"{len(expected)}); the checkpoint is incomplete or for another architecture")
+        raise CheckpointError(
+            f"{folder}: missing tensors {describe_names(missing)} ({len(missing)} of "
+            f"{len(expected)}); the checkpoint is incomplete or for another architecture"
+        )
     head_is_tied = "lm_head.weight" not in tensors
-    if head_is_tied and not config.tie_word_embeddings:  # transformers would give the head random numbers
-        raise CheckpointError(f"{folder}: no lm_head.weight, but config.json says tie_word_embeddings false")
+    if (
+        head_is_tied and not config.tie_word_embeddings
+    ):  # transformers would give the head random numbers
+        raise CheckpointError(
+            f"{folder}: no lm_head.weight, but config.json says tie_word_embeddings false"
+        )
     if head_is_tied:
         tensors["lm_head.weight"] = tensors["wte.weight"]  # the same array, not a copy
         file_dtypes["lm_head.weight"] = file_dtypes["wte.weight"]
-    return Checkpoint(folder=folder, config=config, tensors=tensors, file_dtypes=file_dtypes, head_is_tied=head_is_tied)
+    return Checkpoint(
+        folder=folder,
+        config=config,
+        tensors=tensors,
+        file_dtypes=file_dtypes,
+        head_is_tied=head_is_tied,
+    )

@@ -16,7 +16,9 @@ from pathlib import Path
 from ..errors import CheckpointError
 from ..model.config import GPT2Config
 
-MAX_JSON_BYTES = 16 * 2**20  # a model's JSON files are kilobytes; nothing bigger (or a FIFO, /dev/zero) is read
+MAX_JSON_BYTES = (
+    16 * 2**20
+)  # a model's JSON files are kilobytes; nothing bigger (or a FIFO, /dev/zero) is read
 
 
 def read_json_file(path: Path):
@@ -32,13 +34,20 @@ def read_config(path: Path) -> GPT2Config:
     try:
         raw = read_json_file(path)
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: no config.json here; "
-                              "a model folder needs config.json beside its weights") from None
+        raise CheckpointError(
+            f"{path}: no config.json here; a model folder needs config.json beside its weights"
+        ) from None
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read config ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON "
-                              f"(line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except (ValueError, RecursionError):  # not UTF-8, an integer of over 4,300 digits, nesting too deep
-        raise CheckpointError(f"{path}: not JSON in UTF-8 that minirt can read (too deep or too long)") from None
+        raise CheckpointError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    except (
+        ValueError,
+        RecursionError,
+    ):  # not UTF-8, an integer of over 4,300 digits, nesting too deep
+        raise CheckpointError(
+            f"{path}: not JSON in UTF-8 that minirt can read (too deep or too long)"
+        ) from None
     return GPT2Config.from_dict(raw, source=str(path))

@@ -20,8 +20,21 @@ from ..errors import CheckpointError
 
 # Every dtype code the format defines, with its size in bytes, so that a foreign dtype is named, not misread.
 KNOWN_DTYPES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
 }
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the format's own limit on the JSON header
 MAX_TENSOR_BYTES = 2**63 - 1  # a size past this cannot be an offset in any file
@@ -30,6 +43,7 @@ MAX_TENSOR_BYTES = 2**63 - 1  # a size past this cannot be an offset in any file
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor as a safetensors header describes it."""
+
     dtype: str  # safetensors code: "F32", "F16", "BF16", ...
     shape: tuple[int, ...]
     start: int  # byte offsets into the data section
@@ -48,18 +62,23 @@ def read_header_json(path: Path) -> tuple[dict, int, int]:
         with open(path, "rb") as f:
             prefix = f.read(8)  # the header's length, a little-endian uint64
             if len(prefix) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file ({file_size} bytes, no header); "
-                                      "re-download or re-save it")
+                raise CheckpointError(
+                    f"{path}: truncated safetensors file ({file_size} bytes, no header); "
+                    "re-download or re-save it"
+                )
             header_len = int.from_bytes(prefix, "little")
             if header_len > MAX_HEADER_BYTES or 8 + header_len > file_size:
-                raise CheckpointError(f"{path}: truncated or not a safetensors file (header claims {header_len} "
-                                      f"bytes, file has {file_size}); re-download or re-save it")
+                raise CheckpointError(
+                    f"{path}: truncated or not a safetensors file (header claims {header_len} "
+                    f"bytes, file has {file_size}); re-download or re-save it"
+                )
             header = json.loads(f.read(header_len).decode("utf-8"))
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read ({exc.strerror})") from None
     except (ValueError, RecursionError):  # bad UTF-8 or JSON, or an integer of over 4,300 digits
-        raise CheckpointError(f"{path}: not a safetensors file (its header is not JSON); "
-                              "re-download or re-save it") from None
+        raise CheckpointError(
+            f"{path}: not a safetensors file (its header is not JSON); re-download or re-save it"
+        ) from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: not a safetensors file (its header is not a JSON object)")
     return header, 8 + header_len, file_size
@@ -73,8 +92,11 @@ def shown(value) -> str:
 
 def read_entry(path: Path, name: str, info) -> TensorEntry:
     """One header entry, every field's type and size checked."""
+
     def malformed(what: str) -> CheckpointError:
-        return CheckpointError(f"{path}: tensor {shown(name)} has {what}; the file is damaged or not safetensors")
+        return CheckpointError(
+            f"{path}: tensor {shown(name)} has {what}; the file is damaged or not safetensors"
+        )
 
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise malformed("a malformed header entry (it needs dtype, shape and data_offsets)")
@@ -92,7 +114,9 @@ def read_entry(path: Path, name: str, info) -> TensorEntry:
         n_bytes *= n  # Python integers: an absurd shape gives a huge number, never an overflow
     start, end = offsets
     if n_bytes > MAX_TENSOR_BYTES or end < start or end - start != n_bytes:
-        raise malformed(f"offsets {start}..{end} that do not fit its shape {shown(shape)} and dtype {dtype}")
+        raise malformed(
+            f"offsets {start}..{end} that do not fit its shape {shown(shape)} and dtype {dtype}"
+        )
     return TensorEntry(dtype=dtype, shape=tuple(shape), start=start, end=end)
 
 
@@ -104,12 +128,16 @@ def read_safetensors_header(path: Path) -> tuple[dict[str, TensorEntry], int]:
     previous = None
     for name, entry in sorted(entries.items(), key=lambda item: (item[1].start, item[1].end)):
         if data_offset + entry.end > file_size:
-            raise CheckpointError(f"{path}: truncated safetensors file (tensor {shown(name)} ends at byte "
-                                  f"{data_offset + entry.end}, file has {file_size}); re-download or re-save it")
+            raise CheckpointError(
+                f"{path}: truncated safetensors file (tensor {shown(name)} ends at byte "
+                f"{data_offset + entry.end}, file has {file_size}); re-download or re-save it"
+            )
         if previous is not None and entry.start < previous[1].end and entry.end > entry.start:
-            raise CheckpointError(f"{path}: tensors {shown(previous[0])} and {shown(name)} share bytes "
-                                  f"({previous[1].start}..{previous[1].end} and {entry.start}..{entry.end}); "
-                                  "the file is damaged or not safetensors")
+            raise CheckpointError(
+                f"{path}: tensors {shown(previous[0])} and {shown(name)} share bytes "
+                f"({previous[1].start}..{previous[1].end} and {entry.start}..{entry.end}); "
+                "the file is damaged or not safetensors"
+            )
         if entry.end > entry.start or previous is None:
             previous = (name, entry)  # an empty tensor holds no bytes, so it cannot overlap
     return entries, data_offset

@@ -26,9 +26,15 @@ ENDOFTEXT = "<|endoftext|>"
 @lru_cache(maxsize=1)
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from the 256 byte values to printable characters, so every token is visible."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping = {b: chr(b) for b in printable}  # printable Latin-1 bytes map to themselves
-    others = [b for b in range(256) if b not in mapping]  # controls, space, ...: shifted to 256 and above
+    others = [
+        b for b in range(256) if b not in mapping
+    ]  # controls, space, ...: shifted to 256 and above
     mapping.update({b: chr(256 + n) for n, b in enumerate(others)})
     return mapping
 
@@ -36,12 +42,17 @@ def byte_to_unicode() -> dict[int, str]:
 class Tokenizer:
     """A loaded tokenizer plus the facts a runtime needs about it."""
 
-    def __init__(self, hf_tokenizer, source: str, eos_token_id: int | None, bos_token_id: int | None):
+    def __init__(
+        self, hf_tokenizer, source: str, eos_token_id: int | None, bos_token_id: int | None
+    ):
         self.hf = hf_tokenizer  # a tokenizers.Tokenizer, with no truncation or padding: prompts are fed whole
         hf_tokenizer.no_truncation()  # a tokenizer.json may ask for either; transformers ignores both unless asked
         hf_tokenizer.no_padding()
         self.source = source  # the file(s) it came from, for messages
-        self.eos_token_id, self.bos_token_id = eos_token_id, bos_token_id  # as settled by `special_ids`
+        self.eos_token_id, self.bos_token_id = (
+            eos_token_id,
+            bos_token_id,
+        )  # as settled by `special_ids`
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
         self._token_bytes = self._build_byte_table()  # list[bytes] by id, or None if not byte-level
         self.is_byte_level = self._token_bytes is not None
@@ -49,7 +60,9 @@ class Tokenizer:
     def _build_byte_table(self) -> list[bytes] | None:
         """Each id's exact bytes, when the vocabulary is byte-level (GPT-2's kind)."""
         decoder = json.loads(self.hf.to_str()).get("decoder") or {}
-        decoder_types = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", []) or []}
+        decoder_types = {decoder.get("type")} | {
+            d.get("type") for d in decoder.get("decoders", []) or []
+        }
         if "ByteLevel" not in decoder_types:
             return None  # e.g. WordPiece or SentencePiece: decode through the library
         char_to_byte = {ch: b for b, ch in byte_to_unicode().items()}
@@ -110,7 +123,7 @@ class StreamDecoder:
         text = self.tokenizer.decode(self._ids)
         if text.endswith("\ufffd") or not text.startswith(self._emitted):
             return ""
-        new, self._emitted = text[len(self._emitted):], text
+        new, self._emitted = text[len(self._emitted) :], text
         return new
 
     def flush(self) -> str:
@@ -118,7 +131,7 @@ class StreamDecoder:
         if self.tokenizer.is_byte_level:
             return self._utf8.decode(b"", final=True)
         text = self.tokenizer.decode(self._ids)
-        new, self._emitted = text[len(self._emitted):], text
+        new, self._emitted = text[len(self._emitted) :], text
         return new
 
 
@@ -135,7 +148,9 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
         bpe = models.BPE.from_file(str(vocab_path), str(merges_path))
     except Exception as exc:  # noqa: BLE001 (the library raises plain Exceptions with a message)
-        raise TokenizerError(f"{vocab_path} + {merges_path}: cannot build a BPE tokenizer ({exc})") from None
+        raise TokenizerError(
+            f"{vocab_path} + {merges_path}: cannot build a BPE tokenizer ({exc})"
+        ) from None
     hf = HFTokenizer(bpe)
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
@@ -144,14 +159,21 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     return hf
 
 
-def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_token_id: int | None = None,
-                   vocab_size: int | None = None) -> Tokenizer | None:
+def load_tokenizer(
+    folder: str | Path,
+    eos_token_id: int | None = None,
+    bos_token_id: int | None = None,
+    vocab_size: int | None = None,
+) -> Tokenizer | None:
     """Load the tokenizer beside a model's weights, or None when the folder has none.  The config's EOS / BOS
     ids go through `special_ids`; a tokenizer that cannot be read, or whose size is not the model's
     `vocab_size`, is refused in one line naming the file."""
     folder = Path(folder)
     tokenizer_json = folder / "tokenizer.json"
-    pairs = [(folder / "vocab.json", folder / "merges.txt"), (folder / "encoder.json", folder / "vocab.bpe")]
+    pairs = [
+        (folder / "vocab.json", folder / "merges.txt"),
+        (folder / "encoder.json", folder / "vocab.bpe"),
+    ]
     if tokenizer_json.is_file():
         from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
@@ -160,7 +182,9 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # noqa: BLE001 (a library error, or pyo3's PanicException)
-            raise TokenizerError(f"{tokenizer_json}: not a valid tokenizer file ({first_line(exc)})") from None
+            raise TokenizerError(
+                f"{tokenizer_json}: not a valid tokenizer file ({first_line(exc)})"
+            ) from None
         source = str(tokenizer_json)
     else:
         for vocab_path, merges_path in pairs:
@@ -173,19 +197,33 @@ def load_tokenizer(folder: str | Path, eos_token_id: int | None = None, bos_toke
 
     n_tokens = hf.get_vocab_size(with_added_tokens=True)
     top_id = max(hf.get_vocab(with_added_tokens=True).values(), default=-1)
-    if vocab_size is not None and (n_tokens != vocab_size or top_id >= vocab_size):  # ids it could not make or decode
-        raise TokenizerError(f"{source}: the tokenizer has {n_tokens} tokens (ids up to {top_id}) but the model's "
-                             f"vocabulary has {vocab_size}; they do not belong together")
-    eos, bos = special_ids(eos_token_id, bos_token_id, vocab_size if vocab_size is not None else n_tokens,
-                           endoftext=hf.token_to_id(ENDOFTEXT))
+    if vocab_size is not None and (
+        n_tokens != vocab_size or top_id >= vocab_size
+    ):  # ids it could not make or decode
+        raise TokenizerError(
+            f"{source}: the tokenizer has {n_tokens} tokens (ids up to {top_id}) but the model's "
+            f"vocabulary has {vocab_size}; they do not belong together"
+        )
+    eos, bos = special_ids(
+        eos_token_id,
+        bos_token_id,
+        vocab_size if vocab_size is not None else n_tokens,
+        endoftext=hf.token_to_id(ENDOFTEXT),
+    )
     return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
 
 
-def special_ids(eos_token_id: int | None, bos_token_id: int | None, vocab_size: int,
-                endoftext: int | None = None) -> tuple[int | None, int | None]:
+def special_ids(
+    eos_token_id: int | None,
+    bos_token_id: int | None,
+    vocab_size: int,
+    endoftext: int | None = None,
+) -> tuple[int | None, int | None]:
     """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else `<|endoftext|>`
     (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used with and without a tokenizer."""
+
     def usable(token_id: int | None, fallback: int | None) -> int | None:
         return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback
+
     eos = usable(eos_token_id, endoftext)
     return eos, usable(bos_token_id, endoftext if endoftext is not None else eos)

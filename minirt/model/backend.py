@@ -30,13 +30,16 @@ def resolve_dtype(name: str) -> np.dtype:
     """'float32' / 'fp16' / ... -> a NumPy dtype, or a one-line error."""
     key = DTYPE_ALIASES.get(str(name).lower(), str(name).lower())
     if key not in DTYPES:
-        raise BackendError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)} (fp32 is the CPU default)")
+        raise BackendError(
+            f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)} (fp32 is the CPU default)"
+        )
     return np.dtype(DTYPES[key])
 
 
 @dataclass(frozen=True)
 class Backend:
     """One array module plus the host<->backend crossings."""
+
     name: str  # "numpy" or "cupy"
     xp: ModuleType  # the array module the layers compute with
 
@@ -52,7 +55,7 @@ class Backend:
         rows = self.asarray(host_rows)  # [V, C]
         out = self.xp.empty(rows.shape[::-1], dtype=dtype)  # [C, V]
         for first in range(0, rows.shape[0], 256):
-            out[:, first:first + 256] = rows[first:first + 256].T
+            out[:, first : first + 256] = rows[first : first + 256].T
         return out
 
     def to_numpy(self, array: Any) -> np.ndarray:
@@ -84,9 +87,11 @@ def cupy_backend() -> Backend:
     try:
         import cupy  # noqa: PLC0415  (optional dependency, imported on demand)
     except Exception as exc:  # noqa: BLE001 (ImportError, or a broken CUDA install raising anything at import)
-        raise BackendError(f"--backend cupy needs CuPy, which did not import ({type(exc).__name__}: {exc}); "
-                           "install it with `pip install cupy-cuda12x` (or the build for your CUDA), "
-                           "or use --backend numpy") from None
+        raise BackendError(
+            f"--backend cupy needs CuPy, which did not import ({type(exc).__name__}: {exc}); "
+            "install it with `pip install cupy-cuda12x` (or the build for your CUDA), "
+            "or use --backend numpy"
+        ) from None
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device is visible")
@@ -96,8 +101,10 @@ def cupy_backend() -> Backend:
             raise RuntimeError("a test kernel returned a wrong result")
     except Exception as exc:  # noqa: BLE001 (any CUDA failure means: no usable GPU)
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BackendError(f"--backend cupy needs a usable NVIDIA GPU, and none was found ({message}); "
-                           "use --backend numpy") from None
+        raise BackendError(
+            f"--backend cupy needs a usable NVIDIA GPU, and none was found ({message}); "
+            "use --backend numpy"
+        ) from None
     return Backend(name="cupy", xp=cupy)
 
 

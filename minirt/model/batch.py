@@ -32,15 +32,23 @@ def check_token_ids(seq, vocab_size: int, subject: str, max_len: int | None = No
     """`seq` as a list of plain ints inside the vocabulary (and at most `max_len` of them, if given), or an
     InputError that names `subject`."""
     items = list(seq) if hasattr(seq, "__iter__") and not isinstance(seq, (str, bytes)) else None
-    if items is None or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items):
-        raise InputError(f"{subject} is not a list of integer token ids")  # 2.0 and true are not ids either
+    if items is None or not all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items
+    ):
+        raise InputError(
+            f"{subject} is not a list of integer token ids"
+        )  # 2.0 and true are not ids either
     ids = [int(t) for t in items]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        shown = bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."  # 10**100 is not worth 101 digits
+        shown = (
+            bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."
+        )  # 10**100 is not worth 101 digits
         raise InputError(f"{subject} token id {shown} is outside the vocabulary [0, {vocab_size})")
     if max_len is not None and len(ids) > max_len:
-        raise InputError(f"{subject} has {len(ids)} tokens, more than the model's context of {max_len}")
+        raise InputError(
+            f"{subject} has {len(ids)} tokens, more than the model's context of {max_len}"
+        )
     return ids
 
 
@@ -59,43 +67,83 @@ class Batch:
     """The metadata of one forward pass: host numbers (NumPy) per row [B] and per token [N], and what the layers
     read, moved to the backend once: token_ids, token_positions, token_slots [N]; row_slots [B]; mask."""
 
-    def __init__(self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None):
+    def __init__(
+        self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None
+    ):
         B = len(token_lists)
         self.backend = backend
         self.new_lens = np.array([len(tokens) for tokens in token_lists], dtype=np.int64)  # [B]
-        self.past_lens = np.zeros(B, np.int64) if past_lens is None else np.asarray(past_lens, np.int64).reshape(B)
-        self.slots = np.arange(B, dtype=np.int64) if slots is None else np.asarray(slots, np.int64).reshape(B)
-        self.kv_lens = self.past_lens + self.new_lens  # [B] keys per row once this round's tokens are written
+        self.past_lens = (
+            np.zeros(B, np.int64)
+            if past_lens is None
+            else np.asarray(past_lens, np.int64).reshape(B)
+        )
+        self.slots = (
+            np.arange(B, dtype=np.int64)
+            if slots is None
+            else np.asarray(slots, np.int64).reshape(B)
+        )
+        self.kv_lens = (
+            self.past_lens + self.new_lens
+        )  # [B] keys per row once this round's tokens are written
         self.batch_size = B
-        self.seq_len = max(int(self.new_lens.max()), 1) if B else 1  # T (at least 1, so shapes stay valid)
+        self.seq_len = (
+            max(int(self.new_lens.max()), 1) if B else 1
+        )  # T (at least 1, so shapes stay valid)
         self.max_kv_len = int(self.kv_lens.max()) if B else 0  # L: key positions attention looks at
-        first = int(self.slots[0]) if B else 0  # slots first, first+1, ...: the KV read is a view, not a gather
-        self.slot_span = (first, first + B) if B and np.array_equal(self.slots, np.arange(first, first + B)) else None
+        first = (
+            int(self.slots[0]) if B else 0
+        )  # slots first, first+1, ...: the KV read is a view, not a gather
+        self.slot_span = (
+            (first, first + B)
+            if B and np.array_equal(self.slots, np.arange(first, first + B))
+            else None
+        )
 
-        rows, cols = np.nonzero(np.arange(self.seq_len)[None, :] < self.new_lens[:, None])  # [N] each, row by row
+        rows, cols = np.nonzero(
+            np.arange(self.seq_len)[None, :] < self.new_lens[:, None]
+        )  # [N] each, row by row
         self.n_tokens = int(rows.size)  # N
-        self.all_real = self.n_tokens == B * self.seq_len  # no padding at all: packed and padded are one layout
-        self.positions = self.past_lens[rows] + cols  # [N] each token's position in its own sequence
-        self.first_index = np.cumsum(self.new_lens) - self.new_lens  # [B] packed index of each row's first token
-        self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [B'] of its last: next-token logits
+        self.all_real = (
+            self.n_tokens == B * self.seq_len
+        )  # no padding at all: packed and padded are one layout
+        self.positions = (
+            self.past_lens[rows] + cols
+        )  # [N] each token's position in its own sequence
+        self.first_index = (
+            np.cumsum(self.new_lens) - self.new_lens
+        )  # [B] packed index of each row's first token
+        self.last_index = (np.cumsum(self.new_lens) - 1)[
+            self.new_lens > 0
+        ]  # [B'] of its last: next-token logits
 
         flat_ids = np.array([t for tokens in token_lists for t in tokens], dtype=np.int64)  # [N]
-        self._rows, self._cols = backend.asarray(rows), backend.asarray(cols)  # [N], [N] padded place of each token
+        self._rows, self._cols = (
+            backend.asarray(rows),
+            backend.asarray(cols),
+        )  # [N], [N] padded place of each token
         self.token_ids = backend.asarray(flat_ids)  # [N]
         self.token_positions = backend.asarray(self.positions)  # [N]
         self.token_slots = backend.asarray(self.slots[rows])  # [N] the KV slot of each token's row
         self.row_slots = backend.asarray(self.slots)  # [B]
-        self._past_lens, self._kv_lens = backend.asarray(self.past_lens), backend.asarray(self.kv_lens)  # [B], [B]
+        self._past_lens, self._kv_lens = (
+            backend.asarray(self.past_lens),
+            backend.asarray(self.kv_lens),
+        )  # [B], [B]
 
     @cached_property
     def mask(self):
         """The whole round's mask [B, 1, T, L], built once: every layer of a decode step reads it."""
-        return attention_mask(self.backend.xp, self._past_lens, self._kv_lens, self.seq_len, self.max_kv_len)
+        return attention_mask(
+            self.backend.xp, self._past_lens, self._kv_lens, self.seq_len, self.max_kv_len
+        )
 
     def mask_tile(self, row: int, first: int, end: int, n_keys: int):
         """One row's mask [1, end - first, n_keys]: its queries first..end-1 against its keys 0..n_keys-1."""
         one = slice(row, row + 1)
-        return attention_mask(self.backend.xp, self._past_lens[one], self._kv_lens[one], end - first, n_keys, first)[0]
+        return attention_mask(
+            self.backend.xp, self._past_lens[one], self._kv_lens[one], end - first, n_keys, first
+        )[0]
 
     def query_tiles(self, n_head: int, scratch_bytes: int):
         """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as many queries as
@@ -104,7 +152,9 @@ class Batch:
         the scores wholly above the causal diagonal."""
         for row in range(self.batch_size):
             new_len, past_len = int(self.new_lens[row]), int(self.past_lens[row])
-            size = max(1, scratch_bytes // max(1, n_head * (past_len + new_len) * 4))  # queries per tile
+            size = max(
+                1, scratch_bytes // max(1, n_head * (past_len + new_len) * 4)
+            )  # queries per tile
             for first in range(0, new_len, size):
                 end = min(new_len, first + size)
                 yield row, first, end, past_len + end
@@ -112,7 +162,9 @@ class Batch:
     def padded(self, packed):
         """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""
         if self.all_real:
-            return packed.reshape(self.batch_size, self.seq_len, *packed.shape[1:])  # [B, T, ...] a view
+            return packed.reshape(
+                self.batch_size, self.seq_len, *packed.shape[1:]
+            )  # [B, T, ...] a view
         shape = (self.batch_size, self.seq_len, *packed.shape[1:])
         padded = self.backend.xp.zeros(shape, dtype=packed.dtype)  # [B, T, ...]
         padded[self._rows, self._cols] = packed
@@ -126,9 +178,13 @@ class Batch:
 
     def unpack_on_host(self, packed: np.ndarray) -> np.ndarray:
         """Host rows [N, ...] in packed order -> NumPy [B, T, ...] (padding zero), for results handed to users."""
-        if self.all_real:  # no padding: the same numbers, viewed [B, T, ...] (no second copy of big logits)
+        if (
+            self.all_real
+        ):  # no padding: the same numbers, viewed [B, T, ...] (no second copy of big logits)
             return packed.reshape(self.batch_size, self.seq_len, *packed.shape[1:])
         rows, cols = self.backend.to_numpy(self._rows), self.backend.to_numpy(self._cols)
-        padded = np.zeros((self.batch_size, self.seq_len, *packed.shape[1:]), dtype=packed.dtype)  # [B, T, ...]
+        padded = np.zeros(
+            (self.batch_size, self.seq_len, *packed.shape[1:]), dtype=packed.dtype
+        )  # [B, T, ...]
         padded[rows, cols] = packed
         return padded

@@ -36,6 +36,7 @@ REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  #
 @dataclass(frozen=True)
 class GPT2Config:
     """The numbers that fix every tensor's shape, and the few switches the layers honour."""
+
     vocab_size: int  # V: rows of wte and of the head
     n_positions: int  # P: the context length, rows of wpe
     n_embd: int  # C: the width of the residual stream
@@ -57,7 +58,9 @@ class GPT2Config:
     def n_weights(self) -> int:
         """How many numbers the checkpoint holds (a tied head counted once): Python integers, so never overflows."""
         C, I = self.n_embd, self.n_inner  # noqa: E741 (I: the MLP's inner width, as in model.py's shapes)
-        block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)  # 2 norms, attention, MLP
+        block = (
+            4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)
+        )  # 2 norms, attention, MLP
         return (self.vocab_size + self.n_positions) * C + self.n_layer * block + 2 * C
 
     @property
@@ -73,46 +76,80 @@ class GPT2Config:
         refuse_other_models_and_options(raw, source)
         sizes = read_sizes(raw, source)
         eps = raw.get("layer_norm_epsilon", 1e-5)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < eps < 1):  # nan and inf fail too
-            raise CheckpointError(f"{source}: layer_norm_epsilon must be a small positive number, found {eps!r}")
+        if (
+            isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < eps < 1)
+        ):  # nan and inf fail too
+            raise CheckpointError(
+                f"{source}: layer_norm_epsilon must be a small positive number, found {eps!r}"
+            )
         activation = raw.get("activation_function", "gelu_new")
         if activation not in GELU_TANH_NAMES + GELU_ERF_NAMES:
-            raise CheckpointError(f"{source}: activation_function {activation!r} is not supported; minirt implements "
-                                  f"the GELU forms {', '.join(GELU_TANH_NAMES + GELU_ERF_NAMES)}")
-        flags = {name: read_flag(raw, name, source) for name in ("scale_attn_weights", "tie_word_embeddings")}
-        token_ids = {name: read_token_id(raw, name, source) for name in ("bos_token_id", "eos_token_id")}
-        read: dict[str, Any] = {**sizes, **flags, **token_ids}  # each checked above; Any: a mix of types
+            raise CheckpointError(
+                f"{source}: activation_function {activation!r} is not supported; minirt implements "
+                f"the GELU forms {', '.join(GELU_TANH_NAMES + GELU_ERF_NAMES)}"
+            )
+        flags = {
+            name: read_flag(raw, name, source)
+            for name in ("scale_attn_weights", "tie_word_embeddings")
+        }
+        token_ids = {
+            name: read_token_id(raw, name, source) for name in ("bos_token_id", "eos_token_id")
+        }
+        read: dict[str, Any] = {
+            **sizes,
+            **flags,
+            **token_ids,
+        }  # each checked above; Any: a mix of types
         return cls(**read, layer_norm_epsilon=float(eps), activation_function=activation)
-
 
 
 def refuse_other_models_and_options(raw: dict[str, Any], source: str) -> None:
     """A model type other than GPT-2, or an option switched on that the layers do not implement."""
     model_type = raw.get("model_type")
     if model_type is not None and model_type != "gpt2":
-        raise CheckpointError(f"{source}: model_type is {model_type!r}, but minirt runs GPT-2 only (model_type 'gpt2')")
+        raise CheckpointError(
+            f"{source}: model_type is {model_type!r}, but minirt runs GPT-2 only (model_type 'gpt2')"
+        )
     for option, meaning in UNSUPPORTED_WHEN_TRUE.items():
         if raw.get(option):
-            raise CheckpointError(f"{source}: {option} is true ({meaning}), which minirt does not implement; "
-                                  f"use a checkpoint with {option} false")
+            raise CheckpointError(
+                f"{source}: {option} is true ({meaning}), which minirt does not implement; "
+                f"use a checkpoint with {option} false"
+            )
 
 
 def read_sizes(raw: dict[str, Any], source: str) -> dict[str, int]:
     """The sizes that fix every tensor's shape, by field name: REQUIRED_SIZES, then n_inner."""
-    if "n_positions" not in raw and "n_ctx" in raw:  # old configs (and OpenAI's original release) spell it n_ctx
+    if (
+        "n_positions" not in raw and "n_ctx" in raw
+    ):  # old configs (and OpenAI's original release) spell it n_ctx
         raw = {**raw, "n_positions": raw["n_ctx"]}
     sizes = {name: read_positive_int(raw, name, source) for name in REQUIRED_SIZES}
     if sizes["n_embd"] % sizes["n_head"]:
-        raise CheckpointError(f"{source}: n_embd ({sizes['n_embd']}) must be divisible by n_head ({sizes['n_head']})")
-    sizes["n_inner"] = 4 * sizes["n_embd"] if raw.get("n_inner") is None else read_positive_int(raw, "n_inner", source)
+        raise CheckpointError(
+            f"{source}: n_embd ({sizes['n_embd']}) must be divisible by n_head ({sizes['n_head']})"
+        )
+    sizes["n_inner"] = (
+        4 * sizes["n_embd"]
+        if raw.get("n_inner") is None
+        else read_positive_int(raw, "n_inner", source)
+    )
     return sizes
 
 
 def read_positive_int(raw: dict[str, Any], name: str, source: str) -> int:
     value = raw.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
-        found = "missing" if name not in raw else repr(value) if len(repr(value)) < 40 else f"{repr(value)[:37]}..."
-        raise CheckpointError(f"{source}: {name} must be a positive integer below 2**63, found {found}")
+        found = (
+            "missing"
+            if name not in raw
+            else repr(value)
+            if len(repr(value)) < 40
+            else f"{repr(value)[:37]}..."
+        )
+        raise CheckpointError(
+            f"{source}: {name} must be a positive integer below 2**63, found {found}"
+        )
     return value
 
 
@@ -130,6 +167,8 @@ def read_token_id(raw: dict[str, Any], name: str, source: str) -> int | None:
     if isinstance(value, list) and len(value) == 1:  # some configs wrap a single id in a list
         value = value[0]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheckpointError(f"{source}: {name} must be a token id (an integer >= 0), found {value!r}")
+        raise CheckpointError(
+            f"{source}: {name} must be a token id (an integer >= 0), found {value!r}"
+        )
     # An id outside the vocabulary (a tiny model that kept GPT-2's 50256) is no error: see tokenizer.special_ids.
     return value

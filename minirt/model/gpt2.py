@@ -36,19 +36,34 @@ class GPT2:
     """GPT-2's weights on a backend, and the forward pass over one round."""
 
     def __init__(self, checkpoint: LoadedWeights, backend: Backend, dtype):
-        self.config, self.folder, self.backend, self.xp = checkpoint.config, checkpoint.folder, backend, backend.xp
+        self.config, self.folder, self.backend, self.xp = (
+            checkpoint.config,
+            checkpoint.folder,
+            backend,
+            backend.xp,
+        )
         self.dtype = np.dtype(dtype)
-        with np.errstate(over="ignore"):  # a weight past float16's range becomes inf: forward checks
+        with np.errstate(
+            over="ignore"
+        ):  # a weight past float16's range becomes inf: forward checks
             # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped file.
-            self.params = {name: backend.asarray(host).astype(self.dtype, copy=False)
-                           for name, host in checkpoint.tensors.items() if name not in ("wte.weight", "lm_head.weight")}
+            self.params = {
+                name: backend.asarray(host).astype(self.dtype, copy=False)
+                for name, host in checkpoint.tensors.items()
+                if name not in ("wte.weight", "lm_head.weight")
+            }
             # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a contiguous [C, V]
             # than on the file's [V, C] transposed: stored once so, fp32.  A tied model's embeddings are its
             # columns; an untied model's are a [C, V] view of its own table (no copy on NumPy).
             tensors = checkpoint.tensors
-            self.head_weight = backend.transposed(tensors["lm_head.weight"], np.float32)  # [C, V] fp32 logits
-            self.wte_t = (self.head_weight if checkpoint.head_is_tied
-                          else backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False).T)  # [C, V]
+            self.head_weight = backend.transposed(
+                tensors["lm_head.weight"], np.float32
+            )  # [C, V] fp32 logits
+            self.wte_t = (
+                self.head_weight
+                if checkpoint.head_is_tied
+                else backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False).T
+            )  # [C, V]
         p = self.params
         self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
@@ -64,7 +79,9 @@ class GPT2:
         """Preallocate KV buffers for n_slots requests of up to `capacity` positions each."""
         c = self.config
         if capacity > c.n_positions:
-            raise ValueError(f"KV capacity {capacity} exceeds the model's context of {c.n_positions} positions")
+            raise ValueError(
+                f"KV capacity {capacity} exceeds the model's context of {c.n_positions} positions"
+            )
         return KVCache(self.xp, c.n_layer, c.n_head, c.head_dim, n_slots, capacity, self.dtype)
 
     def forward(self, batch: Batch, kv_cache: KVCache | None = None, logits_at=None):
@@ -74,12 +91,20 @@ class GPT2:
         row's new keys are written to its slot and the slot's length advances."""
         xp, c = self.xp, self.config
         if int(batch.positions.max(initial=0)) >= c.n_positions:
-            raise InputError(f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}")
-        if kv_cache is None and batch.past_lens.any():  # without a cache there is no history to attend to
-            raise InputError("a round with past keys (past_lens > 0) needs the KV cache that holds them")
+            raise InputError(
+                f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}"
+            )
+        if (
+            kv_cache is None and batch.past_lens.any()
+        ):  # without a cache there is no history to attend to
+            raise InputError(
+                "a round with past keys (past_lens > 0) needs the KV cache that holds them"
+            )
         if kv_cache is not None:
             kv_cache.prepare_round(batch)
-        with np.errstate(over="ignore", invalid="ignore"):  # NaN/inf weights, float16 overflow: callers check
+        with np.errstate(
+            over="ignore", invalid="ignore"
+        ):  # NaN/inf weights, float16 overflow: callers check
             x = embed(self.wte_t, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
             for i, block in enumerate(self.blocks):
                 kv = None if kv_cache is None else kv_cache.layer(i)
@@ -87,8 +112,12 @@ class GPT2:
             x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
             if kv_cache is not None:
                 kv_cache.advance(batch)
-            at = batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)  # [M]
-            if not (logits_at is None and at.size == batch.n_tokens):  # at decode every token is some row's last
+            at = (
+                batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)
+            )  # [M]
+            if not (
+                logits_at is None and at.size == batch.n_tokens
+            ):  # at decode every token is some row's last
                 x = x[self.backend.asarray(at)]  # [M, C]
             return lm_head(xp, x, self.head_weight)  # [M, V] fp32
 
@@ -98,7 +127,9 @@ class GPT2:
         if isinstance(token_ids, np.ndarray) or not isinstance(token_ids, (list, tuple)):
             raise InputError("token_ids must be a list of token-id lists, one per sequence")
         V, P = self.config.vocab_size, self.config.n_positions
-        rows = [check_token_ids(seq, V, f"sequence {b}", max_len=P) for b, seq in enumerate(token_ids)]
+        rows = [
+            check_token_ids(seq, V, f"sequence {b}", max_len=P) for b, seq in enumerate(token_ids)
+        ]
         if not any(rows):  # nothing to score
             return np.zeros((len(rows), 0, V), dtype=np.float32)
         batch = Batch(rows, self.backend)

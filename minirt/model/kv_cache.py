@@ -28,16 +28,22 @@ from .batch import Batch
 class KVCache:
     """Keys and values for `n_slots` requests, `capacity` positions each."""
 
-    def __init__(self, xp, n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype):
+    def __init__(
+        self, xp, n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype
+    ):
         self.capacity = capacity
         shape = (n_layer, n_slots, n_head, capacity, head_dim)
         self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
         self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
         self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S] host-side: keys held per slot
-        self.written = np.zeros(n_slots, dtype=bool)  # [S] host-side: has any request written to this slot?
+        self.written = np.zeros(
+            n_slots, dtype=bool
+        )  # [S] host-side: has any request written to this slot?
 
     @staticmethod
-    def bytes_needed(n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype) -> int:
+    def bytes_needed(
+        n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype
+    ) -> int:
         """Memory for keys + values, for budgeting before anything is allocated."""
         return 2 * n_layer * n_slots * n_head * capacity * head_dim * np.dtype(dtype).itemsize
 
@@ -56,8 +62,10 @@ class KVCache:
         writes (from now on a new occupant must get it zeroed, even if the round then fails part-way)."""
         if (over := batch.kv_lens > self.capacity).any():
             row = int(np.argmax(over))
-            raise ValueError(f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
-                             f"but the cache was allocated with capacity {self.capacity}")
+            raise ValueError(
+                f"KV slot {int(batch.slots[row])} would hold {int(batch.kv_lens[row])} positions, "
+                f"but the cache was allocated with capacity {self.capacity}"
+            )
         self.written[batch.slots] = True
 
     def layer(self, i: int) -> LayerKV:
@@ -72,6 +80,7 @@ class KVCache:
 @dataclass(frozen=True)
 class LayerKV:
     """One layer's keys and values for every slot: views [S, H, capacity, D] into the pool."""
+
     keys: Any
     values: Any
 
@@ -89,5 +98,5 @@ class LayerKV:
         """Keys and values [B, H, L, D] of the round's rows: a view when their slots are contiguous, else a gather."""
         span, L = batch.slot_span, batch.max_kv_len
         if span is not None:
-            return self.keys[span[0]:span[1], :, :L], self.values[span[0]:span[1], :, :L]
+            return self.keys[span[0] : span[1], :, :L], self.values[span[0] : span[1], :, :L]
         return self.keys[batch.row_slots, :, :L], self.values[batch.row_slots, :, :L]

@@ -39,6 +39,7 @@ ATTENTION_SCRATCH_BYTES = MLP_SCRATCH_BYTES = 8 * 2**20
 @dataclass(frozen=True)
 class Linear:
     """A Hugging Face Conv1D, stored [in, out] so that `x @ weight` needs no transpose."""
+
     weight: Any  # [in, out]
     bias: Any  # [out]
 
@@ -64,6 +65,7 @@ class MLP:
 @dataclass(frozen=True)
 class Block:
     """One transformer block: blocks[i].<field> is the checkpoint's h.{i}.<field>."""
+
     ln_1: LayerNorm
     attn: Attention
     ln_2: LayerNorm
@@ -72,8 +74,10 @@ class Block:
 
 def block_weights(params: dict[str, Any], i: int) -> Block:
     """Block i's arrays, picked out of the loaded weights by name."""
+
     def pair(name: str) -> tuple[Any, Any]:
         return params[f"h.{i}.{name}.weight"], params[f"h.{i}.{name}.bias"]
+
     attn = Attention(c_attn=Linear(*pair("attn.c_attn")), c_proj=Linear(*pair("attn.c_proj")))
     mlp = MLP(c_fc=Linear(*pair("mlp.c_fc")), c_proj=Linear(*pair("mlp.c_proj")))
     return Block(ln_1=LayerNorm(*pair("ln_1")), attn=attn, ln_2=LayerNorm(*pair("ln_2")), mlp=mlp)
@@ -106,13 +110,17 @@ def erf(xp, x):
     """The error function, from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): NumPy has none."""
     sign, a = xp.sign(x), xp.abs(x)  # [...]
     t = 1.0 / (1.0 + 0.3275911 * a)  # [...]
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))  # [...]
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )  # [...]
     return sign * (1.0 - poly * xp.exp(-a * a))  # [...]
 
 
 def gelu(xp, x, form: str = "tanh"):
     """GELU.  GPT-2 uses the tanh approximation; 'erf' is the exact form."""
-    if form == "tanh":  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place in one array, same rounding
+    if (
+        form == "tanh"
+    ):  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place in one array, same rounding
         out = 0.044715 * x  # [N, I]
         out *= x
         out *= x
@@ -132,16 +140,24 @@ def softmax_attention(xp, q, keys, values, mask, scale: float):
     row's max is subtracted; the output is divided, not the scores; a query that sees no key gets zeros."""
     if keys.shape[-2] == 0:  # no keys at all (rows with nothing in them): nothing to see
         return xp.zeros_like(q)
-    q32 = q.astype(xp.float32) * xp.float32(scale)  # [B, H, T, D] fp32 (fp16 dot products can overflow 65504)
+    q32 = q.astype(xp.float32) * xp.float32(
+        scale
+    )  # [B, H, T, D] fp32 (fp16 dot products can overflow 65504)
     keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D] (no copy when already fp32)
     scores = q32 @ xp.swapaxes(keys32, -1, -2)  # [B, H, T, L] fp32, a new array we may overwrite
-    xp.copyto(scores, xp.finfo(xp.float32).min, where=~mask)  # [B, H, T, L] hidden keys at the lowest finite
+    xp.copyto(
+        scores, xp.finfo(xp.float32).min, where=~mask
+    )  # [B, H, T, L] hidden keys at the lowest finite
     scores -= scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row
     xp.exp(scores, out=scores)  # [B, H, T, L] unnormalised weights; a hidden key's is exactly 0
     total = scores.sum(axis=-1, keepdims=True)  # [B, H, T, 1]; >= 1 if any key is visible
-    values32 = values.astype(xp.float32, copy=False)  # [B, H, L, D]; no 4-D fp16 matmul (slow GEMVs on CuPy)
+    values32 = values.astype(
+        xp.float32, copy=False
+    )  # [B, H, L, D]; no 4-D fp16 matmul (slow GEMVs on CuPy)
     out = (scores @ values32) / total  # [B, H, T, D]
-    return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(q.dtype, copy=False)  # [B, H, T, D]
+    return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(
+        q.dtype, copy=False
+    )  # [B, H, T, D]
 
 
 def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float):
@@ -151,12 +167,15 @@ def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float
     out = xp.empty_like(q)  # [N, H, D]
     for row, first, end, n_keys in batch.query_tiles(q.shape[1], ATTENTION_SCRATCH_BYTES):
         start = int(batch.first_index[row])  # the row's first token in the packed order
-        keys, values = (kv.read_row(int(batch.slots[row]), n_keys) if kv is not None  # [H, n_keys, D]: the slot's,
-                        else (a[start:start + n_keys].transpose(1, 0, 2) for a in (k, v)))  # or this round's alone
-        queries = q[start + first:start + end].transpose(1, 0, 2)  # [H, end - first, D]
+        keys, values = (
+            kv.read_row(int(batch.slots[row]), n_keys)
+            if kv is not None  # [H, n_keys, D]: the slot's,
+            else (a[start : start + n_keys].transpose(1, 0, 2) for a in (k, v))
+        )  # or this round's alone
+        queries = q[start + first : start + end].transpose(1, 0, 2)  # [H, end - first, D]
         mask = batch.mask_tile(row, first, end, n_keys)  # [1, end - first, n_keys]
         tile = softmax_attention(xp, queries, keys, values, mask, scale)  # [H, end - first, D]
-        out[start + first:start + end] = tile.transpose(1, 0, 2)  # [end - first, H, D]
+        out[start + first : start + end] = tile.transpose(1, 0, 2)  # [end - first, H, D]
     return out
 
 
@@ -182,24 +201,33 @@ def mlp(xp, x, weights: MLP, gelu_form: str):
     """Expand to n_inner, GELU, project back, a tile of tokens at a time: each hidden [tokens, I] array stays
     within MLP_SCRATCH_BYTES (GELU makes a second one; in a CPU's cache its passes are cheap), however long."""
     out = xp.empty_like(x)  # [N, C]
-    rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize))  # tokens per tile
+    rows = max(
+        1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize)
+    )  # tokens per tile
     for first in range(0, x.shape[0], rows):
-        hidden = gelu(xp, linear(x[first:first + rows], weights.c_fc), gelu_form)  # [rows, I]
-        out[first:first + rows] = linear(hidden, weights.c_proj)  # [rows, C]
+        hidden = gelu(xp, linear(x[first : first + rows], weights.c_fc), gelu_form)  # [rows, I]
+        out[first : first + rows] = linear(hidden, weights.c_proj)  # [rows, C]
     return out
 
 
 def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None):
     """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
     eps = config.layer_norm_epsilon
-    x = x + attention(xp, layer_norm(xp, x, block.ln_1, eps), block.attn, config, batch, kv)  # [N, C]
+    x = x + attention(
+        xp, layer_norm(xp, x, block.ln_1, eps), block.attn, config, batch, kv
+    )  # [N, C]
     return x + mlp(xp, layer_norm(xp, x, block.ln_2, eps), block.mlp, config.gelu_form)  # [N, C]
 
 
 def lm_head(xp, hidden, head_weight):
     """Hidden states -> fp32 logits, 1024 rows at a time into one array (scoring 8 x 1024 ran 15% faster so).
     The [C, V] head stays fp32 for fp16 compute too: fp16 resolves logits of tens to ~0.03, enough to flip a pick."""
-    hidden, logits = hidden.astype(np.float32, copy=False), xp.empty((len(hidden), head_weight.shape[1]), np.float32)
+    hidden, logits = (
+        hidden.astype(np.float32, copy=False),
+        xp.empty((len(hidden), head_weight.shape[1]), np.float32),
+    )
     for first in range(0, len(hidden), 1024):
-        xp.matmul(hidden[first:first + 1024], head_weight, out=logits[first:first + 1024])  # [rows, V]
+        xp.matmul(
+            hidden[first : first + 1024], head_weight, out=logits[first : first + 1024]
+        )  # [rows, V]
     return logits  # [M, V] fp32
