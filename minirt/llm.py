@@ -160,7 +160,7 @@ class LLM:
         logprobs: bool = False,
         error: str | None = None,
         sample: int = 0,
-        position: int | None = None,
+        output_index: int = -1,
     ) -> Request:
         """One request: refused at once (with its own error) when it is bad or when `error` is given."""
         return self.engine.make_request(
@@ -172,7 +172,7 @@ class LLM:
             want_logprobs=logprobs,
             error=error,
             sample=sample,
-            position=position,
+            output_index=output_index,
         )
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -239,7 +239,7 @@ class LLM:
                     request_id=rid,
                     logprobs=logprobs,
                     sample=k,
-                    position=len(requests) + k,
+                    output_index=len(requests) + k,
                 )
                 for k in range(sp.n)
             ]

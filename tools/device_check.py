@@ -215,7 +215,7 @@ def section_correctness(args, deadline, state) -> dict:
                     "-q",
                     "-m",
                     "gpu",
-                    "tests/test_gpu.py",
+                    "tests/model/test_gpu.py",
                     "-p",
                     "no:cacheprovider",
                 ],

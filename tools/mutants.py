@@ -481,8 +481,8 @@ MUTANTS = [
     Mutant(
         "static_group_ignores_the_kv_budget",
         "minirt/scheduler.py",
-        "if members and (len(members) + 1) * max(longest, self.need(candidate)) > self.kv_budget:",
-        "if members and len(members) * max(longest, self.need(candidate)) > self.kv_budget:",
+        "if members and (len(members) + 1) * max(longest, self.kv_positions_needed(candidate)) > self.kv_budget:",
+        "if members and len(members) * max(longest, self.kv_positions_needed(candidate)) > self.kv_budget:",
         "a group one member over the budget",
     ),
     Mutant(
@@ -495,7 +495,7 @@ MUTANTS = [
     Mutant(
         "continuous_admission_ignores_kv_budget",
         "minirt/scheduler.py",
-        "        if reserved_positions + self.need(candidate) > self.kv_budget:\n            return False\n",
+        "        if reserved_positions + self.kv_positions_needed(candidate) > self.kv_budget:\n            return False\n",
         "",
         "admission relies on the pool's shape, not the rule",
     ),

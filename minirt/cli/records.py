@@ -124,20 +124,20 @@ class OrderedOutput:
         if (
             not self.stream
             or self.stdout is None
-            or request.order != self.next_index
+            or request.output_index != self.next_index
             or request.text is None
         ):
             return
         start = (
             ""
-            if self.streaming == request.order
+            if self.streaming == request.output_index
             else f"### {request_label(request)}: streaming\n{shown_prompt(request, self.tokenizer)}"
         )
-        self.streaming = request.order
+        self.streaming = request.output_index
         self._write(start + bold(unshown_text(request), self.color))
 
     def final(self, request: Request) -> None:
-        self.ready[request.order] = request
+        self.ready[request.output_index] = request
         self.done += 1
         while self.next_index in self.ready:
             request = self.ready[self.next_index]
@@ -153,8 +153,8 @@ class OrderedOutput:
         even if an earlier one never finished: the records, then the completions not shown yet, unless the
         interruption cut one short (its reader may not be reading) or a second one comes meanwhile."""
         for request in finished:
-            if request.order >= self.next_index and request.order not in self.ready:
-                self.ready[request.order] = request
+            if request.output_index >= self.next_index and request.output_index not in self.ready:
+                self.ready[request.output_index] = request
                 self.done += 1
         pending = [self.ready.pop(index) for index in sorted(self.ready)]
         if self.showing:
@@ -168,7 +168,7 @@ class OrderedOutput:
             ):  # a stream was cut short
                 self._write("\n")
             for request in pending:
-                if self.stdout is not None and request.order > self.last_shown:
+                if self.stdout is not None and request.output_index > self.last_shown:
                     self._show(request)
         except (
             KeyboardInterrupt
@@ -185,13 +185,13 @@ class OrderedOutput:
     def _show(self, request: Request) -> None:
         """A completion on standard output (the rest of it, if it was streamed)."""
         if (
-            self.streaming == request.order
+            self.streaming == request.output_index
         ):  # its text so far is out: the rest, then its header line
             text = bold(unshown_text(request), self.color) + "\n" + block_header(request) + "\n\n"
         else:
             text = completion_block(request, self.color, self.tokenizer) + "\n"
         if self._write(text):
-            self.shown, self.last_shown = self.shown + 1, request.order
+            self.shown, self.last_shown = self.shown + 1, request.output_index
 
     def _write(self, text: str) -> bool:
         """Write to standard output; False if that failed (its reader has gone, a full disk): standard output is

@@ -45,7 +45,7 @@ def build_requests(
                     logprobs=logprobs,
                     error=error,
                     sample=sample,
-                    position=len(requests),
+                    output_index=len(requests),
                 )
             )
     return requests

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .params import SamplingParams
-from .request import Request, Status, add_token, refuse
+from .request import Request, Status, add_token, fail_request
 from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
 from .scheduler import GroupRecord, POLICIES, RoundPlan, SCHEDULERS, Scheduler
 from .stats import RunStats
@@ -107,7 +107,7 @@ class Engine:
         want_logprobs: bool = False,
         error: str | None = None,
         sample: int = 0,
-        position: int | None = None,
+        output_index: int = -1,
     ) -> Request:
         """A Request for one prompt (text or token ids).  A bad one, or one given an `error`, comes back refused."""
         request = Request(
@@ -118,7 +118,7 @@ class Engine:
             params=params,
             want_logprobs=want_logprobs or params.logprobs is not None,
             sample=sample,
-            position=position,
+            output_index=output_index,
         )
         try:
             if error is not None:  # already known to be bad (a bad line of a prompts file)
@@ -135,7 +135,7 @@ class Engine:
                 "logit_bias",
             )
         except (RequestError, InputError) as exc:
-            refuse(request, str(exc))
+            fail_request(request, str(exc))
             return request
         seed = params.seed if params.seed is not None else derived_seed(run_seed, index)
         request.rng = request_rng(sample_seed(seed, sample))
@@ -226,7 +226,7 @@ class Engine:
                     plan.active, logits, round_number, on_token
                 )  # pick, append, stop
                 ended_group = scheduler.complete(plan)  # finished rows leave the compute
-                self.keep_finished(
+                self.release_finished(
                     plan.active, on_final
                 )  # ... free their slots, and their records are final
                 stats.rounds, stats.generated_tokens = (
@@ -262,7 +262,7 @@ class Engine:
             if reason is None:
                 scheduler.submit(request)
             else:
-                refuse(request, reason)
+                fail_request(request, reason)
                 refused.append(request)
         return refused
 
@@ -315,7 +315,7 @@ class Engine:
             active, choose_tokens(self.model.backend, logits, active), strict=True
         ):
             if token is None:  # its own failure: the peers' rows are untouched and go on
-                refuse(
+                fail_request(
                     request,
                     f"the model's logits for its token {len(request.token_ids) + 1} are not finite "
                     "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)",
@@ -331,7 +331,7 @@ class Engine:
                 added += 1
         return added
 
-    def keep_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
+    def release_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
         """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""
         for request in (r for r in active if r.finished):
             assert request.slot is not None  # it ran, so it held a slot

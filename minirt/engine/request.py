@@ -1,7 +1,7 @@
 """One request's own state, from arrival to its finished record, and the rules of its progress.
 
 Owns: `Request`, a plain record of everything that is one request's own (identity, prompt, parameters,
-random stream, output, status, KV slot, rounds), and the two things that happen to a record: `refuse` (an
+random stream, output, status, KV slot, rounds), and the two things that happen to a record: `fail_request` (an
 error of its own; it never runs) and `add_token`, which appends a chosen token and applies every stop rule:
 EOS, stop token ids, stop strings (found in the decoded text even when they span tokens), max_new_tokens and
 a full context.  `unshown_text` hands out, for streaming, the text that no later token can change.
@@ -42,9 +42,9 @@ class Request:
     rng: np.random.Generator | None = None  # the request's own random stream
     want_logprobs: bool = False
     sample: int = 0  # which of the prompt's n samples (0 when n is 1)
-    position: int | None = (
-        None  # its place among the run's requests (samples counted): output order
-    )
+    # Its place among the run's requests, samples counted: where its record comes in the output.
+    # Left at -1, it is the request's index (a run without samples): __post_init__ fills it in.
+    output_index: int = -1
 
     token_ids: list[int] = field(default_factory=list)  # every token produced, in order
     logprobs: list[float] = field(
@@ -82,10 +82,9 @@ class Request:
         default=0, repr=False
     )  # how much of `text` a stream has handed out (`unshown_text`)
 
-    @property
-    def order(self) -> int:
-        """Where its record comes in the output: its position, or its index when samples were not counted."""
-        return self.index if self.position is None else self.position
+    def __post_init__(self) -> None:
+        if self.output_index < 0:
+            self.output_index = self.index
 
     @property
     def prompt_len(self) -> int:
@@ -96,7 +95,7 @@ class Request:
         return self.status is Status.FINISHED
 
 
-def refuse(request: Request, message: str, round_number: int | None = None) -> None:
+def fail_request(request: Request, message: str, round_number: int | None = None) -> None:
     """Finish with an error of its own: before it runs, or in `round_number` (its logits were not finite).
     Its peers are untouched; the tokens it had are kept, and no more text comes."""
     request.status, request.finish_reason, request.error = Status.FINISHED, "error", message

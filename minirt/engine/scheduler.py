@@ -90,7 +90,7 @@ class Scheduler:
             GroupRecord
         ] = []  # static: every group so far (continuous batching has none)
 
-    def need(self, request: Request) -> int:
+    def kv_positions_needed(self, request: Request) -> int:
         """KV positions a request reserves: its prompt plus every output token but the last."""
         prompt_len = request.prompt_len
         return min(
@@ -98,9 +98,9 @@ class Scheduler:
         )
 
     def refusal(self, request: Request) -> str | None:
-        if self.need(request) > self.kv_budget:
+        if self.kv_positions_needed(request) > self.kv_budget:
             return (
-                f"needs {self.need(request)} KV cache positions, over the budget of {self.kv_budget}; "
+                f"needs {self.kv_positions_needed(request)} KV cache positions, over the budget of {self.kv_budget}; "
                 "lower max_new_tokens or raise the KV budget"
             )
         return None
@@ -142,7 +142,7 @@ class StaticScheduler(Scheduler):
         self.running = list(members)
         new_kv = (
             len(members),
-            max(self.need(r) for r in members),
+            max(self.kv_positions_needed(r) for r in members),
         )  # one slot per member, each the longest need
         return RoundPlan(round_number, list(members), list(members), new_kv, kv_limited)
 
@@ -155,10 +155,14 @@ class StaticScheduler(Scheduler):
         longest = 0
         while self.waiting and len(members) < self.max_rows:
             candidate = self.waiting[0]
-            if members and (len(members) + 1) * max(longest, self.need(candidate)) > self.kv_budget:
+            if (
+                members
+                and (len(members) + 1) * max(longest, self.kv_positions_needed(candidate))
+                > self.kv_budget
+            ):
                 return members, True  # full by memory: the candidate heads the next group
             members.append(self.waiting.popleft())
-            longest = max(longest, self.need(candidate))
+            longest = max(longest, self.kv_positions_needed(candidate))
         return members, False
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
@@ -183,8 +187,12 @@ class ContinuousScheduler(Scheduler):
 
     def refusal(self, request: Request) -> str | None:
         too_big = super().refusal(request)
-        if too_big is None and self.pool is not None and self.need(request) > self.pool[1]:
-            return f"needs {self.need(request)} KV cache positions, more than each slot of the running pool holds"
+        if (
+            too_big is None
+            and self.pool is not None
+            and self.kv_positions_needed(request) > self.pool[1]
+        ):
+            return f"needs {self.kv_positions_needed(request)} KV cache positions, more than each slot of the running pool holds"
         if (
             too_big is None
             and self.token_budget is not None
@@ -201,13 +209,15 @@ class ContinuousScheduler(Scheduler):
         if (
             self.pool is None
         ):  # rows: as many as fit the budget at the longest need, never more than wait
-            longest = max(self.need(r) for r in self.waiting)
+            longest = max(self.kv_positions_needed(r) for r in self.waiting)
             rows = max(1, min(self.max_rows, len(self.waiting), self.kv_budget // longest))
             self.pool = new_kv = (rows, longest)
             kv_limited = rows < min(
                 self.max_rows, len(self.waiting)
             )  # the budget, not the queue, held it down
-        reserved = sum(self.need(r) for r in self.running)  # KV positions held by running requests
+        reserved = sum(
+            self.kv_positions_needed(r) for r in self.running
+        )  # KV positions held by running requests
         tokens = len(self.running)  # each running request decodes one token
         admitted: list[Request] = []
         for candidate in list(
@@ -216,7 +226,10 @@ class ContinuousScheduler(Scheduler):
             if len(self.running) + len(admitted) >= self.pool[0]:
                 break
             if self.fits(candidate, reserved, tokens):
-                reserved, tokens = reserved + self.need(candidate), tokens + candidate.prompt_len
+                reserved, tokens = (
+                    reserved + self.kv_positions_needed(candidate),
+                    tokens + candidate.prompt_len,
+                )
                 admitted.append(candidate)
         for request in admitted:
             self.waiting.remove(request)
@@ -230,7 +243,7 @@ class ContinuousScheduler(Scheduler):
 
     def fits(self, candidate: Request, reserved_positions: int, round_tokens: int) -> bool:
         """Would `candidate` fit beside what is already running or admitted?"""
-        if reserved_positions + self.need(candidate) > self.kv_budget:
+        if reserved_positions + self.kv_positions_needed(candidate) > self.kv_budget:
             return False
         return self.token_budget is None or round_tokens + candidate.prompt_len <= self.token_budget
 

@@ -102,7 +102,7 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
     checked = []
 
     def check(scheduler, plan):
-        reserved = sum(scheduler.need(r) for r in plan.active)
+        reserved = sum(scheduler.kv_positions_needed(r) for r in plan.active)
         admitted = {id(r) for r in plan.admitted}
         tokens = sum(r.prompt_len if id(r) in admitted else 1 for r in plan.active)
         # The pool gives each row the longest need, so the budget may cap the rows below `rows`, and says so;
@@ -118,7 +118,7 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= pool_rows
         if len(plan.active) < pool_rows:  # a free row: nobody waiting may fit it
             for waiting in scheduler.waiting:
-                fits_kv = reserved + scheduler.need(waiting) <= kv_budget
+                fits_kv = reserved + scheduler.kv_positions_needed(waiting) <= kv_budget
                 fits_tokens = tokens + waiting.prompt_len <= round_tokens
                 assert not (fits_kv and fits_tokens), f"row idle while request {waiting.index} fits"
         checked.append(len(plan.active))

@@ -562,7 +562,7 @@ def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget()
         scheduler.submit(queued(i, 2, 3))  # need 4 each: the pool is 3 rows of 4
     for round_number in range(1, 9):
         plan = scheduler.plan(round_number)
-        assert sum(scheduler.need(r) for r in scheduler.running) <= 12
+        assert sum(scheduler.kv_positions_needed(r) for r in scheduler.running) <= 12
         for request in plan.active:  # each finishes after two rounds; a new one arrives every round
             request.token_ids.append(0)
             if len(request.token_ids) == 2:

@@ -500,7 +500,7 @@ def test_an_interruption_keeps_records_finished_but_not_yet_reported(tiny_lm, tm
         if any(r.finished for r in active):
             raise KeyboardInterrupt
 
-    with mock.patch.object(Engine, "keep_finished", interrupted):
+    with mock.patch.object(Engine, "release_finished", interrupted):
         code, _, err = run_in_process(
             [
                 "--model",
