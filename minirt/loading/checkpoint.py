@@ -10,8 +10,9 @@ Owns:
   * checking every tensor against the config: missing, unexpected, wrong shape,
     wrong dtype, each reported in one line.
 
-Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays in the file's own precision
-(bf16 widened to fp32, since NumPy has no bf16); converting to the compute dtype is the model's job.
+Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays in the file's own
+precision (bf16 widened to fp32, since NumPy has no bf16); converting to the compute dtype is the
+model's job.
 """
 
 from __future__ import annotations
@@ -45,16 +46,15 @@ HUB_ALIASES = {
     "distilgpt2": "distilbert/distilgpt2",
 }
 
-# safetensors dtype code -> the little-endian NumPy dtype holding its bytes (BF16: raw words, see `bf16_to_float32`).
+# safetensors dtype code -> the little-endian NumPy dtype holding its bytes (BF16: raw words, see
+# `bf16_to_float32`).
 WEIGHT_DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),
 }
-MASK_BUFFER_SUFFIXES = (
-    ".attn.bias",
-    ".attn.masked_bias",
-)  # old checkpoints' causal-mask buffers: not learned
+# Old checkpoints' causal-mask buffers: not learned.
+MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
 def hub_cache_roots() -> list[Path]:
@@ -65,50 +65,48 @@ def hub_cache_roots() -> list[Path]:
     if os.environ.get("HF_HOME"):
         roots.append(Path(os.environ["HF_HOME"]).expanduser() / "hub")
     roots.append(Path("~/.cache/huggingface/hub").expanduser())
-    return list(dict.fromkeys(roots))  # a folder named twice is searched once, at its first place
+    # A folder named twice is searched once, at its first place.
+    return list(dict.fromkeys(roots))
 
 
 def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
     """Return (snapshot folder or None, every place looked at, for the error message)."""
     looked: list[str] = []
-    other_name = HUB_ALIASES.get(hub_id) or {
-        long: short for short, long in HUB_ALIASES.items()
-    }.get(hub_id)
+    short_names = {long: short for short, long in HUB_ALIASES.items()}
+    other_name = HUB_ALIASES.get(hub_id) or short_names.get(hub_id)
+    # Both 'gpt2' and 'openai-community/gpt2'.
+    candidates = [hub_id] + ([other_name] if other_name else [])
     for root in hub_cache_roots():
-        for candidate in [hub_id] + (
-            [other_name] if other_name else []
-        ):  # 'gpt2' and 'openai-community/gpt2'
+        for candidate in candidates:
             repo_dir = root / ("models--" + candidate.replace("/", "--"))
             ref_file = repo_dir / "refs" / "main"
             if ref_file.is_file():
-                snapshot = (
-                    repo_dir / "snapshots" / ref_file.read_text().strip()
-                )  # refs/main holds a commit
+                # refs/main holds a commit.
+                snapshot = repo_dir / "snapshots" / ref_file.read_text().strip()
                 if snapshot.is_dir():
                     return snapshot, looked
                 looked.append(f"{snapshot} (named by refs/main, but missing)")
                 continue
-            snapshots = (
-                sorted(p for p in (repo_dir / "snapshots").glob("*") if p.is_dir())
-                if repo_dir.is_dir()
-                else []
-            )
-            if len(snapshots) == 1:  # no refs/main, but only one snapshot: it is the one
+            if repo_dir.is_dir():
+                snapshots = sorted(p for p in (repo_dir / "snapshots").glob("*") if p.is_dir())
+            else:
+                snapshots = []
+            # No refs/main, but only one snapshot: it is the one.
+            if len(snapshots) == 1:
                 return snapshots[0], looked
             looked.append(str(repo_dir))
     return None, looked
 
 
-PACKAGE = Path(__file__).resolve().parent.parent  # minirt/, which holds loading/
-SHIPPED_WEIGHTS = [
-    PACKAGE / "weights",
-    PACKAGE.parent / "weights",
-]  # installed (the build copies it), or a clone
+# minirt/, which holds loading/.
+PACKAGE = Path(__file__).resolve().parent.parent
+# Installed (the build copies it), or a clone.
+SHIPPED_WEIGHTS = [PACKAGE / "weights", PACKAGE.parent / "weights"]
 
 
 def shipped_model_folder() -> Path:
-    """The one model shipped with minirt, the default when none is given: weights/ inside the installed package,
-    or the repository's weights/ when minirt runs from a clone."""
+    """The one model shipped with minirt, the default when none is given: weights/ inside the
+    installed package, or the repository's weights/ when minirt runs from a clone."""
     for weights in SHIPPED_WEIGHTS:
         if found := sorted(p.parent for p in weights.glob("*/config.json")):
             if len(found) == 1:
@@ -130,9 +128,8 @@ def resolve_model_folder(model: str | os.PathLike) -> Path:
             f"{path} is a file; --model takes a folder with config.json and model.safetensors, "
             "or a hub id"
         )
-    looks_like_path = (
-        text.startswith((".", "/", "~")) or text.count("/") > 1
-    )  # hub ids are "name" or "org/name"
+    # Hub ids are "name" or "org/name".
+    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1
     if looks_like_path:
         raise CheckpointError(
             f"model folder {path} does not exist; check the path, or pass a hub id such as gpt2"
@@ -149,25 +146,31 @@ def resolve_model_folder(model: str | os.PathLike) -> Path:
 
 def bf16_to_float32(words: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (uint16) -> float32: bf16 is the top half of an fp32."""
-    return (words.astype(np.uint32) << 16).view(np.float32)  # same shape, a new fp32 array
+    # The same shape, a new fp32 array.
+    return (words.astype(np.uint32) << 16).view(np.float32)
 
 
 def map_tensor(file_map: np.ndarray, data_offset: int, entry: TensorEntry) -> np.ndarray:
     """A read-only NumPy view of one tensor inside a memory-mapped file (no copy)."""
     raw = file_map[data_offset + entry.start : data_offset + entry.end]  # [n_bytes] uint8
     storage = WEIGHT_DTYPES[entry.dtype]
-    if (raw.ctypes.data % storage.itemsize) != 0:  # a misaligned tensor: copy once to align it
+    # A misaligned tensor: copy once to align it.
+    if (raw.ctypes.data % storage.itemsize) != 0:
         raw = raw.copy()
-    array = np.asarray(raw).view(storage).reshape(entry.shape)  # entry.shape, file precision
-    return (
-        bf16_to_float32(array) if entry.dtype == "BF16" else array
-    )  # NumPy has no bf16: the one copy
+    # entry.shape, in the file's precision.
+    array = np.asarray(raw).view(storage).reshape(entry.shape)
+    # NumPy has no bf16: the one copy.
+    return bf16_to_float32(array) if entry.dtype == "BF16" else array
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     """Every learned tensor of GPT2LMHeadModel, with the shape the config implies."""
-    V, P, C, I = config.vocab_size, config.n_positions, config.n_embd, config.n_inner  # noqa: E741 (I: inner width)
-    # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]: `x @ weight`, no transpose.
+    V = config.vocab_size
+    P = config.n_positions
+    C = config.n_embd
+    I = config.n_inner  # noqa: E741 (I: the MLP's inner width)
+    # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]:
+    # `x @ weight`, no transpose.
     block = {
         "ln_1.weight": (C,),
         "ln_1.bias": (C,),
@@ -205,27 +208,25 @@ class Checkpoint:
 
     folder: Path
     config: GPT2Config
-    tensors: dict[str, np.ndarray]  # canonical name -> array; "lm_head.weight" always present
-    file_dtypes: dict[str, str]  # canonical name -> safetensors dtype code, for reports
-    head_is_tied: bool  # True when lm_head.weight was absent and the head is wte
+    # Canonical name -> array; "lm_head.weight" is always present.
+    tensors: dict[str, np.ndarray]
+    # Canonical name -> safetensors dtype code, for reports.
+    file_dtypes: dict[str, str]
+    # True when lm_head.weight was absent and the head is wte.
+    head_is_tied: bool
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a folder: one file, or the shards its index names."""
-    single, index = folder / SINGLE_FILE, folder / SHARD_INDEX
+    single = folder / SINGLE_FILE
+    index = folder / SHARD_INDEX
     if single.is_file():
         return [single]
     if index.is_file():
         try:
             shard_names = set(read_json_file(index)["weight_map"].values())
-        except (
-            OSError,
-            ValueError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            RecursionError,
-        ):  # JSON/UTF-8 errors too
+        # ValueError: JSON and UTF-8 errors too.
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise CheckpointError(
                 f"{index}: not a valid shard index (expected a JSON object with a 'weight_map')"
             ) from None
@@ -251,19 +252,19 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def model_boundary(folder: Path) -> Path:
-    """What a model's files must stay inside: its folder, or a hub-cache snapshot's repo (files link to blobs/)."""
-    return next(
-        (
-            p.parent
-            for p in folder.parents
-            if p.name == "snapshots" and p.parent.name.startswith("models--")
-        ),
-        folder,
+    """What a model's files must stay inside: its folder, or a hub-cache snapshot's repo (files
+    link to blobs/)."""
+    repos = (
+        p.parent
+        for p in folder.parents
+        if p.name == "snapshots" and p.parent.name.startswith("models--")
     )
+    return next(repos, folder)
 
 
 def shard_inside(folder: Path, name, index: Path) -> Path:
-    """A shard the index names, refused before anything is opened unless it is a plain name inside the model."""
+    """A shard the index names, refused before anything is opened unless it is a plain name inside
+    the model."""
     if (
         not isinstance(name, str)
         or not name
@@ -276,8 +277,10 @@ def shard_inside(folder: Path, name, index: Path) -> Path:
     boundary = model_boundary(folder.resolve())
     try:
         outside = not (folder / name).resolve().is_relative_to(boundary)
-        (folder / name).is_file()  # a name too long to look up fails here, not later as a traceback
-    except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop, a name too long
+        # A name too long to look up fails here, not later as a traceback.
+        (folder / name).is_file()
+    # A NUL byte, a symlink loop, a name too long.
+    except (OSError, ValueError, RuntimeError):
         outside = True
     if outside:
         raise CheckpointError(
@@ -288,8 +291,9 @@ def shard_inside(folder: Path, name, index: Path) -> Path:
 
 
 def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) -> None:
-    """Refuse a config that implies more weights than the files could hold even in 16 bits (an n_layer or a
-    context in the billions), in one line with the memory it asks for, before any size is taken from it."""
+    """Refuse a config that implies more weights than the files could hold even in 16 bits (an
+    n_layer or a context in the billions), in one line with the memory it asks for, before any
+    size is taken from it."""
     file_bytes = sum(path.stat().st_size for path in files)
     if 2 * config.n_weights > file_bytes:
         raise CheckpointError(
@@ -299,29 +303,19 @@ def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) ->
         )
 
 
-def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
-    """Resolve, open and check a GPT-2 checkpoint.  Raises CheckpointError in one line."""
-    folder = resolve_model_folder(model)
-    config = read_config(folder / "config.json")
-    files = weight_files(folder)
-    headers = [
-        (path, *read_safetensors_header(path)) for path in files
-    ]  # each file's damage is named first
-    check_files_can_hold(
-        config, files, folder / "config.json"
-    )  # then, before anything is sized by the config
-    expected = expected_shapes(config)
-    allowed = {
-        **expected,
-        "lm_head.weight": (config.vocab_size, config.n_embd),
-    }  # an untied head is optional
+def read_tensors(
+    headers: list[tuple[Path, dict[str, TensorEntry], int]], allowed: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
+    """(tensors, their file dtypes, both by canonical name; the names of unexpected tensors) of
+    every file, each tensor mapped once its shape and dtype are checked against `allowed`."""
     tensors: dict[str, np.ndarray] = {}
     file_dtypes: dict[str, str] = {}
     unexpected: list[str] = []
     for path, entries, data_offset in headers:
         file_map = np.memmap(path, dtype=np.uint8, mode="r") if entries else None  # [file bytes]
         for raw_name, entry in entries.items():
-            name = raw_name.removeprefix("transformer.")  # the canonical name
+            # The canonical name.
+            name = raw_name.removeprefix("transformer.")
             if name.endswith(MASK_BUFFER_SUFFIXES):
                 continue
             if name not in allowed:
@@ -343,10 +337,28 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
                     f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
                     "minirt reads F32, F16 and BF16 weights"
                 )
-            assert file_map is not None  # a file with tensor entries is mapped
+            # A file with tensor entries is mapped.
+            assert file_map is not None
             tensors[name] = map_tensor(file_map, data_offset, entry)
             file_dtypes[name] = entry.dtype
-    if unexpected:  # the whole folder has been read: now what is wrong with it as a whole
+    return tensors, file_dtypes, unexpected
+
+
+def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
+    """Resolve, open and check a GPT-2 checkpoint.  Raises CheckpointError in one line."""
+    folder = resolve_model_folder(model)
+    config = read_config(folder / "config.json")
+    files = weight_files(folder)
+    # Each file's damage is named first.
+    headers = [(path, *read_safetensors_header(path)) for path in files]
+    # Then, before anything is sized by the config, whether the files could hold what it implies.
+    check_files_can_hold(config, files, folder / "config.json")
+    expected = expected_shapes(config)
+    # An untied head is optional.
+    allowed = {**expected, "lm_head.weight": (config.vocab_size, config.n_embd)}
+    tensors, file_dtypes, unexpected = read_tensors(headers, allowed)
+    # The whole folder has been read: now what is wrong with it as a whole.
+    if unexpected:
         raise CheckpointError(
             f"{folder}: unexpected tensors {describe_names(unexpected)}; "
             "this is not a GPT2LMHeadModel checkpoint"
@@ -358,14 +370,14 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
             f"{len(expected)}); the checkpoint is incomplete or for another architecture"
         )
     head_is_tied = "lm_head.weight" not in tensors
-    if (
-        head_is_tied and not config.tie_word_embeddings
-    ):  # transformers would give the head random numbers
+    # transformers would give the head random numbers.
+    if head_is_tied and not config.tie_word_embeddings:
         raise CheckpointError(
             f"{folder}: no lm_head.weight, but config.json says tie_word_embeddings false"
         )
     if head_is_tied:
-        tensors["lm_head.weight"] = tensors["wte.weight"]  # the same array, not a copy
+        # The same array, not a copy.
+        tensors["lm_head.weight"] = tensors["wte.weight"]
         file_dtypes["lm_head.weight"] = file_dtypes["wte.weight"]
     return Checkpoint(
         folder=folder,

@@ -1,12 +1,14 @@
 """Text <-> token ids, including decoding that never breaks a UTF-8 character.
 
 Owns:
-  * loading a tokenizer from a model folder: `tokenizer.json` through the `tokenizers` library, or GPT-2's
-    byte-level BPE from `vocab.json` + `merges.txt` (or OpenAI's original names, `encoder.json` + `vocab.bpe`);
-  * the special ids a runtime needs: EOS (where generation stops) and BOS (what an empty prompt starts from);
-  * decoding token ids to bytes and then to text, both all at once and as a stream.  GPT-2's tokens are
-    byte sequences, and one character (an emoji, a CJK character) is often split across tokens; the
-    stream holds back the incomplete bytes until the character is whole.
+  * loading a tokenizer from a model folder: `tokenizer.json` through the `tokenizers` library, or
+    GPT-2's byte-level BPE from `vocab.json` + `merges.txt` (or OpenAI's original names,
+    `encoder.json` + `vocab.bpe`);
+  * the special ids a runtime needs: EOS (where generation stops) and BOS (what an empty prompt
+    starts from);
+  * decoding token ids to bytes and then to text, both all at once and as a stream.  GPT-2's tokens
+    are byte sequences, and one character (an emoji, a CJK character) is often split across tokens;
+    the stream holds back the incomplete bytes until the character is whole.
 
 Must not know: models, weights, backends or batching.
 """
@@ -25,16 +27,17 @@ ENDOFTEXT = "<|endoftext|>"
 
 @lru_cache(maxsize=1)
 def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters, so every token is visible."""
+    """GPT-2's reversible map from the 256 byte values to printable characters, so every token is
+    visible."""
     printable = [
         *range(ord("!"), ord("~") + 1),
         *range(ord("¡"), ord("¬") + 1),
         *range(ord("®"), ord("ÿ") + 1),
     ]
-    mapping = {b: chr(b) for b in printable}  # printable Latin-1 bytes map to themselves
-    others = [
-        b for b in range(256) if b not in mapping
-    ]  # controls, space, ...: shifted to 256 and above
+    # Printable Latin-1 bytes map to themselves.
+    mapping = {b: chr(b) for b in printable}
+    # Controls, space, ...: shifted to 256 and above.
+    others = [b for b in range(256) if b not in mapping]
     mapping.update({b: chr(256 + n) for n, b in enumerate(others)})
     return mapping
 
@@ -45,16 +48,19 @@ class Tokenizer:
     def __init__(
         self, hf_tokenizer, source: str, eos_token_id: int | None, bos_token_id: int | None
     ):
-        self.hf = hf_tokenizer  # a tokenizers.Tokenizer, with no truncation or padding: prompts are fed whole
-        hf_tokenizer.no_truncation()  # a tokenizer.json may ask for either; transformers ignores both unless asked
+        # A tokenizers.Tokenizer, with no truncation or padding: prompts are fed whole.  A
+        # tokenizer.json may ask for either; transformers ignores both unless asked.
+        self.hf = hf_tokenizer
+        hf_tokenizer.no_truncation()
         hf_tokenizer.no_padding()
-        self.source = source  # the file(s) it came from, for messages
-        self.eos_token_id, self.bos_token_id = (
-            eos_token_id,
-            bos_token_id,
-        )  # as settled by `special_ids`
+        # The file(s) it came from, for messages.
+        self.source = source
+        # Both as settled by `special_ids`.
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
-        self._token_bytes = self._build_byte_table()  # list[bytes] by id, or None if not byte-level
+        # Each id's bytes (list[bytes] by id), or None if the vocabulary is not byte-level.
+        self._token_bytes = self._build_byte_table()
         self.is_byte_level = self._token_bytes is not None
 
     def _build_byte_table(self) -> list[bytes] | None:
@@ -64,7 +70,8 @@ class Tokenizer:
             d.get("type") for d in decoder.get("decoders", []) or []
         }
         if "ByteLevel" not in decoder_types:
-            return None  # e.g. WordPiece or SentencePiece: decode through the library
+            # E.g. WordPiece or SentencePiece: decode through the library.
+            return None
         char_to_byte = {ch: b for b, ch in byte_to_unicode().items()}
         special = {t.content for t in self.hf.get_added_tokens_decoder().values()}
         table: list[bytes] = [b""] * self.vocab_size
@@ -72,16 +79,19 @@ class Tokenizer:
             if token_id >= self.vocab_size:
                 return None
             if token in special:
-                table[token_id] = token.encode("utf-8")  # an added token stands for its own text
+                # An added token stands for its own text.
+                table[token_id] = token.encode("utf-8")
             elif all(ch in char_to_byte for ch in token):
                 table[token_id] = bytes(char_to_byte[ch] for ch in token)
             else:
-                return None  # not byte-level: fall back to the library's decoder
+                # Not byte-level: fall back to the library's decoder.
+                return None
         return table
 
     def encode(self, text: str) -> list[int]:
-        """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text.  The library failing on a text (a
-        crafted tokenizer.json can even make it panic, which is no Exception) is that request's error."""
+        """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text.  The library failing on a
+        text (a crafted tokenizer.json can even make it panic, which is no Exception) is that
+        request's error."""
         try:
             return self.hf.encode(text, add_special_tokens=False).ids
         except (KeyboardInterrupt, SystemExit):
@@ -111,38 +121,45 @@ class StreamDecoder:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._ids: list[int] = []  # used only for tokenizers that are not byte-level
+        # Used only for tokenizers that are not byte-level.
+        self._ids: list[int] = []
         self._emitted = ""
 
     def push(self, token_id: int) -> str:
         """The text that became complete with this token (possibly "")."""
         if self.tokenizer.is_byte_level:
             return self._utf8.decode(self.tokenizer.token_bytes(token_id))
-        # Fallback: re-decode everything and emit the new suffix, held back while it ends in U+FFFD (incomplete bytes).
+        # Fallback: re-decode everything and emit the new suffix, held back while it ends in U+FFFD
+        # (incomplete bytes).
         self._ids.append(token_id)
         text = self.tokenizer.decode(self._ids)
         if text.endswith("\ufffd") or not text.startswith(self._emitted):
             return ""
-        new, self._emitted = text[len(self._emitted) :], text
+        new = text[len(self._emitted) :]
+        self._emitted = text
         return new
 
     def flush(self) -> str:
-        """What is left at the end: an incomplete trailing character becomes U+FFFD, as `decode` would give."""
+        """What is left at the end: an incomplete trailing character becomes U+FFFD, as `decode`
+        would give."""
         if self.tokenizer.is_byte_level:
             return self._utf8.decode(b"", final=True)
         text = self.tokenizer.decode(self._ids)
-        new, self._emitted = text[len(self._emitted) :], text
+        new = text[len(self._emitted) :]
+        self._emitted = text
         return new
 
 
 def first_line(exc: BaseException) -> str:
-    """An exception's message cut to one line of at most 200 characters (library messages can be long)."""
+    """An exception's message cut to one line of at most 200 characters (library messages can be
+    long)."""
     return ((str(exc).splitlines() or [type(exc).__name__])[0])[:200]
 
 
 def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     """GPT-2's tokenizer rebuilt from its vocabulary and merge list."""
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415
+    from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
+    from tokenizers import decoders, models, pre_tokenizers  # noqa: PLC0415
 
     try:
         vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
@@ -159,16 +176,9 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     return hf
 
 
-def load_tokenizer(
-    folder: str | Path,
-    eos_token_id: int | None = None,
-    bos_token_id: int | None = None,
-    vocab_size: int | None = None,
-) -> Tokenizer | None:
-    """Load the tokenizer beside a model's weights, or None when the folder has none.  The config's EOS / BOS
-    ids go through `special_ids`; a tokenizer that cannot be read, or whose size is not the model's
-    `vocab_size`, is refused in one line naming the file."""
-    folder = Path(folder)
+def read_tokenizer_files(folder: Path):
+    """(the library's tokenizer, the file(s) it came from), or None when tokenizer.json,
+    vocab.json + merges.txt and encoder.json + vocab.bpe are all absent."""
     tokenizer_json = folder / "tokenizer.json"
     pairs = [
         (folder / "vocab.json", folder / "merges.txt"),
@@ -185,21 +195,31 @@ def load_tokenizer(
             raise TokenizerError(
                 f"{tokenizer_json}: not a valid tokenizer file ({first_line(exc)})"
             ) from None
-        source = str(tokenizer_json)
-    else:
-        for vocab_path, merges_path in pairs:
-            if vocab_path.is_file() and merges_path.is_file():
-                hf = _byte_level_bpe(vocab_path, merges_path)
-                source = f"{vocab_path} + {merges_path.name}"
-                break
-        else:
-            return None  # tokenizer.json, vocab.json + merges.txt and encoder.json + vocab.bpe are all absent
+        return hf, str(tokenizer_json)
+    for vocab_path, merges_path in pairs:
+        if vocab_path.is_file() and merges_path.is_file():
+            hf = _byte_level_bpe(vocab_path, merges_path)
+            return hf, f"{vocab_path} + {merges_path.name}"
+    return None
 
+
+def load_tokenizer(
+    folder: str | Path,
+    eos_token_id: int | None = None,
+    bos_token_id: int | None = None,
+    vocab_size: int | None = None,
+) -> Tokenizer | None:
+    """Load the tokenizer beside a model's weights, or None when the folder has none.  The config's
+    EOS / BOS ids go through `special_ids`; a tokenizer that cannot be read, or whose size is not
+    the model's `vocab_size`, is refused in one line naming the file."""
+    found = read_tokenizer_files(Path(folder))
+    if found is None:
+        return None
+    hf, source = found
     n_tokens = hf.get_vocab_size(with_added_tokens=True)
     top_id = max(hf.get_vocab(with_added_tokens=True).values(), default=-1)
-    if vocab_size is not None and (
-        n_tokens != vocab_size or top_id >= vocab_size
-    ):  # ids it could not make or decode
+    # Ids it could not make or decode.
+    if vocab_size is not None and (n_tokens != vocab_size or top_id >= vocab_size):
         raise TokenizerError(
             f"{source}: the tokenizer has {n_tokens} tokens (ids up to {top_id}) but the model's "
             f"vocabulary has {vocab_size}; they do not belong together"
@@ -219,8 +239,9 @@ def special_ids(
     vocab_size: int,
     endoftext: int | None = None,
 ) -> tuple[int | None, int | None]:
-    """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else `<|endoftext|>`
-    (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used with and without a tokenizer."""
+    """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else
+    `<|endoftext|>` (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used
+    with and without a tokenizer."""
 
     def usable(token_id: int | None, fallback: int | None) -> int | None:
         return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback

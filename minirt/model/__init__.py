@@ -7,5 +7,6 @@
     layers.py     the layers as pure functions, and the weights each reads
     gpt2.py       GPT2: the weights on a backend, and forward(batch, kv_cache)
 
-Must not know: files, tokenizers, requests, sampling or scheduling (tests/test_layout.py holds this).
+Must not know: files, tokenizers, requests, sampling or scheduling (tests/project/test_layout.py
+holds this).
 """

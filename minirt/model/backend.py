@@ -1,10 +1,12 @@
 """Array backends: which module computes, and how arrays cross to and from it.
 
-Owns: the choice between NumPy (the reference, on the CPU) and CuPy (on an NVIDIA GPU), the compute
-dtypes minirt accepts, and the three crossings every caller needs: host array to backend array
-(`asarray`), backend array to NumPy (`to_numpy`), and waiting for queued work (`synchronize`).
+Owns: the choice between NumPy (the reference, on the CPU) and CuPy (on an NVIDIA GPU), the
+compute dtypes minirt accepts, and the three crossings every caller needs: host array to backend
+array (`asarray`), backend array to NumPy (`to_numpy`), and waiting for queued work
+(`synchronize`).
 
-Everything numeric is written once, against `backend.xp`, the array module: `numpy` and `cupy` share one API.
+Everything numeric is written once, against `backend.xp`, the array module: `numpy` and `cupy`
+share one API.
 
 Must not know: models, checkpoints or requests.
 """
@@ -21,7 +23,8 @@ from ..errors import BackendError
 
 BACKEND_NAMES = ("auto", "numpy", "cupy")
 
-# Compute dtypes a user may ask for; not bfloat16, which NumPy lacks: bf16 checkpoints are converted on load.
+# Compute dtypes a user may ask for; not bfloat16, which NumPy lacks: bf16 checkpoints are converted
+# on load.
 DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "fp64": "float64"}
 
@@ -40,8 +43,10 @@ def resolve_dtype(name: str) -> np.dtype:
 class Backend:
     """One array module plus the host<->backend crossings."""
 
-    name: str  # "numpy" or "cupy"
-    xp: ModuleType  # the array module the layers compute with
+    # "numpy" or "cupy".
+    name: str
+    # The array module the layers compute with.
+    xp: ModuleType
 
     def asarray(self, host_array: Any, dtype: Any = None) -> Any:
         """Host (NumPy) data -> a backend array; no copy on NumPy when the dtype already fits."""
@@ -50,8 +55,9 @@ class Backend:
         return self.xp.asarray(np.asarray(host_array), dtype=dtype)
 
     def transposed(self, host_rows: Any, dtype: Any) -> Any:
-        """A host [V, C] array as a contiguous [C, V] backend copy in `dtype`, 256 rows at a time: a blocked
-        transpose (GPT-2's 154 MB head: 0.06 s here, against 0.45 s for one strided copy)."""
+        """A host [V, C] array as a contiguous [C, V] backend copy in `dtype`, 256 rows at a time: a
+        blocked transpose (GPT-2's 154 MB head: 0.06 s here, against 0.45 s for one strided
+        copy)."""
         rows = self.asarray(host_rows)  # [V, C]
         out = self.xp.empty(rows.shape[::-1], dtype=dtype)  # [C, V]
         for first in range(0, rows.shape[0], 256):
@@ -86,7 +92,8 @@ def cupy_backend() -> Backend:
     """CuPy on the current GPU, or a one-line BackendError saying why not."""
     try:
         import cupy  # noqa: PLC0415  (optional dependency, imported on demand)
-    except Exception as exc:  # noqa: BLE001 (ImportError, or a broken CUDA install raising anything at import)
+    # An ImportError, or a broken CUDA install raising anything at import.
+    except Exception as exc:  # noqa: BLE001 (any failure to import)
         raise BackendError(
             f"--backend cupy needs CuPy, which did not import ({type(exc).__name__}: {exc}); "
             "install it with `pip install cupy-cuda12x` (or the build for your CUDA), "
@@ -109,8 +116,8 @@ def cupy_backend() -> Backend:
 
 
 def get_backend(name: str = "auto") -> tuple[Backend, str | None]:
-    """(backend, note or None): "auto" (the default everywhere) picks CuPy when a usable GPU exists, else NumPy,
-    and its note says which."""
+    """(backend, note or None): "auto" (the default everywhere) picks CuPy when a usable GPU exists,
+    else NumPy, and its note says which."""
     key = str(name).lower()
     if key == "numpy":
         return numpy_backend(), None

@@ -1,18 +1,25 @@
-"""One round's batch metadata: what a forward pass needs to know about each row, on the host and on the backend.
+"""One round's batch metadata: what a forward pass needs to know about each row, on the host
+and on the backend.
 
-Owns: `Batch`, built once per round from each row's new tokens, its KV slot and the keys that slot already
-holds, with everything derived from those numbers; `attention_mask`; and `check_token_ids`, the one check of
-what a model may be fed.
+Owns: `Batch`, built once per round from each row's new tokens, its KV slot and the keys that slot
+already holds, with everything derived from those numbers; `DeviceArrays`, the part of it that the
+layers read on the backend; `attention_mask`; and `check_token_ids`, the one check of what a model
+may be fed.
 
-Row b brings `new_lens[b]` new tokens (its whole prompt at prefill, one per decode step) and already has
-`past_lens[b]` keys in its slot.  What keeps padding from mattering is an explicit per-row number here:
+Row b brings `new_lens[b]` new tokens (its whole prompt at prefill, one per decode step) and
+already has `past_lens[b]` keys in its slot.  What keeps padding from mattering is an explicit
+per-row number here:
 
-  * positions: row b's tokens sit at past_lens[b] + 0, 1, ..., where its own history ends, whatever its
-    neighbours;
-  * the packed layout: only real tokens go through the weight GEMMs, as N = sum(new_lens) rows; a decode
-    step's attention alone lays them out padded, [B, T, ...] with T = max(new_lens) (`padded` / `packed`
-    convert), while a prompt's attends row by row (`query_tiles`, `mask_tile`);
+  * positions: row b's tokens sit at past_lens[b] + 0, 1, ..., where its own history ends,
+    whatever its neighbours;
+  * the packed layout: only real tokens go through the weight GEMMs, as N = sum(new_lens) rows; a
+    decode step's attention alone lays them out padded, [B, T, ...] with T = max(new_lens)
+    (`padded` / `packed` convert), while a prompt's attends row by row (`query_tiles`,
+    `mask_tile`);
   * kv_lens = past_lens + new_lens, from which the mask "causal AND key-is-real" is built.
+
+Shape letters are those of minirt/model/layers.py: B rows, T new tokens per row (padded), N real
+tokens, L key positions attended (max(kv_lens)), H heads.
 
 Must not know: weights, layers, requests, sampling or scheduling.
 """
@@ -20,7 +27,9 @@ Must not know: weights, layers, requests, sampling or scheduling.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -29,21 +38,19 @@ from ..errors import InputError
 
 
 def check_token_ids(seq, vocab_size: int, subject: str, max_len: int | None = None) -> list[int]:
-    """`seq` as a list of plain ints inside the vocabulary (and at most `max_len` of them, if given), or an
-    InputError that names `subject`."""
+    """`seq` as a list of plain ints inside the vocabulary (and at most `max_len` of them, if
+    given), or an InputError that names `subject`."""
     items = list(seq) if hasattr(seq, "__iter__") and not isinstance(seq, (str, bytes)) else None
+    # 2.0 and true are not ids either.
     if items is None or not all(
         isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items
     ):
-        raise InputError(
-            f"{subject} is not a list of integer token ids"
-        )  # 2.0 and true are not ids either
+        raise InputError(f"{subject} is not a list of integer token ids")
     ids = [int(t) for t in items]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        shown = (
-            bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."
-        )  # 10**100 is not worth 101 digits
+        # 10**100 is not worth 101 digits.
+        shown = bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."
         raise InputError(f"{subject} token id {shown} is outside the vocabulary [0, {vocab_size})")
     if max_len is not None and len(ids) > max_len:
         raise InputError(
@@ -54,8 +61,9 @@ def check_token_ids(seq, vocab_size: int, subject: str, max_len: int | None = No
 
 def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int, first_query: int = 0):
     """Which keys each query may see: query t of row b (position past_lens[b] + t) sees key j when
-    j <= its position (causal) and j < kv_lens[b] (key-is-real: this row's token, not padding or stale).
-    `first_query` > 0 gives the mask of the queries first_query, first_query + 1, ... (one tile of them)."""
+    j <= its position (causal) and j < kv_lens[b] (key-is-real: this row's token, not padding or
+    stale).  `first_query` > 0 gives the mask of the queries first_query, first_query + 1, ... (one
+    tile of them)."""
     query_pos = past_lens[:, None] + (first_query + xp.arange(seq_len))[None, :]  # [B, T]
     key_pos = xp.arange(max_kv_len)  # [L]
     causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [B, T, L]
@@ -63,9 +71,42 @@ def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int, first_
     return (causal & key_is_real[:, None, :])[:, None, :, :]  # [B, 1, T, L]
 
 
+def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
+    """(first, end) when the slots are first, first + 1, ..., end - 1, so that the KV read is a
+    view, not a gather; else None."""
+    B = len(slots)
+    first = int(slots[0]) if B else 0
+    if B and np.array_equal(slots, np.arange(first, first + B)):
+        return (first, first + B)
+    return None
+
+
+@dataclass(frozen=True)
+class DeviceArrays:
+    """The round's numbers that the layers read, moved to the backend once: per token [N], in
+    packed order, and per row [B].  Those with a host twin on `Batch` share its name."""
+
+    # [N] the ids fed to the embedding
+    token_ids: Any
+    # [N] each token's position in its own sequence
+    positions: Any
+    # [N] the KV slot of each token's row: where `LayerKV.write` puts its key
+    token_slots: Any
+    # [N] each token's row in the padded layout [B, T, ...]
+    rows: Any
+    # [N] each token's column in the padded layout [B, T, ...]
+    cols: Any
+    # [B] each row's KV slot
+    slots: Any
+    # [B] keys each row's slot held before this round
+    past_lens: Any
+    # [B] keys each row's slot holds once this round's tokens are written
+    kv_lens: Any
+
+
 class Batch:
-    """The metadata of one forward pass: host numbers (NumPy) per row [B] and per token [N], and what the layers
-    read, moved to the backend once: token_ids, token_positions, token_slots [N]; row_slots [B]; mask."""
+    """The metadata of one forward pass: host numbers (NumPy) per row [B] and per token [N], and
+    `device`, what the layers read on the backend; `mask`, built from those."""
 
     def __init__(
         self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None
@@ -73,118 +114,104 @@ class Batch:
         B = len(token_lists)
         self.backend = backend
         self.new_lens = np.array([len(tokens) for tokens in token_lists], dtype=np.int64)  # [B]
-        self.past_lens = (
-            np.zeros(B, np.int64)
-            if past_lens is None
-            else np.asarray(past_lens, np.int64).reshape(B)
-        )
-        self.slots = (
-            np.arange(B, dtype=np.int64)
-            if slots is None
-            else np.asarray(slots, np.int64).reshape(B)
-        )
-        self.kv_lens = (
-            self.past_lens + self.new_lens
-        )  # [B] keys per row once this round's tokens are written
+        if past_lens is None:
+            self.past_lens = np.zeros(B, np.int64)  # [B]
+        else:
+            self.past_lens = np.asarray(past_lens, np.int64).reshape(B)  # [B]
+        if slots is None:
+            self.slots = np.arange(B, dtype=np.int64)  # [B]
+        else:
+            self.slots = np.asarray(slots, np.int64).reshape(B)  # [B]
+        # Keys per row once this round's tokens are written.
+        self.kv_lens = self.past_lens + self.new_lens  # [B]
         self.batch_size = B
-        self.seq_len = (
-            max(int(self.new_lens.max()), 1) if B else 1
-        )  # T (at least 1, so shapes stay valid)
-        self.max_kv_len = int(self.kv_lens.max()) if B else 0  # L: key positions attention looks at
-        first = (
-            int(self.slots[0]) if B else 0
-        )  # slots first, first+1, ...: the KV read is a view, not a gather
-        self.slot_span = (
-            (first, first + B)
-            if B and np.array_equal(self.slots, np.arange(first, first + B))
-            else None
-        )
+        # T, at least 1, so that shapes stay valid.
+        self.seq_len = max(int(self.new_lens.max()), 1) if B else 1
+        # L: the key positions attention looks at.
+        self.max_kv_len = int(self.kv_lens.max()) if B else 0
+        self.slot_span = contiguous_span(self.slots)
 
-        rows, cols = np.nonzero(
-            np.arange(self.seq_len)[None, :] < self.new_lens[:, None]
-        )  # [N] each, row by row
+        # Each real token's padded place, row by row.
+        rows, cols = np.nonzero(np.arange(self.seq_len)[None, :] < self.new_lens[:, None])  # [N]
         self.n_tokens = int(rows.size)  # N
-        self.all_real = (
-            self.n_tokens == B * self.seq_len
-        )  # no padding at all: packed and padded are one layout
-        self.positions = (
-            self.past_lens[rows] + cols
-        )  # [N] each token's position in its own sequence
-        self.first_index = (
-            np.cumsum(self.new_lens) - self.new_lens
-        )  # [B] packed index of each row's first token
-        self.last_index = (np.cumsum(self.new_lens) - 1)[
-            self.new_lens > 0
-        ]  # [B'] of its last: next-token logits
+        # No padding at all: packed and padded are one layout.
+        self.all_real = self.n_tokens == B * self.seq_len
+        # Each token's position in its own sequence.
+        self.positions = self.past_lens[rows] + cols  # [N]
+        # The packed index of each row's first token.
+        self.first_index = np.cumsum(self.new_lens) - self.new_lens  # [B]
+        # The packed index of each non-empty row's last token, whose logits give its next token
+        # (M: one per non-empty row).
+        self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [M]
 
         flat_ids = np.array([t for tokens in token_lists for t in tokens], dtype=np.int64)  # [N]
-        self._rows, self._cols = (
-            backend.asarray(rows),
-            backend.asarray(cols),
-        )  # [N], [N] padded place of each token
-        self.token_ids = backend.asarray(flat_ids)  # [N]
-        self.token_positions = backend.asarray(self.positions)  # [N]
-        self.token_slots = backend.asarray(self.slots[rows])  # [N] the KV slot of each token's row
-        self.row_slots = backend.asarray(self.slots)  # [B]
-        self._past_lens, self._kv_lens = (
-            backend.asarray(self.past_lens),
-            backend.asarray(self.kv_lens),
-        )  # [B], [B]
+        self.device = DeviceArrays(
+            token_ids=backend.asarray(flat_ids),
+            positions=backend.asarray(self.positions),
+            token_slots=backend.asarray(self.slots[rows]),
+            rows=backend.asarray(rows),
+            cols=backend.asarray(cols),
+            slots=backend.asarray(self.slots),
+            past_lens=backend.asarray(self.past_lens),
+            kv_lens=backend.asarray(self.kv_lens),
+        )
 
     @cached_property
     def mask(self):
-        """The whole round's mask [B, 1, T, L], built once: every layer of a decode step reads it."""
+        """The whole round's mask [B, 1, T, L], built once: each layer of a decode step reads it."""
+        device = self.device
         return attention_mask(
-            self.backend.xp, self._past_lens, self._kv_lens, self.seq_len, self.max_kv_len
+            self.backend.xp, device.past_lens, device.kv_lens, self.seq_len, self.max_kv_len
         )
 
     def mask_tile(self, row: int, first: int, end: int, n_keys: int):
-        """One row's mask [1, end - first, n_keys]: its queries first..end-1 against its keys 0..n_keys-1."""
+        """One row's mask [1, end - first, n_keys]: its queries first..end-1 against its keys
+        0..n_keys-1."""
         one = slice(row, row + 1)
-        return attention_mask(
-            self.backend.xp, self._past_lens[one], self._kv_lens[one], end - first, n_keys, first
-        )[0]
+        past_lens = self.device.past_lens[one]  # [1]
+        kv_lens = self.device.kv_lens[one]  # [1]
+        return attention_mask(self.backend.xp, past_lens, kv_lens, end - first, n_keys, first)[0]
 
     def query_tiles(self, n_head: int, scratch_bytes: int):
-        """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as many queries as
-        keep one fp32 score tile [H, queries, n_keys] within `scratch_bytes`, against only the keys the tile may
-        see, 0..past_len + end - 1.  Each row goes alone, so no score is spent on padding, and no tile computes
-        the scores wholly above the causal diagonal."""
+        """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as
+        many queries as keep one fp32 score tile [H, queries, n_keys] within `scratch_bytes`,
+        against only the keys the tile may see, 0..past_len + end - 1.  Each row goes alone, so no
+        score is spent on padding, and no tile computes the scores wholly above the causal
+        diagonal."""
         for row in range(self.batch_size):
-            new_len, past_len = int(self.new_lens[row]), int(self.past_lens[row])
-            size = max(
-                1, scratch_bytes // max(1, n_head * (past_len + new_len) * 4)
-            )  # queries per tile
+            new_len = int(self.new_lens[row])
+            past_len = int(self.past_lens[row])
+            # Queries per tile.
+            size = max(1, scratch_bytes // max(1, n_head * (past_len + new_len) * 4))
             for first in range(0, new_len, size):
                 end = min(new_len, first + size)
                 yield row, first, end, past_len + end
 
     def padded(self, packed):
-        """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the backend."""
-        if self.all_real:
-            return packed.reshape(
-                self.batch_size, self.seq_len, *packed.shape[1:]
-            )  # [B, T, ...] a view
+        """Packed per-token rows [N, ...] -> the padded layout [B, T, ...] (padding is zero), on the
+        backend."""
         shape = (self.batch_size, self.seq_len, *packed.shape[1:])
+        if self.all_real:
+            return packed.reshape(shape)  # [B, T, ...] a view
         padded = self.backend.xp.zeros(shape, dtype=packed.dtype)  # [B, T, ...]
-        padded[self._rows, self._cols] = packed
+        padded[self.device.rows, self.device.cols] = packed
         return padded
 
     def packed(self, padded):
         """The padded layout [B, T, ...] -> packed real-token rows [N, ...], on the backend."""
         if self.all_real:
             return padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])  # [N, ...]
-        return padded[self._rows, self._cols]  # [N, ...]
+        return padded[self.device.rows, self.device.cols]  # [N, ...]
 
     def unpack_on_host(self, packed: np.ndarray) -> np.ndarray:
-        """Host rows [N, ...] in packed order -> NumPy [B, T, ...] (padding zero), for results handed to users."""
-        if (
-            self.all_real
-        ):  # no padding: the same numbers, viewed [B, T, ...] (no second copy of big logits)
-            return packed.reshape(self.batch_size, self.seq_len, *packed.shape[1:])
-        rows, cols = self.backend.to_numpy(self._rows), self.backend.to_numpy(self._cols)
-        padded = np.zeros(
-            (self.batch_size, self.seq_len, *packed.shape[1:]), dtype=packed.dtype
-        )  # [B, T, ...]
+        """Host rows [N, ...] in packed order -> NumPy [B, T, ...] (padding zero), for results
+        handed to users."""
+        shape = (self.batch_size, self.seq_len, *packed.shape[1:])
+        # No padding: the same numbers, viewed [B, T, ...] (no second copy of big logits).
+        if self.all_real:
+            return packed.reshape(shape)
+        rows = self.backend.to_numpy(self.device.rows)  # [N]
+        cols = self.backend.to_numpy(self.device.cols)  # [N]
+        padded = np.zeros(shape, dtype=packed.dtype)  # [B, T, ...]
         padded[rows, cols] = packed
         return padded

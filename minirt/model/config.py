@@ -1,7 +1,7 @@
 """The GPT-2 hyperparameters, from a Hugging Face `config.json`, checked.
 
-Owns: `GPT2Config`, the fields the layers use, and the validation that turns a config the layers cannot
-honour into a clear, one-line refusal instead of silently wrong numbers.
+Owns: `GPT2Config`, the fields the layers use, and the validation that turns a config the layers
+cannot honour into a clear, one-line refusal instead of silently wrong numbers.
 
 Must not know: weights, tensors, backends or tokenizers.
 """
@@ -14,14 +14,14 @@ from typing import Any
 from ..errors import CheckpointError
 
 
-# Activation names Hugging Face uses for GPT-2's MLP, grouped by formula; GPT-2 was trained with tanh ("gelu_new").
+# Activation names Hugging Face uses for GPT-2's MLP, grouped by formula; GPT-2 was trained with
+# tanh ("gelu_new").
 GELU_TANH_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
-
-
 GELU_ERF_NAMES = ("gelu", "gelu_python")
 
 
-# Options that change the computation in ways the layers do not implement: refused when on, not computed wrongly.
+# Options that change the computation in ways the layers do not implement: refused when on, not
+# computed wrongly.
 UNSUPPORTED_WHEN_TRUE = {
     "scale_attn_by_inverse_layer_idx": "attention scaled by 1/(layer index + 1)",
     "reorder_and_upcast_attn": "the reordered, upcast attention of Mistral-style training",
@@ -30,23 +30,32 @@ UNSUPPORTED_WHEN_TRUE = {
 }
 
 
-REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # n_inner is optional
+# n_inner is optional.
+REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
 
 
 @dataclass(frozen=True)
 class GPT2Config:
     """The numbers that fix every tensor's shape, and the few switches the layers honour."""
 
-    vocab_size: int  # V: rows of wte and of the head
-    n_positions: int  # P: the context length, rows of wpe
-    n_embd: int  # C: the width of the residual stream
-    n_layer: int  # number of transformer blocks
-    n_head: int  # H: attention heads; head_dim = C // H
-    n_inner: int  # I: the MLP's hidden width (4 * C unless the config says otherwise)
+    # V: rows of wte and of the head.
+    vocab_size: int
+    # P: the context length, rows of wpe.
+    n_positions: int
+    # C: the width of the residual stream.
+    n_embd: int
+    # The number of transformer blocks.
+    n_layer: int
+    # H: attention heads; head_dim = C // H.
+    n_head: int
+    # I: the MLP's hidden width (4 * C unless the config says otherwise).
+    n_inner: int
     layer_norm_epsilon: float = 1e-5
     activation_function: str = "gelu_new"
-    scale_attn_weights: bool = True  # divide attention scores by sqrt(head_dim)
-    tie_word_embeddings: bool = True  # head = wte when lm_head.weight is absent
+    # Divide attention scores by sqrt(head_dim).
+    scale_attn_weights: bool = True
+    # The head is wte when lm_head.weight is absent.
+    tie_word_embeddings: bool = True
     bos_token_id: int | None = None
     eos_token_id: int | None = None
 
@@ -56,11 +65,12 @@ class GPT2Config:
 
     @property
     def n_weights(self) -> int:
-        """How many numbers the checkpoint holds (a tied head counted once): Python integers, so never overflows."""
-        C, I = self.n_embd, self.n_inner  # noqa: E741 (I: the MLP's inner width, as in model.py's shapes)
-        block = (
-            4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)
-        )  # 2 norms, attention, MLP
+        """How many numbers the checkpoint holds (a tied head counted once): Python integers, so
+        never overflows."""
+        C = self.n_embd
+        I = self.n_inner  # noqa: E741 (I: the MLP's inner width, as in layers.py's shapes)
+        # Two norms, attention, the MLP.
+        block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)
         return (self.vocab_size + self.n_positions) * C + self.n_layer * block + 2 * C
 
     @property
@@ -76,9 +86,8 @@ class GPT2Config:
         refuse_other_models_and_options(raw, source)
         sizes = read_sizes(raw, source)
         eps = raw.get("layer_norm_epsilon", 1e-5)
-        if (
-            isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < eps < 1)
-        ):  # nan and inf fail too
+        # nan and inf fail too.
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 < eps < 1):
             raise CheckpointError(
                 f"{source}: layer_norm_epsilon must be a small positive number, found {eps!r}"
             )
@@ -95,11 +104,8 @@ class GPT2Config:
         token_ids = {
             name: read_token_id(raw, name, source) for name in ("bos_token_id", "eos_token_id")
         }
-        read: dict[str, Any] = {
-            **sizes,
-            **flags,
-            **token_ids,
-        }  # each checked above; Any: a mix of types
+        # Each checked above; Any: a mix of types.
+        read: dict[str, Any] = {**sizes, **flags, **token_ids}
         return cls(**read, layer_norm_epsilon=float(eps), activation_function=activation)
 
 
@@ -108,7 +114,8 @@ def refuse_other_models_and_options(raw: dict[str, Any], source: str) -> None:
     model_type = raw.get("model_type")
     if model_type is not None and model_type != "gpt2":
         raise CheckpointError(
-            f"{source}: model_type is {model_type!r}, but minirt runs GPT-2 only (model_type 'gpt2')"
+            f"{source}: model_type is {model_type!r}, "
+            "but minirt runs GPT-2 only (model_type 'gpt2')"
         )
     for option, meaning in UNSUPPORTED_WHEN_TRUE.items():
         if raw.get(option):
@@ -120,33 +127,30 @@ def refuse_other_models_and_options(raw: dict[str, Any], source: str) -> None:
 
 def read_sizes(raw: dict[str, Any], source: str) -> dict[str, int]:
     """The sizes that fix every tensor's shape, by field name: REQUIRED_SIZES, then n_inner."""
-    if (
-        "n_positions" not in raw and "n_ctx" in raw
-    ):  # old configs (and OpenAI's original release) spell it n_ctx
+    # Old configs (and OpenAI's original release) spell it n_ctx.
+    if "n_positions" not in raw and "n_ctx" in raw:
         raw = {**raw, "n_positions": raw["n_ctx"]}
     sizes = {name: read_positive_int(raw, name, source) for name in REQUIRED_SIZES}
     if sizes["n_embd"] % sizes["n_head"]:
         raise CheckpointError(
             f"{source}: n_embd ({sizes['n_embd']}) must be divisible by n_head ({sizes['n_head']})"
         )
-    sizes["n_inner"] = (
-        4 * sizes["n_embd"]
-        if raw.get("n_inner") is None
-        else read_positive_int(raw, "n_inner", source)
-    )
+    if raw.get("n_inner") is None:
+        sizes["n_inner"] = 4 * sizes["n_embd"]
+    else:
+        sizes["n_inner"] = read_positive_int(raw, "n_inner", source)
     return sizes
 
 
 def read_positive_int(raw: dict[str, Any], name: str, source: str) -> int:
     value = raw.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
-        found = (
-            "missing"
-            if name not in raw
-            else repr(value)
-            if len(repr(value)) < 40
-            else f"{repr(value)[:37]}..."
-        )
+        if name not in raw:
+            found = "missing"
+        elif len(repr(value)) < 40:
+            found = repr(value)
+        else:
+            found = f"{repr(value)[:37]}..."
         raise CheckpointError(
             f"{source}: {name} must be a positive integer below 2**63, found {found}"
         )
@@ -154,7 +158,8 @@ def read_positive_int(raw: dict[str, Any], name: str, source: str) -> int:
 
 
 def read_flag(raw: dict[str, Any], name: str, source: str) -> bool:
-    value = raw.get(name, True)  # GPT-2's two switches are on unless the config turns them off
+    # GPT-2's two switches are on unless the config turns them off.
+    value = raw.get(name, True)
     if not isinstance(value, bool):
         raise CheckpointError(f"{source}: {name} must be true or false, found {value!r}")
     return value
@@ -164,11 +169,13 @@ def read_token_id(raw: dict[str, Any], name: str, source: str) -> int | None:
     value = raw.get(name)
     if value is None:
         return None
-    if isinstance(value, list) and len(value) == 1:  # some configs wrap a single id in a list
+    # Some configs wrap a single id in a list.
+    if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise CheckpointError(
             f"{source}: {name} must be a token id (an integer >= 0), found {value!r}"
         )
-    # An id outside the vocabulary (a tiny model that kept GPT-2's 50256) is no error: see tokenizer.special_ids.
+    # An id outside the vocabulary (a tiny model that kept GPT-2's 50256) is no error: see
+    # minirt/loading/tokenizer.py's special_ids.
     return value

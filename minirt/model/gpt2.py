@@ -1,11 +1,12 @@
 """GPT-2's weights on a backend, and the one way through them: `GPT2.forward(batch, kv_cache)`.
 
-Owns: `GPT2`, which takes a loaded checkpoint's tensors onto a backend in the compute dtype (the head stored
-[C, V] in fp32), runs one round's forward pass over minirt/model/layers.py, allocates KV caches, and scores
-whole sequences without one (`logits`).
+Owns: `GPT2`, which takes a loaded checkpoint's tensors onto a backend in the compute dtype (the
+head stored [C, V] in fp32), runs one round's forward pass over minirt/model/layers.py, allocates
+KV caches, and scores whole sequences without one (`logits`).
 
-Must not know: files, tokenizers, requests, sampling or scheduling.  It takes any object with `config`,
-`folder`, `tensors` and `head_is_tied` (minirt/loading/checkpoint.py's `Checkpoint` is one).
+Must not know: files, tokenizers, requests, sampling or scheduling.  It takes any object with
+`config`, `folder`, `tensors` and `head_is_tied` (minirt/loading/checkpoint.py's `Checkpoint` is
+one).
 """
 
 from __future__ import annotations
@@ -24,46 +25,53 @@ from .layers import LayerNorm, block_weights, embed, layer_norm, lm_head, transf
 
 
 class LoadedWeights(Protocol):
-    """What the model is built from: a checkpoint's config and tensors (minirt/loading's `Checkpoint`)."""
+    """What the model is built from: a checkpoint's config and tensors (minirt/loading's
+    `Checkpoint`).  The members are read-only, so that a dict of NumPy arrays is a Mapping."""
 
-    config: GPT2Config
-    folder: Path
-    tensors: Mapping[str, Any]  # canonical name -> host array in the file's precision
-    head_is_tied: bool  # the head is wte (no lm_head.weight of its own)
+    @property
+    def config(self) -> GPT2Config: ...
+
+    @property
+    def folder(self) -> Path: ...
+
+    # Canonical name -> host array in the file's precision.
+    @property
+    def tensors(self) -> Mapping[str, Any]: ...
+
+    # The head is wte (no lm_head.weight of its own).
+    @property
+    def head_is_tied(self) -> bool: ...
 
 
 class GPT2:
     """GPT-2's weights on a backend, and the forward pass over one round."""
 
     def __init__(self, checkpoint: LoadedWeights, backend: Backend, dtype):
-        self.config, self.folder, self.backend, self.xp = (
-            checkpoint.config,
-            checkpoint.folder,
-            backend,
-            backend.xp,
-        )
+        self.config = checkpoint.config
+        self.folder = checkpoint.folder
+        self.backend = backend
+        self.xp = backend.xp
         self.dtype = np.dtype(dtype)
-        with np.errstate(
-            over="ignore"
-        ):  # a weight past float16's range becomes inf: forward checks
-            # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped file.
+        # A weight past float16's range becomes inf: forward checks.
+        with np.errstate(over="ignore"):
+            # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped
+            # file.
             self.params = {
                 name: backend.asarray(host).astype(self.dtype, copy=False)
                 for name, host in checkpoint.tensors.items()
                 if name not in ("wte.weight", "lm_head.weight")
             }
-            # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a contiguous [C, V]
-            # than on the file's [V, C] transposed: stored once so, fp32.  A tied model's embeddings are its
-            # columns; an untied model's are a [C, V] view of its own table (no copy on NumPy).
+            # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a
+            # contiguous [C, V] than on the file's [V, C] transposed: stored once so, fp32.  A
+            # tied model's embeddings are its columns; an untied model's are a [C, V] view of its
+            # own table (no copy on NumPy).
             tensors = checkpoint.tensors
-            self.head_weight = backend.transposed(
-                tensors["lm_head.weight"], np.float32
-            )  # [C, V] fp32 logits
-            self.wte_t = (
-                self.head_weight
-                if checkpoint.head_is_tied
-                else backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False).T
-            )  # [C, V]
+            self.head_weight = backend.transposed(tensors["lm_head.weight"], np.float32)  # [C, V]
+            if checkpoint.head_is_tied:
+                self.wte_t = self.head_weight  # [C, V] fp32
+            else:
+                wte = backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False)
+                self.wte_t = wte.T  # [C, V]
         p = self.params
         self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
@@ -85,52 +93,57 @@ class GPT2:
         return KVCache(self.xp, c.n_layer, c.n_head, c.head_dim, n_slots, capacity, self.dtype)
 
     def forward(self, batch: Batch, kv_cache: KVCache | None = None, logits_at=None):
-        """One forward pass of a round; returns fp32 logits [M, V] on the backend.  `logits_at` picks the
-        packed tokens whose logits come back: by default each row's last token, where its next token comes
-        from (the head, the biggest GEMM of a small model, runs on those alone).  With a `kv_cache`, each
-        row's new keys are written to its slot and the slot's length advances."""
-        xp, c = self.xp, self.config
+        """One forward pass of a round; returns fp32 logits [M, V] on the backend.  `logits_at`
+        picks the packed tokens whose logits come back: by default each row's last token, where its
+        next token comes from (the head, the biggest GEMM of a small model, runs on those alone).
+        With a `kv_cache`, each row's new keys are written to its slot and the slot's length
+        advances."""
+        xp = self.xp
+        c = self.config
         if int(batch.positions.max(initial=0)) >= c.n_positions:
             raise InputError(
-                f"a position reaches {int(batch.positions.max())}, past the context of {c.n_positions}"
+                f"a position reaches {int(batch.positions.max())}, "
+                f"past the context of {c.n_positions}"
             )
-        if (
-            kv_cache is None and batch.past_lens.any()
-        ):  # without a cache there is no history to attend to
+        # Without a cache there is no history to attend to.
+        if kv_cache is None and batch.past_lens.any():
             raise InputError(
                 "a round with past keys (past_lens > 0) needs the KV cache that holds them"
             )
         if kv_cache is not None:
             kv_cache.prepare_round(batch)
-        with np.errstate(
-            over="ignore", invalid="ignore"
-        ):  # NaN/inf weights, float16 overflow: callers check
-            x = embed(self.wte_t, self.wpe, batch.token_ids, batch.token_positions)  # [N, C]
+        # NaN/inf weights, float16 overflow: callers check.
+        with np.errstate(over="ignore", invalid="ignore"):
+            device = batch.device
+            x = embed(self.wte_t, self.wpe, device.token_ids, device.positions)  # [N, C]
             for i, block in enumerate(self.blocks):
                 kv = None if kv_cache is None else kv_cache.layer(i)
                 x = transformer_block(xp, x, block, c, batch, kv)  # [N, C]
             x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
             if kv_cache is not None:
                 kv_cache.advance(batch)
-            at = (
-                batch.last_index if logits_at is None else np.asarray(logits_at, dtype=np.int64)
-            )  # [M]
-            if not (
-                logits_at is None and at.size == batch.n_tokens
-            ):  # at decode every token is some row's last
+            if logits_at is None:
+                at = batch.last_index  # [M]
+            else:
+                at = np.asarray(logits_at, dtype=np.int64)  # [M]
+            # At decode every token is some row's last.
+            if not (logits_at is None and at.size == batch.n_tokens):
                 x = x[self.backend.asarray(at)]  # [M, C]
             return lm_head(xp, x, self.head_weight)  # [M, V] fp32
 
     def logits(self, token_ids) -> np.ndarray:
-        """Score whole sequences of different lengths in one padded batch, without a KV cache: NumPy fp32
-        logits [B, max_len, V], where row b's first len(token_ids[b]) positions are its logits (padding: 0)."""
+        """Score whole sequences of different lengths in one padded batch, without a KV cache:
+        NumPy fp32 logits [B, max_len, V], where row b's first len(token_ids[b]) positions are its
+        logits (padding: 0)."""
         if isinstance(token_ids, np.ndarray) or not isinstance(token_ids, (list, tuple)):
             raise InputError("token_ids must be a list of token-id lists, one per sequence")
-        V, P = self.config.vocab_size, self.config.n_positions
+        V = self.config.vocab_size
+        P = self.config.n_positions
         rows = [
             check_token_ids(seq, V, f"sequence {b}", max_len=P) for b, seq in enumerate(token_ids)
         ]
-        if not any(rows):  # nothing to score
+        # Nothing to score.
+        if not any(rows):
             return np.zeros((len(rows), 0, V), dtype=np.float32)
         batch = Batch(rows, self.backend)
         logits = self.forward(batch, logits_at=np.arange(batch.n_tokens))  # [N, V]

@@ -1,16 +1,18 @@
 """Per-request key/value buffers, preallocated once and filled in place.
 
-Owns: `KVCache`, a pool of slots, and `LayerKV`, one layer's view of it.  Each slot is one request's own
-buffer, keys[layer, slot, head, position, head_dim] (and the same for values), with its own length
-(`lengths[slot]`).  The engine gives a request a slot when it is admitted; it keeps it until it finishes.
+Owns: `KVCache`, a pool of slots, and `LayerKV`, one layer's view of it.  Each slot is one
+request's own buffer, keys[layer, slot, head, position, head_dim] (and the same for values), with
+its own length (`lengths[slot]`).  The engine gives a request a slot when it is admitted; it keeps
+it until it finishes.  Shape letters are those of minirt/model/layers.py (S slots, K positions per
+slot, the capacity).
 
-  * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot; each decode step writes
-    one more, at `lengths[slot]`.
-  * Nothing is concatenated or reallocated per step: the capacity is chosen up front, so a step costs the
-    attention, not a copy of the history.
-  * Only real tokens are written.  Positions past a slot's length hold zeros (the pool starts zeroed, and a
-    slot is zeroed when a new request takes it), and the attention mask (key-is-real) never lets a query see
-    them.
+  * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot; each decode
+    step writes one more, at `lengths[slot]`.
+  * Nothing is concatenated or reallocated per step: the capacity is chosen up front, so a step
+    costs the attention, not a copy of the history.
+  * Only real tokens are written.  Positions past a slot's length hold zeros (the pool starts
+    zeroed, and a slot is zeroed when a new request takes it), and the attention mask
+    (key-is-real) never lets a query see them.
 
 Must not know: the layers' arithmetic, requests, sampling or scheduling.
 """
@@ -33,12 +35,12 @@ class KVCache:
     ):
         self.capacity = capacity
         shape = (n_layer, n_slots, n_head, capacity, head_dim)
-        self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
-        self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, capacity, D]
-        self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S] host-side: keys held per slot
-        self.written = np.zeros(
-            n_slots, dtype=bool
-        )  # [S] host-side: has any request written to this slot?
+        self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, K, D]
+        self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, K, D]
+        # Host-side: the keys each slot holds.
+        self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S]
+        # Host-side: has any request written to this slot?
+        self.written = np.zeros(n_slots, dtype=bool)  # [S]
 
     @staticmethod
     def bytes_needed(
@@ -47,19 +49,33 @@ class KVCache:
         """Memory for keys + values, for budgeting before anything is allocated."""
         return 2 * n_layer * n_slots * n_head * capacity * head_dim * np.dtype(dtype).itemsize
 
+    def copy_from(self, smaller: KVCache) -> None:
+        """Take over a smaller cache's slots, the same slot numbers in this larger one (a
+        continuous pool that grows): its keys, values and lengths, and which slots were
+        written.  Positions past a slot's old capacity stay zero, as a fresh cache's are."""
+        rows = len(smaller.lengths)
+        capacity = smaller.capacity
+        self.keys[:, :rows, :, :capacity] = smaller.keys  # [n_layer, rows, H, capacity, D]
+        self.values[:, :rows, :, :capacity] = smaller.values  # [n_layer, rows, H, capacity, D]
+        self.lengths[:rows] = smaller.lengths  # [rows]
+        self.written[:rows] = smaller.written  # [rows]
+
     def reset_slot(self, slot: int) -> None:
-        """Give a slot to a new request: length 0 and zeroed storage (the mask hides old entries, but attention
-        still multiplies them by a zero weight, and 0 x inf is NaN: an earlier occupant's overflow must not leak).
-        A slot nobody has written is zero already (fresh `zeros`), and is not touched: zeroing it again would
-        only fault in pages of memory that the request may never use."""
+        """Give a slot to a new request: length 0 and zeroed storage (the mask hides old entries,
+        but attention still multiplies them by a zero weight, and 0 x inf is NaN: an earlier
+        occupant's overflow must not leak).  A slot nobody has written is zero already (fresh
+        `zeros`), and is not touched: zeroing it again would only fault in pages of memory that the
+        request may never use."""
         if self.written[slot]:
             self.keys[:, slot] = 0
             self.values[:, slot] = 0
-        self.lengths[slot], self.written[slot] = 0, False
+        self.lengths[slot] = 0
+        self.written[slot] = False
 
     def prepare_round(self, batch: Batch) -> None:
-        """Before a round writes: refuse one that would write past a slot's capacity, and note every slot it
-        writes (from now on a new occupant must get it zeroed, even if the round then fails part-way)."""
+        """Before a round writes: refuse one that would write past a slot's capacity, and note
+        every slot it writes (from now on a new occupant must get it zeroed, even if the round then
+        fails part-way)."""
         if (over := batch.kv_lens > self.capacity).any():
             row = int(np.argmax(over))
             raise ValueError(
@@ -79,24 +95,30 @@ class KVCache:
 
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's keys and values for every slot: views [S, H, capacity, D] into the pool."""
+    """One layer's keys and values for every slot: views into the pool."""
 
-    keys: Any
-    values: Any
+    keys: Any  # [S, H, K, D]
+    values: Any  # [S, H, K, D]
 
     def write(self, new_keys, new_values, batch: Batch) -> None:
-        """Store this round's keys and values [N, H, D], each token at its own position in its row's slot."""
+        """Store this round's keys and values [N, H, D], each token at its own position in its
+        row's slot."""
+        slots = batch.device.token_slots  # [N]
+        positions = batch.device.positions  # [N]
         # Advanced indices on axes 0 and 2, split by a slice: the target is [N, H, D] too.
-        self.keys[batch.token_slots, :, batch.token_positions] = new_keys  # [N, H, D]
-        self.values[batch.token_slots, :, batch.token_positions] = new_values  # [N, H, D]
+        self.keys[slots, :, positions] = new_keys  # [N, H, D]
+        self.values[slots, :, positions] = new_values  # [N, H, D]
 
     def read_row(self, slot: int, n_keys: int):
         """The first n_keys keys and values [H, n_keys, D] of one slot: views, no copy."""
         return self.keys[slot, :, :n_keys], self.values[slot, :, :n_keys]
 
     def read(self, batch: Batch):
-        """Keys and values [B, H, L, D] of the round's rows: a view when their slots are contiguous, else a gather."""
-        span, L = batch.slot_span, batch.max_kv_len
+        """Keys and values [B, H, L, D] of the round's rows: a view when their slots are contiguous,
+        else a gather."""
+        span = batch.slot_span
+        L = batch.max_kv_len
         if span is not None:
             return self.keys[span[0] : span[1], :, :L], self.values[span[0] : span[1], :, :L]
-        return self.keys[batch.row_slots, :, :L], self.values[batch.row_slots, :, :L]
+        slots = batch.device.slots  # [B]
+        return self.keys[slots, :, :L], self.values[slots, :, :L]

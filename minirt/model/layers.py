@@ -1,20 +1,22 @@
 """GPT-2's layers, written out by hand as pure functions, and the weights they read.
 
-Owns: the arithmetic of GPT-2 over one round's packed tokens (embeddings, layer norm, attention, GELU, MLP,
-head), and the small dataclasses that carry each layer's weights, named as in the checkpoint
-(`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`).  Read it top to bottom.  Shape letters:
+Owns: the arithmetic of GPT-2 over one round's packed tokens (embeddings, layer norm, attention,
+GELU, MLP, head), and the small dataclasses that carry each layer's weights, named as in the
+checkpoint (`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`).  Read it top to bottom.
+Shape letters:
 
     B  rows in the batch          T  new tokens per row this round (padded)
     N  real tokens in the round   L  key positions attended, max(kv_lens)
     C  n_embd                     H  n_head      D  head_dim = C // H
     I  n_inner (MLP width)        V  vocab_size  M  positions whose logits are asked for
-    S  KV slots in the cache      P  n_positions (the context)
+    S  KV slots in the cache      K  positions per KV slot (the cache's capacity)
+    P  n_positions (the context)
 
-Real tokens travel packed, [N, C], so every weight GEMM is 2-D and none runs on padding.  A prompt's attention
-takes each row alone; a decode step's lays the rows out padded [B, H, 1, L] (minirt/model/batch.py builds the
-masks).  With a KV cache the keys are each row's history plus this round's; scoring whole sequences needs
-none.  Layers take `xp` (numpy or cupy), so the GPU runs this same code; layer-norm statistics, softmax and
-logits are fp32.
+Real tokens travel packed, [N, C], so every weight GEMM is 2-D and none runs on padding.  A
+prompt's attention takes each row alone; a decode step's lays the rows out padded [B, H, 1, L]
+(minirt/model/batch.py builds the masks).  With a KV cache the keys are each row's history plus
+this round's; scoring whole sequences needs none.  Layers take `xp` (numpy or cupy), so the GPU
+runs this same code; layer-norm statistics, softmax and logits are fp32.
 
 Must not know: files, tokenizers, requests, sampling or scheduling.
 """
@@ -31,9 +33,11 @@ from .config import GPT2Config
 from .kv_cache import LayerKV
 
 
-# Scratch per tile of a prompt, however long: attention's fp32 scores [H, queries, keys] (a tile is at least one
-# query), and the MLP's hidden activations [tokens, I] (so [N, I] never exists).  8 MiB each measured fastest.
-ATTENTION_SCRATCH_BYTES = MLP_SCRATCH_BYTES = 8 * 2**20
+# Scratch per tile of a prompt, however long: attention's fp32 scores [H, queries, keys] (a tile is
+# at least one query), and the MLP's hidden activations [tokens, I] (so [N, I] never exists).
+# 8 MiB each measured fastest.
+ATTENTION_SCRATCH_BYTES = 8 * 2**20
+MLP_SCRATCH_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,16 @@ class Linear:
 
 @dataclass(frozen=True)
 class LayerNorm:
-    weight: Any  # [C] the scale
-    bias: Any  # [C] the shift
+    """The scale `weight` and the shift `bias` applied after normalising."""
+
+    weight: Any  # [C]
+    bias: Any  # [C]
 
 
 @dataclass(frozen=True)
 class Attention:
-    c_attn: Linear  # [C, 3C]: queries, keys and values side by side
+    # Queries, keys and values side by side.
+    c_attn: Linear  # [C, 3C]
     c_proj: Linear  # [C, C]
 
 
@@ -84,23 +91,27 @@ def block_weights(params: dict[str, Any], i: int) -> Block:
 
 
 def embed(wte_t, wpe, token_ids, positions):
-    """Token plus position embedding of the round's real tokens; a token's is a column of the [C, V] table."""
+    """Token plus position embedding of the round's real tokens; a token's is a column of the
+    [C, V] table."""
     return wte_t[:, token_ids].T.astype(wpe.dtype, copy=False) + wpe[positions]  # [N, C]
 
 
 def layer_norm(xp, x, ln: LayerNorm, eps: float):
     """Normalise each token's features to mean 0, variance 1, then scale and shift."""
-    x32 = x.astype(xp.float32, copy=False)  # [N, C] statistics in fp32
+    # The statistics in fp32.
+    x32 = x.astype(xp.float32, copy=False)  # [N, C]
     centered = x32 - x32.sum(axis=-1, keepdims=True) / x.shape[-1]  # [N, C] mean 0
-    variance = xp.square(centered).sum(axis=-1, keepdims=True) / x.shape[-1] + eps  # [N, 1] (+ eps)
-    centered /= xp.sqrt(variance)  # [N, C] variance 1; then, in place, scale and shift
+    variance = xp.square(centered).sum(axis=-1, keepdims=True) / x.shape[-1] + eps  # [N, 1]
+    # Variance 1; then, in place, scale and shift.
+    centered /= xp.sqrt(variance)  # [N, C]
     centered *= ln.weight
     centered += ln.bias
     return centered.astype(x.dtype, copy=False)  # [N, C]
 
 
 def linear(x, fc: Linear):
-    """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second [N, out] array)."""
+    """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second
+    [N, out] array)."""
     out = x @ fc.weight  # [N, out]
     out += fc.bias  # [N, out]
     return out
@@ -108,7 +119,8 @@ def linear(x, fc: Linear):
 
 def erf(xp, x):
     """The error function, from Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7): NumPy has none."""
-    sign, a = xp.sign(x), xp.abs(x)  # [...]
+    sign = xp.sign(x)  # [...]
+    a = xp.abs(x)  # [...]
     t = 1.0 / (1.0 + 0.3275911 * a)  # [...]
     poly = t * (
         0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
@@ -118,9 +130,8 @@ def erf(xp, x):
 
 def gelu(xp, x, form: str = "tanh"):
     """GELU.  GPT-2 uses the tanh approximation; 'erf' is the exact form."""
-    if (
-        form == "tanh"
-    ):  # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place in one array, same rounding
+    if form == "tanh":
+        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place in one array, same rounding.
         out = 0.044715 * x  # [N, I]
         out *= x
         out *= x
@@ -129,49 +140,57 @@ def gelu(xp, x, form: str = "tanh"):
         xp.tanh(out, out=out)
         out += 1.0
         out *= x
-        out *= 0.5  # [N, I] (a power of two: the same number as 0.5 x times the rest)
+        # A power of two: the same number as 0.5 x times the rest.
+        out *= 0.5  # [N, I]
         return out
     return 0.5 * x * (1.0 + erf(xp, x * (1.0 / math.sqrt(2.0))))  # [N, I]
 
 
 def softmax_attention(xp, q, keys, values, mask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D], in place (fill, subtract,
-    exp, sum): a hidden score is the lowest finite float (no -inf arithmetic), so its exp is exactly 0 once the
-    row's max is subtracted; the output is divided, not the scores; a query that sees no key gets zeros."""
-    if keys.shape[-2] == 0:  # no keys at all (rows with nothing in them): nothing to see
+    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D], in
+    place (fill, subtract, exp, sum): a hidden score is the lowest finite float (no -inf
+    arithmetic), so its exp is exactly 0 once the row's max is subtracted; the output is divided,
+    not the scores; a query that sees no key gets zeros."""
+    # No keys at all (rows with nothing in them): nothing to see.
+    if keys.shape[-2] == 0:
         return xp.zeros_like(q)
-    q32 = q.astype(xp.float32) * xp.float32(
-        scale
-    )  # [B, H, T, D] fp32 (fp16 dot products can overflow 65504)
-    keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D] (no copy when already fp32)
-    scores = q32 @ xp.swapaxes(keys32, -1, -2)  # [B, H, T, L] fp32, a new array we may overwrite
-    xp.copyto(
-        scores, xp.finfo(xp.float32).min, where=~mask
-    )  # [B, H, T, L] hidden keys at the lowest finite
-    scores -= scores.max(axis=-1, keepdims=True)  # [B, H, T, L] max is 0 per visible row
-    xp.exp(scores, out=scores)  # [B, H, T, L] unnormalised weights; a hidden key's is exactly 0
-    total = scores.sum(axis=-1, keepdims=True)  # [B, H, T, 1]; >= 1 if any key is visible
-    values32 = values.astype(
-        xp.float32, copy=False
-    )  # [B, H, L, D]; no 4-D fp16 matmul (slow GEMVs on CuPy)
+    # fp32, since fp16 dot products can overflow 65504.
+    q32 = q.astype(xp.float32) * xp.float32(scale)  # [B, H, T, D] fp32
+    # No copy when already fp32.
+    keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D]
+    # A new array, which we may overwrite.
+    scores = q32 @ xp.swapaxes(keys32, -1, -2)  # [B, H, T, L] fp32
+    # Hidden keys at the lowest finite float.
+    xp.copyto(scores, xp.finfo(xp.float32).min, where=~mask)  # [B, H, T, L]
+    # The max is 0 in each row that sees a key.
+    scores -= scores.max(axis=-1, keepdims=True)  # [B, H, T, L]
+    # Unnormalised weights; a hidden key's is exactly 0.
+    xp.exp(scores, out=scores)  # [B, H, T, L]
+    # At least 1 where any key is visible.
+    total = scores.sum(axis=-1, keepdims=True)  # [B, H, T, 1]
+    # No 4-D fp16 matmul: it runs as slow GEMVs on CuPy.
+    values32 = values.astype(xp.float32, copy=False)  # [B, H, L, D]
     out = (scores @ values32) / total  # [B, H, T, D]
-    return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(
-        q.dtype, copy=False
-    )  # [B, H, T, D]
+    # A query that sees no key gets zeros.
+    return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(q.dtype, copy=False)
 
 
 def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float):
-    """Attention of a round with prompts (or of whole sequences scored), packed [N, H, D] in and out: each row
-    alone (no score spent on padding), a tile of its queries at a time (`Batch.query_tiles`): scratch stays within
-    ATTENTION_SCRATCH_BYTES, and no tile lies above the causal diagonal.  Keys: the row's slot, or this round."""
+    """Attention of a round with prompts (or of whole sequences scored), packed [N, H, D] in and
+    out: each row alone (no score spent on padding), a tile of its queries at a time
+    (`Batch.query_tiles`): scratch stays within ATTENTION_SCRATCH_BYTES, and no tile lies above
+    the causal diagonal.  Keys: the row's slot, or this round."""
     out = xp.empty_like(q)  # [N, H, D]
     for row, first, end, n_keys in batch.query_tiles(q.shape[1], ATTENTION_SCRATCH_BYTES):
-        start = int(batch.first_index[row])  # the row's first token in the packed order
-        keys, values = (
-            kv.read_row(int(batch.slots[row]), n_keys)
-            if kv is not None  # [H, n_keys, D]: the slot's,
-            else (a[start : start + n_keys].transpose(1, 0, 2) for a in (k, v))
-        )  # or this round's alone
+        # The row's first token in the packed order.
+        start = int(batch.first_index[row])
+        if kv is not None:
+            # The slot's keys: the row's history and this round's.
+            keys, values = kv.read_row(int(batch.slots[row]), n_keys)  # [H, n_keys, D]
+        else:
+            # This round's alone.
+            keys = k[start : start + n_keys].transpose(1, 0, 2)  # [H, n_keys, D]
+            values = v[start : start + n_keys].transpose(1, 0, 2)  # [H, n_keys, D]
         queries = q[start + first : start + end].transpose(1, 0, 2)  # [H, end - first, D]
         mask = batch.mask_tile(row, first, end, n_keys)  # [1, end - first, n_keys]
         tile = softmax_attention(xp, queries, keys, values, mask, scale)  # [H, end - first, D]
@@ -181,29 +200,38 @@ def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float
 
 def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: LayerKV | None):
     """Fused QKV projection, keys into the cache (if any), masked attention, output projection."""
-    N, H, D, C = x.shape[0], config.n_head, config.head_dim, config.n_embd
+    N = x.shape[0]
+    H = config.n_head
+    D = config.head_dim
+    C = config.n_embd
     qkv = linear(x, attn.c_attn).reshape(N, 3, H, D)  # [N, 3, H, D]
-    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # each [N, H, D]
+    q = qkv[:, 0]  # [N, H, D]
+    k = qkv[:, 1]  # [N, H, D]
+    v = qkv[:, 2]  # [N, H, D]
     if kv is not None:
-        kv.write(k, v, batch)  # each token into its row's slot, at its own position
+        # Each token into its row's slot, at its own position.
+        kv.write(k, v, batch)
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
     if kv is None or batch.seq_len > 1:
         out = prompt_attention(xp, q, k, v, batch, kv, scale)  # [N, H, D]
-    else:  # a decode step: one query per row, all rows in one softmax, against the rows' whole histories
-        keys, values = kv.read(batch)  # each [B, H, L, D]
+    else:
+        # A decode step: one query per row, all rows in one softmax, against the rows' whole
+        # histories.
+        keys, values = kv.read(batch)  # [B, H, L, D]
         queries = batch.padded(q).transpose(0, 2, 1, 3)  # [B, H, 1, D]
         out = softmax_attention(xp, queries, keys, values, batch.mask, scale)  # [B, H, 1, D]
         out = batch.packed(out.transpose(0, 2, 1, 3))  # [N, H, D]
-    return linear(out.reshape(N, C), attn.c_proj)  # [N, C] heads side by side again
+    # The heads side by side again.
+    return linear(out.reshape(N, C), attn.c_proj)  # [N, C]
 
 
 def mlp(xp, x, weights: MLP, gelu_form: str):
-    """Expand to n_inner, GELU, project back, a tile of tokens at a time: each hidden [tokens, I] array stays
-    within MLP_SCRATCH_BYTES (GELU makes a second one; in a CPU's cache its passes are cheap), however long."""
+    """Expand to n_inner, GELU, project back, a tile of tokens at a time: each hidden [tokens, I]
+    array stays within MLP_SCRATCH_BYTES (GELU makes a second one; in a CPU's cache its passes are
+    cheap), however long."""
     out = xp.empty_like(x)  # [N, C]
-    rows = max(
-        1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize)
-    )  # tokens per tile
+    # Tokens per tile.
+    rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize))
     for first in range(0, x.shape[0], rows):
         hidden = gelu(xp, linear(x[first : first + rows], weights.c_fc), gelu_form)  # [rows, I]
         out[first : first + rows] = linear(hidden, weights.c_proj)  # [rows, C]
@@ -213,21 +241,19 @@ def mlp(xp, x, weights: MLP, gelu_form: str):
 def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None):
     """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
     eps = config.layer_norm_epsilon
-    x = x + attention(
-        xp, layer_norm(xp, x, block.ln_1, eps), block.attn, config, batch, kv
-    )  # [N, C]
-    return x + mlp(xp, layer_norm(xp, x, block.ln_2, eps), block.mlp, config.gelu_form)  # [N, C]
+    normed = layer_norm(xp, x, block.ln_1, eps)  # [N, C]
+    x = x + attention(xp, normed, block.attn, config, batch, kv)  # [N, C]
+    normed = layer_norm(xp, x, block.ln_2, eps)  # [N, C]
+    return x + mlp(xp, normed, block.mlp, config.gelu_form)  # [N, C]
 
 
 def lm_head(xp, hidden, head_weight):
-    """Hidden states -> fp32 logits, 1024 rows at a time into one array (scoring 8 x 1024 ran 15% faster so).
-    The [C, V] head stays fp32 for fp16 compute too: fp16 resolves logits of tens to ~0.03, enough to flip a pick."""
-    hidden, logits = (
-        hidden.astype(np.float32, copy=False),
-        xp.empty((len(hidden), head_weight.shape[1]), np.float32),
-    )
+    """Hidden states -> fp32 logits, 1024 rows at a time into one array (scoring 8 x 1024 ran 15%
+    faster so).  The [C, V] head stays fp32 for fp16 compute too: fp16 resolves logits of tens to
+    ~0.03, enough to flip a pick."""
+    hidden = hidden.astype(np.float32, copy=False)  # [M, C] fp32
+    logits = xp.empty((len(hidden), head_weight.shape[1]), np.float32)  # [M, V] fp32
     for first in range(0, len(hidden), 1024):
-        xp.matmul(
-            hidden[first : first + 1024], head_weight, out=logits[first : first + 1024]
-        )  # [rows, V]
+        rows = slice(first, first + 1024)
+        xp.matmul(hidden[rows], head_weight, out=logits[rows])  # [rows, V]
     return logits  # [M, V] fp32
