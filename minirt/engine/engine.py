@@ -1,24 +1,35 @@
-"""The serving loop: many requests, run in rounds that share each forward pass.
+"""The engine: requests in at any time, one round per `step()`, results out.
 
-Owns: a request's way through the runtime, in one place.  `make_request` turns a prompt into a `Request` (a
-bad one is refused with an error of its own); `serve` refuses what no round could ever take, runs the rest
-under a scheduling policy (minirt/scheduler.py), and holds the KV cache, giving each admitted request a slot
-of its own.  Under static groups, the default:
+Owns: a request's way through the runtime, in one place.  `make_request` turns a prompt into a
+`Request` (a bad one comes back failed, with an error of its own).  Then four calls, the
+interface online serving needs:
 
-    while requests wait:
-        choose members                 (the scheduler: arrival order, up to batch_size, within the KV budget)
-        each member takes its own KV slot in a cache allocated for this group
-        until every member has finished:
-            prepare the batch metadata   (each active member's new tokens, its slot, the keys it holds)
-            run the round                (one forward pass of the active members)
-            apply the updates            (each member picks its token, appends it, checks its own stops)
-            keep each finished member's status (it frees its slot, leaves the compute; its record is final)
-        release the group                (only now may the next group start)
+    add_request(request)  queue it, at any time, also while others run; a request no round
+                          could ever take fails at once
+    step()                run one round and return what it produced (`StepOutput`)
+    abort(request_id)     end a waiting or running request; its row and KV slot are free
+                          before the next round, and its finish_reason is "abort"
+    has_unfinished()      whether any request waits or runs
 
-Under `continuous`, finished rows are refilled from the queue every round, within one KV pool; the loop is
-the same.  Rounds are numbered across the whole run; a request that produces L tokens is active in L
-consecutive rounds, the first being its prefill.  A finished request costs no compute later and never stops
-or alters the others.
+One step is one round:
+
+    plan                 who runs (the scheduler, minirt/engine/scheduler.py: static groups or
+                         continuous batching); a new group, or a new or grown pool, gets its
+                         KV cache, and each admitted request takes a slot of its own
+    admit                each admitted request: its slot zeroed, its text decoder, and, if it
+                         asked for prompt logprobs, the scoring pass of its prompt
+    batch metadata       each active row's new tokens, its slot and the keys it holds
+    forward              one forward pass of the active rows: logits [B, V]
+    pick tokens          each row picks its token from its own logits and its own stream,
+                         appends it and checks its own stop rules
+    free finished rows   a finished request leaves the compute and frees its slot; a static
+                         group that has ended releases its cache (only now may the next start)
+
+`serve(requests)`, the offline run that `LLM.generate` and `minirt generate` use, is a loop
+over `step()`: add every request, then step while any is unfinished, handing each step's new
+tokens and finished requests to the caller's callbacks.  Rounds are numbered across a run; a
+request that produces L tokens is active in L consecutive rounds, the first being its prefill.
+A finished request costs no compute later and never stops or alters the others.
 
 Must not know: the layers' arithmetic, files, command-line flags or output formats.
 """
@@ -26,27 +37,40 @@ Must not know: the layers' arithmetic, files, command-line flags or output forma
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
 import numpy as np
 
-from .params import SamplingParams
-from .request import Request, Status, add_token, fail_request
-from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
-from .scheduler import GroupRecord, POLICIES, RoundPlan, SCHEDULERS, Scheduler
-from .stats import RunStats
 from ..errors import InputError, RequestError, require_at_least_one
 from ..loading.tokenizer import Tokenizer, special_ids
 from ..model.batch import Batch, check_token_ids
 from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
-
+from .params import SamplingParams
+from .request import Request, Status, abort_request, add_token, fail_request
+from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
+from .scheduler import POLICIES, SCHEDULERS, GroupRecord, KVShape, RoundPlan, Scheduler
+from .stats import RunStats
 
 DEFAULT_KV_BUDGET_MIB = 4096
+# Continuous batching: tokens one round may process (a prefill counts its whole prompt).
+DEFAULT_ROUND_TOKENS = 2048
 
 
-DEFAULT_ROUND_TOKENS = (
-    2048  # continuous batching: tokens one round may process (a prefill counts its prompt)
-)
+@dataclass
+class StepOutput:
+    """What one round produced."""
+
+    # The round's number within the run; None when there was nothing to run.
+    round_number: int | None
+    # Every request that produced a token this round, in row order: its newest token is
+    # `request.token_ids[-1]`.
+    new_tokens: list[Request] = field(default_factory=list)
+    # Every request whose record became final this round (it stopped, ran out or failed).
+    finished: list[Request] = field(default_factory=list)
+    # A static group whose last member finished this round.
+    ended_group: GroupRecord | None = None
 
 
 class Engine:
@@ -62,40 +86,42 @@ class Engine:
         round_token_budget: int = DEFAULT_ROUND_TOKENS,
         kv_budget_tokens: int | None = None,
     ):
-        """The KV budget is `kv_budget_mib` of memory, or `kv_budget_tokens` positions (one token's keys and
-        values in every layer) when that is given."""
+        """The KV budget is `kv_budget_mib` of memory, or `kv_budget_tokens` positions (one
+        token's keys and values in every layer) when that is given."""
         if policy not in POLICIES:
-            raise RequestError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
-        if (
-            not isinstance(kv_budget_mib, (int, float, np.number)) or not 0 < kv_budget_mib < 2**40
-        ):  # inf refused
+            choices = ", ".join(POLICIES)
+            raise RequestError(f"unknown policy {policy!r}: choose one of {choices}")
+        # A number of MiB: inf and NaN are refused too.
+        is_number = isinstance(kv_budget_mib, (int, float, np.number))
+        if not is_number or not 0 < kv_budget_mib < 2**40:
             raise RequestError(
                 f"the KV budget must be a positive number of MiB below 2**40, got {kv_budget_mib!r}"
             )
         self.batch_size = require_at_least_one(batch_size, "batch size")
         self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
-        self.model, self.tokenizer, self.policy = model, tokenizer, policy
+        self.model = model
+        self.tokenizer = tokenizer
+        self.policy = policy
         c = model.config
         self.kv_bytes_per_position = KVCache.bytes_needed(
             c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
         )
-        self.kv_budget_positions = (
-            int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
-            if kv_budget_tokens is None
-            else require_at_least_one(kv_budget_tokens, "the KV budget in tokens")
-        )
-        self.eos_token_id, self.bos_token_id = (
-            (tokenizer.eos_token_id, tokenizer.bos_token_id)
-            if tokenizer
-            else special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
-        )
-        self.kv_cache: KVCache | None = (
-            None  # the running group's (or the continuous pool's) KV buffers
-        )
-        self.run_start = 0.0  # when the running serve() started: requests' times count from it
-        self.free_slots: list[int] = []  # slots of that cache no running request holds
+        if kv_budget_tokens is None:
+            self.kv_budget_positions = int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
+        else:
+            self.kv_budget_positions = require_at_least_one(
+                kv_budget_tokens, "the KV budget in tokens"
+            )
+        if tokenizer is not None:
+            self.eos_token_id = tokenizer.eos_token_id
+            self.bos_token_id = tokenizer.bos_token_id
+        else:
+            special = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
+            self.eos_token_id = special[0]
+            self.bos_token_id = special[1]
+        self.start_run()
 
-    # ------------------------------------------------------------------ making requests
+    # ------------------------------------------------------------------ making a request
 
     def make_request(
         self,
@@ -109,7 +135,8 @@ class Engine:
         sample: int = 0,
         output_index: int = -1,
     ) -> Request:
-        """A Request for one prompt (text or token ids).  A bad one, or one given an `error`, comes back refused."""
+        """A Request for one prompt (text or token ids).  A bad one, or one given an `error`,
+        comes back failed, with that error of its own."""
         request = Request(
             index=index,
             id=str(index if request_id is None else request_id),
@@ -121,7 +148,8 @@ class Engine:
             output_index=output_index,
         )
         try:
-            if error is not None:  # already known to be bad (a bad line of a prompts file)
+            # Already known to be bad (a bad line of a prompts file).
+            if error is not None:
                 raise RequestError(error)
             request.prompt_ids = self.prompt_ids(prompt)
             if params.stop and self.tokenizer is None:
@@ -137,12 +165,16 @@ class Engine:
         except (RequestError, InputError) as exc:
             fail_request(request, str(exc))
             return request
-        seed = params.seed if params.seed is not None else derived_seed(run_seed, index)
+        if params.seed is not None:
+            seed = params.seed
+        else:
+            seed = derived_seed(run_seed, index)
         request.rng = request_rng(sample_seed(seed, sample))
         return request
 
     def prompt_ids(self, prompt) -> list[int]:
-        """What the model is fed first: the encoded text or the checked ids; BOS alone for an empty prompt."""
+        """What the model is fed first: the encoded text or the checked ids; BOS alone for an
+        empty prompt."""
         c = self.model.config
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -150,7 +182,8 @@ class Engine:
             ids = self.tokenizer.encode(prompt)
         else:
             ids = check_token_ids(prompt, c.vocab_size, "prompt")
-        if not ids:  # an empty prompt starts from the beginning-of-text token
+        # An empty prompt starts from the beginning-of-text token.
+        if not ids:
             if self.bos_token_id is None:
                 raise RequestError(
                     "the prompt is empty and the model has no BOS/EOS token to start from"
@@ -163,7 +196,96 @@ class Engine:
             )
         return ids
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ a run
+
+    def start_run(self) -> None:
+        """A new run: a fresh queue, round numbers from 1, counts from 0, times from now."""
+        self.scheduler: Scheduler = SCHEDULERS[self.policy](
+            self.batch_size,
+            self.kv_budget_positions,
+            self.model.config.n_positions,
+            self.round_token_budget,
+        )
+        # The run's counts; the scheduler's per-round lists grow as it runs.
+        self.stats = RunStats(
+            batch_size=self.batch_size,
+            policy=self.policy,
+            groups=self.scheduler.groups,
+            active_rows_per_round=self.scheduler.active_rows,
+            held_rows_per_round=self.scheduler.held_rows,
+        )
+        self.round_number = 0
+        # Requests' times count from the run's start.
+        self.run_start = time.perf_counter()
+        # The running group's (or the continuous pool's) KV buffers, and the slots of that
+        # cache no running request holds.
+        self.kv_cache: KVCache | None = None
+        self.free_slots: list[int] = []
+
+    def seconds(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.run_start
+
+    def add_request(self, request: Request, arrival_s: float | None = None) -> None:
+        """Queue a request, at any time.  One that is already failed, or that no round could
+        ever take (over the KV budget, a prompt over the round's token budget), is final at
+        once: `request.finished` tells the caller, and no step reports it."""
+        if request.status is Status.RUNNING:
+            # Half-served by an interrupted run: its slot is gone.
+            raise RequestError(
+                f"request {request.index} has already started running; make it anew to rerun it"
+            )
+        self.stats.requests += 1
+        request.arrival_s = self.seconds() if arrival_s is None else arrival_s
+        if not request.finished:
+            reason = self.scheduler.refusal(request)
+            if reason is None:
+                self.scheduler.submit(request)
+                return
+            fail_request(request, reason)
+        self.stats.failed += int(request.error is not None)
+        request.finish_s = self.seconds()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def abort(self, request_id: str) -> list[Request]:
+        """End every unfinished request with this id (a prompt's n samples share one): waiting,
+        it never runs; running, its row and slot are free before the next round.  Returns them,
+        finished with finish_reason "abort"; [] when no unfinished request has the id."""
+        unfinished = [*self.scheduler.waiting, *self.scheduler.running]
+        aborted = [r for r in unfinished if r.id == request_id and not r.finished]
+        for request in aborted:
+            abort_request(request)
+            request.finish_s = self.seconds()
+            ended_group = self.scheduler.remove(request)
+            if request.slot is not None:
+                self.free_slots = sorted(self.free_slots + [request.slot])
+            if ended_group is not None:
+                # Its last member is gone: the group is over, and so is its cache.
+                self.release_kv_cache()
+        return aborted
+
+    def step(self) -> StepOutput:
+        """Run one round: plan, admit, batch metadata, forward, pick tokens, free finished rows."""
+        if not self.scheduler.has_work():
+            return StepOutput(round_number=None)
+        self.round_number += 1
+        plan = self.scheduler.plan(self.round_number)
+        # Someone waits or runs, so someone runs: a round of no rows would loop for ever.
+        assert plan.active, "the scheduler chose no rows while requests wait"
+        self.admit(plan)
+        batch = self.prepare_batch_metadata(plan.active)
+        # One forward pass of the active rows: logits [B, V].
+        logits = self.model.forward(batch, self.kv_cache)
+        new_tokens = self.pick_tokens(plan.active, logits)
+        ended_group = self.scheduler.complete(plan)
+        finished = self.release_finished(plan.active)
+        self.count_round(plan, new_tokens, finished)
+        if ended_group is not None:
+            # Only now may the next group start.
+            self.release_kv_cache()
+        return StepOutput(self.round_number, new_tokens, finished, ended_group)
 
     def serve(
         self,
@@ -173,174 +295,137 @@ class Engine:
         on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
         on_token: Callable[[Request], None] | None = None,
     ) -> RunStats:
-        """Serve every waiting request.  on_token(request) runs as each token is appended, on_final(request) as
-        each record becomes final, on_round(stats) after every round, on_group_end(group, waiting) after each
-        static group."""
-
-        def ignore(*args) -> None:  # the callback for events nobody asked to hear about
-            pass
-
-        on_final, on_round, on_group_end = (
-            on_final or ignore,
-            on_round or ignore,
-            on_group_end or ignore,
-        )
-        on_token = on_token or ignore
-        scheduler = SCHEDULERS[self.policy](
-            self.batch_size,
-            self.kv_budget_positions,
-            self.model.config.n_positions,
-            self.round_token_budget,
-        )
-        stats = RunStats(
-            batch_size=self.batch_size,
-            policy=self.policy,
-            requests=len(requests),
-            groups=scheduler.groups,
-            active_rows_per_round=scheduler.active_rows,
-            held_rows_per_round=scheduler.held_rows,
-        )  # these grow as it runs
-        start = self.run_start = time.perf_counter()
+        """An offline run of these requests, a loop over `step()`.  on_token(request) hears of
+        each new token, on_final(request) of each record as it becomes final, on_round(stats)
+        of each round, on_group_end(group, waiting) of each static group's end."""
+        if self.has_unfinished():
+            raise RequestError("the engine is still serving requests; finish or abort them first")
+        self.start_run()
         for request in requests:
-            request.arrival_s = 0.0  # an offline run: every request is there when it starts
-        for request in self.submit_or_refuse(
-            requests, scheduler
-        ):  # these never run: their records are final now
-            request.finish_s = time.perf_counter() - start
-            on_final(request)
+            # An offline run: every request is there when it starts.
+            self.add_request(request, arrival_s=0.0)
+            if request.finished and on_final is not None:
+                on_final(request)
         try:
-            round_number = 0
-            while scheduler.has_work():
-                round_number += 1
-                plan = scheduler.plan(
-                    round_number
-                )  # choose members (static: once the last group is released)
-                self.admit(plan, stats)  # each admitted member takes its own KV slot
-                batch = self.prepare_batch_metadata(
-                    plan.active
-                )  # new tokens, positions, slots, keys held
-                logits = self.model.forward(
-                    batch, self.kv_cache
-                )  # run the round: one forward pass, [B, V]
-                new_tokens = self.apply_updates(
-                    plan.active, logits, round_number, on_token
-                )  # pick, append, stop
-                ended_group = scheduler.complete(plan)  # finished rows leave the compute
-                self.release_finished(
-                    plan.active, on_final
-                )  # ... free their slots, and their records are final
-                stats.rounds, stats.generated_tokens = (
-                    round_number,
-                    stats.generated_tokens + new_tokens,
-                )
-                stats.first_token_seconds += [
-                    r.first_token_s for r in plan.admitted if r.first_token_s is not None
-                ]
-                stats.wall_seconds = time.perf_counter() - start
-                on_round(stats)
-                if ended_group is not None:
-                    self.release_group()  # only now may the next group start
-                    on_group_end(ended_group, list(scheduler.waiting))
+            while self.has_unfinished():
+                output = self.step()
+                for request in output.new_tokens:
+                    if on_token is not None:
+                        on_token(request)
+                for request in output.finished:
+                    if on_final is not None:
+                        on_final(request)
+                if on_round is not None:
+                    on_round(self.stats)
+                if output.ended_group is not None and on_group_end is not None:
+                    on_group_end(output.ended_group, list(self.scheduler.waiting))
+        except BaseException:
+            # An interrupted run is abandoned: its half-served requests cannot resume (adding
+            # one again is refused), and the engine is ready for a new run.
+            self.start_run()
+            raise
         finally:
-            self.release_group()  # after an interrupt too: no KV cache outlives its run
-        stats.failed = sum(1 for r in requests if r.error is not None)
-        stats.wall_seconds = time.perf_counter() - start
-        return stats
+            # After an interrupt too: no KV cache outlives its run.
+            self.release_kv_cache()
+        self.stats.wall_seconds = self.seconds()
+        return self.stats
 
-    @staticmethod
-    def submit_or_refuse(requests: list[Request], scheduler: Scheduler) -> list[Request]:
-        """Queue every runnable request; return those that will never run (already refused, or too big)."""
-        refused = [r for r in requests if r.finished]
-        for request in [r for r in requests if not r.finished]:
-            if (
-                request.status is not Status.WAITING
-            ):  # half-served by an interrupted run: its slot is gone
-                raise RequestError(
-                    f"request {request.index} has already started running; make it anew to rerun it"
-                )
-            reason = scheduler.refusal(request)
-            if reason is None:
-                scheduler.submit(request)
-            else:
-                fail_request(request, reason)
-                refused.append(request)
-        return refused
+    # ------------------------------------------------------------------ one round's steps
 
-    def admit(self, plan: RoundPlan, stats: RunStats) -> None:
-        """A new group (or the continuous pool) gets its KV cache; each admitted request takes a slot of it."""
-        if plan.new_kv is not None:
-            rows, capacity = (
-                plan.new_kv
-            )  # one slot per row, each as long as the longest request needs
-            self.kv_cache = self.model.new_kv_cache(n_slots=rows, capacity=capacity)
-            self.free_slots = list(range(rows))
+    def admit(self, plan: RoundPlan) -> None:
+        """A new group (or a new or grown pool) gets its KV cache; each admitted request takes
+        a slot of it, zeroed, with its own text decoder, and its prompt scored if it asked."""
+        if plan.kv_shape is not None:
+            self.shape_kv_cache(plan.kv_shape)
             if plan.kv_limited:
-                stats.kv_limited_rows.append(rows)
+                self.stats.kv_limited_rows.append(plan.kv_shape.rows)
+        assert self.kv_cache is not None  # made with its group (or the pool) before admission
         for request in plan.admitted:
-            if (
-                request.params.prompt_logprobs
-            ):  # every prompt position's logits: one scoring pass of its own
-                request.prompt_logprobs = prompt_logprobs(
-                    self.model.logits([request.prompt_ids])[0], request.prompt_ids
-                )
+            if request.params.prompt_logprobs:
+                self.score_prompt(request)
             request.slot = self.free_slots.pop(0)
-            assert (
-                self.kv_cache is not None
-            )  # made with its group (or the pool), before any member is admitted
-            self.kv_cache.reset_slot(
-                request.slot
-            )  # zeroed, so nothing of an earlier occupant can leak in
-            request.decoder = self.tokenizer.stream() if self.tokenizer is not None else None
-            request.text = "" if self.tokenizer is not None else None
-        stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
+            # Zeroed, so that nothing of an earlier occupant can leak in.
+            self.kv_cache.reset_slot(request.slot)
+            if self.tokenizer is not None:
+                request.decoder = self.tokenizer.stream()
+                request.text = ""
+        self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
+
+    def shape_kv_cache(self, shape: KVShape) -> None:
+        """Allocate the KV cache at `shape`, or grow the running pool to it: the slots that
+        requests hold keep their numbers and their keys, and the new rows are free."""
+        held = self.kv_cache is not None and any(r.slot is not None for r in self.scheduler.running)
+        new_cache = self.model.new_kv_cache(n_slots=shape.rows, capacity=shape.capacity)
+        if held:
+            assert self.kv_cache is not None
+            old_rows = len(self.kv_cache.lengths)
+            new_cache.copy_from(self.kv_cache)
+            self.free_slots = sorted(self.free_slots + list(range(old_rows, shape.rows)))
+        else:
+            self.free_slots = list(range(shape.rows))
+        self.kv_cache = new_cache
+
+    def score_prompt(self, request: Request) -> None:
+        """Prompt logprobs: one scoring pass of the request's own prompt, without a KV cache,
+        giving every prompt position's logits [L, V]."""
+        prompt_logits = self.model.logits([request.prompt_ids])[0]
+        request.prompt_logprobs = prompt_logprobs(prompt_logits, request.prompt_ids)
 
     def prepare_batch_metadata(self, active: list[Request]) -> Batch:
-        """The batch for this round: each active member's new tokens, its slot and what the slot holds."""
+        """The batch for this round: each active row's new tokens, its slot and what the slot
+        holds."""
         assert self.kv_cache is not None  # a round runs within its group's (or the pool's) cache
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
-        new_tokens = [
-            r.token_ids[-1:] or r.prompt_ids for r in active
-        ]  # the whole prompt at prefill, then one
-        return Batch(
-            new_tokens, self.model.backend, slots=slots, past_lens=self.kv_cache.lengths[slots]
-        )
+        # The whole prompt at prefill, then one token a round.
+        new_tokens = [r.token_ids[-1:] or r.prompt_ids for r in active]
+        past_lens = self.kv_cache.lengths[slots]  # [B]
+        return Batch(new_tokens, self.model.backend, slots=slots, past_lens=past_lens)
 
-    def apply_updates(
-        self, active: list[Request], logits, round_number: int, on_token: Callable[[Request], None]
-    ) -> int:
-        """Each active member picks its token from its own logits row, appends it, and checks its own stops;
-        on_token hears of it.  Returns how many tokens were added (a member whose logits are not finite fails)."""
-        n_positions, added = self.model.config.n_positions, 0
-        for request, (token, logprob, top) in zip(
-            active, choose_tokens(self.model.backend, logits, active), strict=True
-        ):
-            if token is None:  # its own failure: the peers' rows are untouched and go on
+    def pick_tokens(self, active: list[Request], logits) -> list[Request]:
+        """Each active row picks its token from its own logits row, appends it, and checks its
+        own stops.  Returns the requests that got a token (a row whose logits are not finite
+        fails alone: its peers' rows are untouched and go on)."""
+        n_positions = self.model.config.n_positions
+        choices = choose_tokens(self.model.backend, logits, active)
+        got_token = []
+        for request, (token, logprob, top) in zip(active, choices, strict=True):
+            if token is None:
+                number = len(request.token_ids) + 1
                 fail_request(
                     request,
-                    f"the model's logits for its token {len(request.token_ids) + 1} are not finite "
+                    f"the model's logits for its token {number} are not finite "
                     "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)",
-                    round_number,
+                    self.round_number,
                 )
-            else:
-                add_token(
-                    request, token, logprob, round_number, self.eos_token_id, n_positions, top
-                )
-                if len(request.token_ids) == 1:
-                    request.first_token_s = time.perf_counter() - self.run_start
-                on_token(request)
-                added += 1
-        return added
+                continue
+            eos = self.eos_token_id
+            add_token(request, token, logprob, self.round_number, eos, n_positions, top)
+            if len(request.token_ids) == 1:
+                request.first_token_s = self.seconds()
+            got_token.append(request)
+        return got_token
 
-    def release_finished(self, active: list[Request], on_final: Callable[[Request], None]) -> None:
-        """A member that finished this round keeps its status and record, and frees its slot; on_final gets it."""
-        for request in (r for r in active if r.finished):
+    def release_finished(self, active: list[Request]) -> list[Request]:
+        """Each row that finished this round frees its slot (continuous: the next admission
+        takes it) and its record is final.  Returns those requests, in row order."""
+        finished = [r for r in active if r.finished]
+        for request in finished:
             assert request.slot is not None  # it ran, so it held a slot
-            request.finish_s = time.perf_counter() - self.run_start
-            self.free_slots = sorted(
-                self.free_slots + [request.slot]
-            )  # continuous: the next admission takes it
-            on_final(request)
+            request.finish_s = self.seconds()
+            self.free_slots = sorted(self.free_slots + [request.slot])
+        return finished
 
-    def release_group(self) -> None:
-        """The group is over: drop its KV cache before the next group allocates its own."""
-        self.kv_cache, self.free_slots = None, []
+    def count_round(self, plan: RoundPlan, new_tokens: list[Request], finished: list[Request]):
+        """The run's counts after a round."""
+        self.stats.rounds = self.round_number
+        self.stats.generated_tokens += len(new_tokens)
+        self.stats.failed += sum(1 for r in finished if r.error is not None)
+        for request in plan.admitted:
+            if request.first_token_s is not None:
+                self.stats.first_token_seconds.append(request.first_token_s)
+        self.stats.wall_seconds = self.seconds()
+
+    def release_kv_cache(self) -> None:
+        """The group (or the run) is over: drop its KV cache before another is allocated."""
+        self.kv_cache = None
+        self.free_slots = []

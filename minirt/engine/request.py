@@ -1,14 +1,19 @@
 """One request's own state, from arrival to its finished record, and the rules of its progress.
 
-Owns: `Request`, a plain record of everything that is one request's own (identity, prompt, parameters,
-random stream, output, status, KV slot, rounds), and the two things that happen to a record: `fail_request` (an
-error of its own; it never runs) and `add_token`, which appends a chosen token and applies every stop rule:
-EOS, stop token ids, stop strings (found in the decoded text even when they span tokens), max_new_tokens and
-a full context.  `unshown_text` hands out, for streaming, the text that no later token can change.
+Owns: `Request`, a plain record of everything that is one request's own (identity, prompt,
+parameters, random stream, output, status, KV slot, rounds), and the things that happen to a
+record:
+  * `add_token` appends a chosen token and applies every stop rule: EOS, stop token ids, stop
+    strings (found in the decoded text even when they span tokens), max_new_tokens and a full
+    context;
+  * `fail_request` ends it with an error of its own: before it runs, or mid-run when its logits
+    are not finite;
+  * `abort_request` ends it because its caller no longer wants it (finish_reason "abort");
+  * `unshown_text` hands out, for streaming, the text that no later token can change.
 
-The engine makes the record, gives it a slot and a text decoder, and calls `add_token` each round; the
-scheduler stamps when it was admitted.  A batch shares a forward pass, never a request's progress or its
-reason to stop.
+The engine makes the record, gives it a slot and a text decoder, and calls `add_token` each
+round; the scheduler stamps when it was admitted.  A batch shares a forward pass, never a
+request's progress or its reason to stop.
 
 Must not know: the layers, the batch layout, sampling, or how requests are grouped.
 """
@@ -20,21 +25,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .params import SamplingParams
 from ..loading.tokenizer import StreamDecoder
+from .params import SamplingParams
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"  # in the queue, no KV slot yet
-    RUNNING = "running"  # admitted: it has a row and produces a token every round
-    FINISHED = "finished"  # done (or refused with an error); its record is final
+    # In the queue, with no KV slot yet.
+    WAITING = "waiting"
+    # Admitted: it has a row and produces a token every round.
+    RUNNING = "running"
+    # Done (stopped, ran out, failed or aborted): its record is final.
+    FINISHED = "finished"
 
 
 @dataclass
 class Request:
     """A request and everything that is its own."""
 
-    index: int  # position in the input, 0-based; output order follows it
+    # Identity.  `index` is the prompt's place in the input, 0-based (a prompt's n samples share
+    # it); `output_index` is the request's own place among the run's requests, samples counted,
+    # which is where its record comes in the output.  Left at -1, it is the index.
+    index: int
     id: str  # the user's id, or the index as a string
     prompt: str | None  # the prompt text (None when given as token ids)
     prompt_ids: list[int]  # what the model is fed first (BOS alone for an empty prompt)
@@ -42,45 +53,39 @@ class Request:
     rng: np.random.Generator | None = None  # the request's own random stream
     want_logprobs: bool = False
     sample: int = 0  # which of the prompt's n samples (0 when n is 1)
-    # Its place among the run's requests, samples counted: where its record comes in the output.
-    # Left at -1, it is the request's index (a run without samples): __post_init__ fills it in.
     output_index: int = -1
 
-    token_ids: list[int] = field(default_factory=list)  # every token produced, in order
-    logprobs: list[float] = field(
-        default_factory=list
-    )  # log p(token) under the raw model, if wanted
-    top_logprobs: list[list[tuple[int, float]]] = field(
-        default_factory=list
-    )  # per token: the N most likely
-    prompt_logprobs: list[float | None] | None = (
-        None  # per prompt token, given those before it (if asked)
-    )
-    text: str | None = (
-        None  # the completion text (cut before a stop string); None without a tokenizer
-    )
+    # What it produced.  `logprobs` are under the raw model, kept when wanted; `top_logprobs`
+    # holds, per token, the N most likely; `prompt_logprobs`, per prompt token, its logprob
+    # given the tokens before it (when asked).  `text` is the completion cut before a stop
+    # string, None without a tokenizer.
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    prompt_logprobs: list[float | None] | None = None
+    text: str | None = None
     status: Status = Status.WAITING
-    finish_reason: str | None = None  # "stop", "length", or "error"
-    error: str | None = None  # why the request was refused, in one line
+    finish_reason: str | None = None  # "stop", "length", "error" or "abort"
+    error: str | None = None  # why the request failed, in one line
 
-    group: int | None = (
-        None  # which static group served it (1-based; None under continuous batching)
-    )
+    # Where and when it ran.  `group` is the static group that served it (1-based; None under
+    # continuous batching); rounds are numbered across the run, the first being its prefill.
+    # Times are seconds from the run's start.
+    group: int | None = None
     slot: int | None = None  # its KV slot while it runs
-    first_round: int | None = None  # the round that produced its first token (its prefill)
-    finish_round: int | None = None  # the round that produced its last token
+    first_round: int | None = None
+    finish_round: int | None = None
     rounds_waited: int | None = None  # rounds that ran before its first round
-    arrival_s: float | None = None  # seconds from the run's start: when it was queued (or refused)
-    first_token_s: float | None = None  # ... when its first token was produced
-    finish_s: float | None = None  # ... when its record became final
+    arrival_s: float | None = None  # when it was queued (or refused)
+    first_token_s: float | None = None
+    finish_s: float | None = None  # when its record became final
 
-    decoder: StreamDecoder | None = field(
-        default=None, repr=False
-    )  # turns its tokens into text as they come
-    decoded: str = field(default="", repr=False)  # all text so far, before stop-string cutting
-    shown: int = field(
-        default=0, repr=False
-    )  # how much of `text` a stream has handed out (`unshown_text`)
+    # Streaming text: the decoder turns its tokens into text as they come; `decoded` is all
+    # text so far, before stop-string cutting; `shown` is how much of `text` a stream has
+    # handed out (`unshown_text`).
+    decoder: StreamDecoder | None = field(default=None, repr=False)
+    decoded: str = field(default="", repr=False)
+    shown: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if self.output_index < 0:
@@ -96,10 +101,24 @@ class Request:
 
 
 def fail_request(request: Request, message: str, round_number: int | None = None) -> None:
-    """Finish with an error of its own: before it runs, or in `round_number` (its logits were not finite).
-    Its peers are untouched; the tokens it had are kept, and no more text comes."""
-    request.status, request.finish_reason, request.error = Status.FINISHED, "error", message
-    request.finish_round, request.decoder = round_number, None
+    """Finish with an error of its own: before it runs, or in `round_number` (its logits were
+    not finite).  Its peers are untouched; the tokens it had are kept, and no more text comes."""
+    request.status = Status.FINISHED
+    request.finish_reason = "error"
+    request.error = message
+    request.finish_round = round_number
+    request.decoder = None
+
+
+def abort_request(request: Request) -> None:
+    """Finish because the caller no longer wants it: waiting (it never runs) or running (the
+    tokens and text it had are kept; its last round is the one that gave its last token)."""
+    if request.status is Status.RUNNING and request.token_ids:
+        assert request.first_round is not None  # it ran, so it was admitted in some round
+        request.finish_round = request.first_round + len(request.token_ids) - 1
+    request.status = Status.FINISHED
+    request.finish_reason = "abort"
+    request.decoder = None
 
 
 def add_token(
@@ -111,25 +130,25 @@ def add_token(
     n_positions: int,
     top: list[tuple[int, float]] | None = None,
 ) -> None:
-    """Append this round's token (and its logprobs, if wanted) to the record and apply every stop rule, in order."""
+    """Append this round's token (and its logprobs, if wanted) to the record and apply every
+    stop rule, in order."""
     request.token_ids.append(token)
     if request.want_logprobs and logprob is not None:
         request.logprobs.append(logprob)
     if top is not None:
         request.top_logprobs.append(top)
     params = request.params
-    if (token == eos_token_id and not params.ignore_eos) or token in params.stop_token_ids:
-        finish(
-            request, "stop", round_number
-        )  # the token is kept in token_ids, its text is not added
+    is_eos = token == eos_token_id and not params.ignore_eos
+    if is_eos or token in params.stop_token_ids:
+        # The token is kept in token_ids; its text is not added.
+        finish(request, "stop", round_number)
     elif request.decoder is not None and found_stop_string(request, request.decoder.push(token)):
         finish(request, "stop", round_number, text_was_cut=True)
     elif len(request.token_ids) >= params.max_new_tokens:
         finish(request, "length", round_number)
     elif request.prompt_len + len(request.token_ids) >= n_positions:
-        finish(
-            request, "length", round_number
-        )  # prompt + output fill the context (Hugging Face's max_length)
+        # Prompt and output fill the context (Hugging Face's max_length).
+        finish(request, "length", round_number)
 
 
 def found_stop_string(request: Request, new_text: str) -> bool:
@@ -140,35 +159,40 @@ def found_stop_string(request: Request, new_text: str) -> bool:
     if not stops or not new_text:
         request.text = request.decoded
         return False
-    search_from = max(
-        0, before - max(len(s) for s in stops) + 1
-    )  # a stop string may straddle old and new text
+    # A stop string may straddle the old text and the new.
+    search_from = max(0, before - max(len(s) for s in stops) + 1)
     hits = [pos for s in stops if (pos := request.decoded.find(s, search_from)) != -1]
-    request.text = request.decoded[: min(hits)] if hits else request.decoded
+    if hits:
+        request.text = request.decoded[: min(hits)]
+    else:
+        request.text = request.decoded
     return bool(hits)
 
 
 def unshown_text(request: Request) -> str:
-    """The text not handed out yet that can no longer change, and mark it handed out: all of it once the request
-    is finished; while it runs, all but the last (longest stop string - 1) characters, which a stop string
-    completed by a later token could still cut away."""
+    """The text not handed out yet that can no longer change, and mark it handed out: all of it
+    once the request is finished; while it runs, all but the last (longest stop string - 1)
+    characters, which a stop string completed by a later token could still cut away."""
     if request.text is None:
         return ""
     stops = request.params.stop
-    held_back = 0 if request.finished or not stops else max(len(s) for s in stops) - 1
+    if request.finished or not stops:
+        held_back = 0
+    else:
+        held_back = max(len(s) for s in stops) - 1
     end = max(request.shown, len(request.text) - held_back)
-    new, request.shown = request.text[request.shown : end], end
+    new = request.text[request.shown : end]
+    request.shown = end
     return new
 
 
 def finish(request: Request, reason: str, round_number: int, text_was_cut: bool = False) -> None:
     """The request is done: its status and reason are final, and so is its text."""
-    request.status, request.finish_reason, request.finish_round = (
-        Status.FINISHED,
-        reason,
-        round_number,
-    )
+    request.status = Status.FINISHED
+    request.finish_reason = reason
+    request.finish_round = round_number
     if request.decoder is not None and not text_was_cut:
-        request.decoded += request.decoder.flush()  # an unfinished character becomes U+FFFD
+        # An unfinished character becomes U+FFFD.
+        request.decoded += request.decoder.flush()
         request.text = request.decoded
     request.decoder = None

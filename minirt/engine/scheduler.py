@@ -4,22 +4,39 @@ Owns: one scheduler class per policy, behind the small interface that the engine
 `python -m minirt.rounds` both drive:
 
     refusal(request)  why no round could ever take it (None if one can)
-    submit(request)   queue it in arrival order; nothing else
+    submit(request)   queue it in arrival order, at any time; nothing else
+    remove(request)   take an aborted request out of the queue or the running rows
     has_work()        whether anyone waits or runs
-    plan(round)       who runs, who is admitted, and the KV shape (rows x positions) when a group or pool starts
-    complete(plan)    after the round: free the rows of finished requests (the static group, once it has ended)
-and keeps `waiting`, `active_rows` and `held_rows` (rows that ran, and rows whose KV slots were held, per round:
-the static group's members, or the continuous pool's rows) and `groups` (static groups) for reports.
+    plan(round)       who runs, who is admitted, and the KV shape when a group or pool starts
+                      or grows
+    complete(plan)    after the round: free the rows of finished requests (the static group,
+                      once it has ended)
 
-  StaticScheduler      Fixed groups: when none is running, the next waiting requests in arrival order, up to
-                       max_rows and within the KV budget; nobody else until every member has finished.
-  ContinuousScheduler  Every round, finished rows are freed and waiting requests admitted (arrival order,
-                       skipping any that do not fit) while the rows, the round's token budget (a prefill costs
-                       its prompt, a decode row one token) and the KV budget allow.  Its pool gives every row
-                       a slot as long as the longest need, and has no more rows than requests (the budget may cap them).
+and keeps `waiting`, `active_rows` and `held_rows` (rows that ran, and rows whose KV slots were
+held, per round: the static group's members, or the continuous pool's rows) and `groups`
+(static groups) for reports.
 
-A request reserves its prompt plus every output token but the last (which is never fed back).  When the KV
-budget holds a group or the pool below max_rows, the plan says so (`kv_limited`).
+  StaticScheduler      Fixed groups: when none is running, the next waiting requests in arrival
+                       order, up to max_rows and within the KV budget; nobody else until every
+                       member has finished.
+  ContinuousScheduler  Every round, finished rows are freed and waiting requests admitted
+                       (arrival order, skipping any that do not fit) while the rows, the round's
+                       token budget (a prefill costs its prompt, a decode row one token) and the
+                       KV budget allow.
+
+The continuous pool grows.  Requests arrive while it runs (`minirt serve`), so it cannot be
+sized once by the first requests it sees.  It starts as the requests then waiting need: a row
+each (up to max_rows, and as many as the KV budget holds), each row as long as the longest of
+them needs.  When later requests need more rows or longer rows, it grows, in place, as far as
+the KV budget allows (the engine copies the running rows into the larger pool).  When a waiting
+request needs rows longer than the budget lets the pool grow to beside the running requests,
+admission pauses until the pool has drained, and the pool is then made anew at the shape the
+waiting requests need.  Growing beats sizing from the model's context: a pool of max_rows x
+n_positions would reserve memory that short requests never use, and could not honour a KV
+budget smaller than that.
+
+A request reserves its prompt plus every output token but the last (which is never fed back).
+When the KV budget holds a group or the pool below max_rows, the plan says so (`kv_limited`).
 
 Must not know: models, arrays, sampling or text.
 """
@@ -43,27 +60,39 @@ class GroupRecord:
     active_rows: list[int] = field(default_factory=list)  # per round of this group
 
 
+@dataclass(frozen=True)
+class KVShape:
+    """The shape of a KV cache: rows (one slot each) and positions per row."""
+
+    rows: int
+    capacity: int
+
+
 @dataclass
 class RoundPlan:
     """Who runs in one round."""
 
     round_number: int
-    active: list[Request]  # every row that runs, in row order; admitted ones included
-    admitted: list[Request]  # those whose prefill is this round
-    new_kv: tuple[int, int] | None = (
-        None  # (rows, positions per row): a new group or pool starts; allocate it
-    )
-    kv_limited: bool = False  # the KV budget held that new group or pool below max_rows
+    # Every row that runs, in row order (the admitted ones included).
+    active: list[Request]
+    # Those whose prefill is this round.
+    admitted: list[Request]
+    # A new group or pool starts, or the pool grows: allocate the KV cache at this shape.
+    kv_shape: KVShape | None = None
+    # The KV budget held that new group or pool below max_rows.
+    kv_limited: bool = False
 
 
 def mark_admitted(request: Request, group: int | None, round_number: int) -> None:
     """Stamp the request as running from this round on (its first round is its prefill)."""
-    request.status, request.group = Status.RUNNING, group
-    request.first_round, request.rounds_waited = round_number, round_number - 1
+    request.status = Status.RUNNING
+    request.group = group
+    request.first_round = round_number
+    request.rounds_waited = round_number - 1
 
 
 class Scheduler:
-    """What both policies share: the queue, the KV reservation rule, and the count of active rows per round."""
+    """What both policies share: the queue, the KV reservation rule, the rows per round."""
 
     policy = ""
 
@@ -77,36 +106,40 @@ class Scheduler:
         self.max_rows = max_rows
         self.kv_budget = kv_budget_positions
         self.n_positions = n_positions
-        self.token_budget = (
-            round_token_budget  # tokens one round may process (continuous batching only)
-        )
+        # Tokens one round may process (continuous batching only).
+        self.token_budget = round_token_budget
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.active_rows: list[int] = []  # rows that ran, per round
-        self.held_rows: list[
-            int
-        ] = []  # rows whose KV slots were held, per round (utilization: active / held)
-        self.groups: list[
-            GroupRecord
-        ] = []  # static: every group so far (continuous batching has none)
+        # Per round: rows that ran, and rows whose KV slots were held (utilization: active / held).
+        self.active_rows: list[int] = []
+        self.held_rows: list[int] = []
+        # Static: every group so far (continuous batching has none).
+        self.groups: list[GroupRecord] = []
 
     def kv_positions_needed(self, request: Request) -> int:
         """KV positions a request reserves: its prompt plus every output token but the last."""
         prompt_len = request.prompt_len
-        return min(
-            max(prompt_len + request.params.max_new_tokens - 1, prompt_len), self.n_positions
-        )
+        wanted = prompt_len + request.params.max_new_tokens - 1
+        return min(max(wanted, prompt_len), self.n_positions)
 
     def refusal(self, request: Request) -> str | None:
-        if self.kv_positions_needed(request) > self.kv_budget:
+        needed = self.kv_positions_needed(request)
+        if needed > self.kv_budget:
             return (
-                f"needs {self.kv_positions_needed(request)} KV cache positions, over the budget of {self.kv_budget}; "
+                f"needs {needed} KV cache positions, over the budget of {self.kv_budget}; "
                 "lower max_new_tokens or raise the KV budget"
             )
         return None
 
     def submit(self, request: Request) -> None:
         self.waiting.append(request)
+
+    def remove(self, request: Request) -> GroupRecord | None:
+        """An aborted (already finished) request leaves the queue, or its running row (policy
+        by policy).  Returns the static group that this ends, if it was its last member."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+        return None
 
     def plan(self, round_number: int) -> RoundPlan:
         """Who runs in this round: each policy says."""
@@ -116,7 +149,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
-        """After the round: count its rows; finished requests give up their rows (policy by policy)."""
+        """After the round: count its rows; finished requests give up their rows (each policy)."""
         self.active_rows.append(len(plan.active))
         self.held_rows.append(self.rows_held())
         return None
@@ -130,48 +163,60 @@ class StaticScheduler(Scheduler):
     policy = "static"
 
     def plan(self, round_number: int) -> RoundPlan:
-        if self.running:  # a group is running: its unfinished members, and nobody else
-            return RoundPlan(
-                round_number, active=[r for r in self.running if not r.finished], admitted=[]
-            )
+        if self.running:
+            # A group is running: its unfinished members, and nobody else.
+            unfinished = [r for r in self.running if not r.finished]
+            return RoundPlan(round_number, active=unfinished, admitted=[])
         members, kv_limited = self.choose_group()
         group = GroupRecord(number=len(self.groups) + 1, members=members, first_round=round_number)
         self.groups.append(group)
         for request in members:
             mark_admitted(request, group.number, round_number)
         self.running = list(members)
-        new_kv = (
-            len(members),
-            max(self.kv_positions_needed(r) for r in members),
-        )  # one slot per member, each the longest need
-        return RoundPlan(round_number, list(members), list(members), new_kv, kv_limited)
+        # One slot per member, each as long as the longest member needs.
+        longest = max(self.kv_positions_needed(r) for r in members)
+        shape = KVShape(rows=len(members), capacity=longest)
+        return RoundPlan(round_number, list(members), list(members), shape, kv_limited)
+
+    def remove(self, request: Request) -> GroupRecord | None:
+        """A running member that is aborted keeps its row until the group ends, as a finished
+        one does; if it was the last unfinished member, the group ends now."""
+        super().remove(request)
+        if request not in self.running or not all(r.finished for r in self.running):
+            return None
+        group = self.groups[-1]
+        # The last round the group ran.
+        group.last_round = group.first_round + len(group.active_rows) - 1
+        self.running = []
+        return group
 
     def rows_held(self) -> int:
-        return len(self.groups[-1].members)  # a member's slot is held until its whole group ends
+        # A member's slot is held until its whole group ends.
+        return len(self.groups[-1].members)
 
     def choose_group(self) -> tuple[list[Request], bool]:
-        """Arrival order, up to max_rows, while members x the longest member's need fits the KV budget."""
+        """Arrival order, up to max_rows, while members x the longest need fits the KV budget."""
         members: list[Request] = []
         longest = 0
         while self.waiting and len(members) < self.max_rows:
             candidate = self.waiting[0]
-            if (
-                members
-                and (len(members) + 1) * max(longest, self.kv_positions_needed(candidate))
-                > self.kv_budget
-            ):
-                return members, True  # full by memory: the candidate heads the next group
+            longest_with_it = max(longest, self.kv_positions_needed(candidate))
+            if members and (len(members) + 1) * longest_with_it > self.kv_budget:
+                # Full by memory: the candidate heads the next group.
+                return members, True
             members.append(self.waiting.popleft())
-            longest = max(longest, self.kv_positions_needed(candidate))
+            longest = longest_with_it
         return members, False
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
-        """Returns the group when its last member has just finished: only then may the next one start."""
+        """Returns the group when its last member has just finished: only then may the next
+        one start."""
         super().complete(plan)
         group = self.groups[-1]
         group.active_rows.append(len(plan.active))
         if all(r.finished for r in group.members):
-            group.last_round, self.running = plan.round_number, []
+            group.last_round = plan.round_number
+            self.running = []
             return group
         return None
 
@@ -181,71 +226,104 @@ class ContinuousScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pool: tuple[int, int] | None = (
-            None  # (rows, positions per row), fixed when the first round is planned
-        )
+        # The KV pool's shape: made when the first round is planned, grown as requests come.
+        self.pool: KVShape | None = None
+        # True while admission waits for the pool to empty, so that it can be made anew.
+        self.draining = False
 
     def refusal(self, request: Request) -> str | None:
         too_big = super().refusal(request)
-        if (
-            too_big is None
-            and self.pool is not None
-            and self.kv_positions_needed(request) > self.pool[1]
-        ):
-            return f"needs {self.kv_positions_needed(request)} KV cache positions, more than each slot of the running pool holds"
-        if (
-            too_big is None
-            and self.token_budget is not None
-            and request.prompt_len > self.token_budget
-        ):
+        over_round = self.token_budget is not None and request.prompt_len > self.token_budget
+        if too_big is None and over_round:
             return (
                 f"its prompt of {request.prompt_len} tokens exceeds the round token budget of "
                 f"{self.token_budget}; raise the budget"
             )
         return too_big
 
+    def remove(self, request: Request) -> GroupRecord | None:
+        super().remove(request)
+        if request in self.running:
+            self.running.remove(request)
+        return None
+
+    def shape_for(self, requests: list[Request]) -> tuple[KVShape, bool]:
+        """The pool these requests need, and whether the KV budget (not their number) held its
+        rows below max_rows: a row each, up to max_rows and as many as the budget holds at the
+        longest need, each row as long as that need."""
+        longest = max(self.kv_positions_needed(r) for r in requests)
+        wanted_rows = min(self.max_rows, len(requests))
+        rows = max(1, min(wanted_rows, self.kv_budget // longest))
+        return KVShape(rows=rows, capacity=longest), rows < wanted_rows
+
+    def next_pool(self) -> tuple[KVShape | None, bool]:
+        """(the pool's new shape, or None if it stays; whether the budget held it down)."""
+        self.draining = False
+        if self.pool is None:
+            return self.shape_for(list(self.waiting))
+        longest_waiting = max(self.kv_positions_needed(r) for r in self.waiting)
+        capacity = max(self.pool.capacity, longest_waiting)
+        wanted_rows = min(self.max_rows, len(self.running) + len(self.waiting))
+        rows_in_budget = max(1, self.kv_budget // capacity)
+        if capacity > self.pool.capacity and rows_in_budget < self.pool.rows:
+            # Longer rows do not fit the budget beside the rows it has: drain, then make anew.
+            self.draining = bool(self.running)
+            if self.draining:
+                return None, False
+            return self.shape_for(list(self.waiting))
+        rows = max(self.pool.rows, min(wanted_rows, rows_in_budget))
+        grown = KVShape(rows=rows, capacity=capacity)
+        if grown == self.pool:
+            return None, False
+        return grown, False
+
     def plan(self, round_number: int) -> RoundPlan:
-        new_kv, kv_limited = None, False
-        if (
-            self.pool is None
-        ):  # rows: as many as fit the budget at the longest need, never more than wait
-            longest = max(self.kv_positions_needed(r) for r in self.waiting)
-            rows = max(1, min(self.max_rows, len(self.waiting), self.kv_budget // longest))
-            self.pool = new_kv = (rows, longest)
-            kv_limited = rows < min(
-                self.max_rows, len(self.waiting)
-            )  # the budget, not the queue, held it down
-        reserved = sum(
-            self.kv_positions_needed(r) for r in self.running
-        )  # KV positions held by running requests
-        tokens = len(self.running)  # each running request decodes one token
-        admitted: list[Request] = []
-        for candidate in list(
-            self.waiting
-        ):  # arrival order; one that does not fit is skipped, not blocking
-            if len(self.running) + len(admitted) >= self.pool[0]:
-                break
-            if self.fits(candidate, reserved, tokens):
-                reserved, tokens = (
-                    reserved + self.kv_positions_needed(candidate),
-                    tokens + candidate.prompt_len,
-                )
-                admitted.append(candidate)
+        shape = None
+        kv_limited = False
+        if self.waiting:
+            shape, kv_limited = self.next_pool()
+        if shape is not None:
+            self.pool = shape
+        admitted = self.admissions()
         for request in admitted:
             self.waiting.remove(request)
             mark_admitted(request, None, round_number)
         self.running += admitted
-        return RoundPlan(round_number, list(self.running), admitted, new_kv, kv_limited)
+        return RoundPlan(round_number, list(self.running), admitted, shape, kv_limited)
+
+    def admissions(self) -> list[Request]:
+        """Waiting requests that fit beside the running ones this round, in arrival order; one
+        that does not fit is skipped, not blocking (none while the pool drains)."""
+        assert self.pool is not None  # made in the first round's plan
+        if self.draining:
+            return []
+        # KV positions held by running requests, and this round's tokens (a decode row: one).
+        reserved = sum(self.kv_positions_needed(r) for r in self.running)
+        tokens = len(self.running)
+        admitted: list[Request] = []
+        for candidate in self.waiting:
+            if len(self.running) + len(admitted) >= self.pool.rows:
+                break
+            # A request needing longer rows than the pool has waits for it to grow.
+            too_long = self.kv_positions_needed(candidate) > self.pool.capacity
+            if not too_long and self.fits(candidate, reserved, tokens):
+                reserved += self.kv_positions_needed(candidate)
+                tokens += candidate.prompt_len
+                admitted.append(candidate)
+        return admitted
 
     def rows_held(self) -> int:
         assert self.pool is not None  # made in the first round's plan
-        return self.pool[0]  # the pool's rows, each with its slot, from the first round to the last
+        # The pool's rows, each with its slot, from the first round to the last.
+        return self.pool.rows
 
     def fits(self, candidate: Request, reserved_positions: int, round_tokens: int) -> bool:
         """Would `candidate` fit beside what is already running or admitted?"""
         if reserved_positions + self.kv_positions_needed(candidate) > self.kv_budget:
             return False
-        return self.token_budget is None or round_tokens + candidate.prompt_len <= self.token_budget
+        if self.token_budget is None:
+            return True
+        return round_tokens + candidate.prompt_len <= self.token_budget
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
         """Finished requests leave at once: their rows take waiting requests next round."""

@@ -109,7 +109,7 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         # it never has more rows than requests.
         longest_need = max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True))
         pool_rows = max(1, min(rows, len(output_lens), kv_budget // longest_need))
-        assert scheduler.pool[0] == pool_rows
+        assert scheduler.pool.rows == pool_rows
         if plan.round_number == 1:
             assert plan.new_kv == (pool_rows, longest_need)
             assert plan.kv_limited == (

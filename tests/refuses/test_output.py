@@ -1,4 +1,4 @@
-"""`generate --output` and standard output lose nothing and clobber nothing (issue #10, family 6).
+"""`generate --output` and standard output lose nothing and clobber nothing.
 
 A run refused at the start leaves an existing --output untouched; --output may not be the prompts file
 or anything inside the model folder; a failed write (a full disk, /dev/full, a size limit) exits 74 with
@@ -496,9 +496,10 @@ def test_an_interruption_keeps_records_finished_but_not_yet_reported(tiny_lm, tm
     """Ctrl-C after a round finished two requests, before the engine handed them on: both are still written."""
     out = tmp_path / "out.jsonl"
 
-    def interrupted(self, active, on_final):
+    def interrupted(self, active):
         if any(r.finished for r in active):
             raise KeyboardInterrupt
+        return []
 
     with mock.patch.object(Engine, "release_finished", interrupted):
         code, _, err = run_in_process(

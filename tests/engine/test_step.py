@@ -1,0 +1,331 @@
+"""The engine that steps: add_request() at any time, step() one round, abort(), has_unfinished().
+
+Expected tokens come from outside the engine: greedy tokens from a full recompute of every prefix
+with `model.logits` (no KV cache, no batch, no scheduler), sampled tokens from the same request
+served alone (the batch-invariance contract: a request's tokens never depend on its peers).
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_model
+from minirt import LLM, SamplingParams
+from minirt.engine.engine import Engine
+from minirt.engine.request import Status
+from minirt.errors import RequestError
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(seed=5, vocab_size=60, n_positions=48)
+
+
+def greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens, each from the logits of the whole sequence so far, recomputed."""
+    ids = list(prompt)
+    for _ in range(n):
+        last = model.logits([ids])[0][len(ids) - 1]  # [V]
+        ids.append(int(np.argmax(last)))
+    return ids[len(prompt) :]
+
+
+def solo(model, prompt, params, index=0):
+    """The request served alone, in a batch of one."""
+    engine = Engine(model, None, batch_size=1)
+    request = engine.make_request(index, prompt, params)
+    engine.serve([request])
+    return request.token_ids
+
+
+def greedy(n):
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+def run_to_end(engine):
+    outputs = []
+    while engine.has_unfinished():
+        outputs.append(engine.step())
+    return outputs
+
+
+# ------------------------------------------------------------------ step and its output
+
+
+def test_a_step_is_one_round_and_says_what_it_produced(model):
+    engine = Engine(model, None, batch_size=4, policy="continuous")
+    short = engine.make_request(0, [1, 2, 3], greedy(2))
+    long = engine.make_request(1, [4, 5], greedy(3))
+    engine.add_request(short)
+    engine.add_request(long)
+    first = engine.step()
+    assert first.round_number == 1
+    assert first.new_tokens == [short, long]
+    assert first.finished == []
+    second = engine.step()
+    assert second.round_number == 2
+    assert second.finished == [short]
+    assert short.finish_reason == "length"
+    third = engine.step()
+    assert third.new_tokens == [long]
+    assert third.finished == [long]
+    assert not engine.has_unfinished()
+    # Nothing left: a step runs no round.
+    assert engine.step().round_number is None
+    assert short.token_ids == greedy_by_recompute(model, [1, 2, 3], 2)
+    assert long.token_ids == greedy_by_recompute(model, [4, 5], 3)
+
+
+def test_a_request_no_round_could_take_is_final_when_added(model):
+    engine = Engine(model, None, batch_size=2, kv_budget_tokens=10)
+    too_big = engine.make_request(0, [1, 2, 3], greedy(20))
+    engine.add_request(too_big)
+    assert too_big.finished and too_big.finish_reason == "error"
+    assert "over the budget of 10" in too_big.error
+    assert not engine.has_unfinished()
+
+
+# ------------------------------------------------------------------ requests added between steps
+
+
+def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(model):
+    engine = Engine(model, None, batch_size=4, policy="continuous")
+    early = engine.make_request(0, [3, 1, 4], greedy(6))
+    engine.add_request(early)
+    engine.step()
+    engine.step()
+    late = engine.make_request(1, [1, 5, 9, 2], greedy(5))
+    engine.add_request(late)
+    engine.step()
+    assert late.first_round == 3
+    assert late.rounds_waited == 2
+    run_to_end(engine)
+    assert early.token_ids == greedy_by_recompute(model, [3, 1, 4], 6)
+    assert late.token_ids == greedy_by_recompute(model, [1, 5, 9, 2], 5)
+
+
+def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
+    engine = Engine(model, None, batch_size=4, policy="static")
+    members = [engine.make_request(i, [i + 1, 2], greedy(2 + 2 * i)) for i in range(2)]
+    for request in members:
+        engine.add_request(request)
+    engine.step()
+    # A row of the group is free from round 3 on, but the group still runs to round 4.
+    late = engine.make_request(2, [7, 7, 7], greedy(3))
+    engine.add_request(late)
+    outputs = run_to_end(engine)
+    group_end = max(r.finish_round for r in members)
+    assert group_end == 4
+    assert late.first_round == group_end + 1
+    assert late.group == 2
+    assert [o.ended_group.number for o in outputs if o.ended_group] == [1, 2]
+    assert late.token_ids == greedy_by_recompute(model, [7, 7, 7], 3)
+
+
+def test_a_longer_request_arriving_after_the_pool_started_is_served(model):
+    engine = Engine(model, None, batch_size=3, policy="continuous")
+    first = engine.make_request(0, [1, 2], greedy(2))
+    engine.add_request(first)
+    engine.step()
+    assert engine.kv_cache.capacity == 3  # its prompt of 2 and 2 tokens, but the last
+    longer = engine.make_request(1, [5, 4, 3, 2, 1], greedy(12))
+    engine.add_request(longer)
+    assert not longer.finished
+    run_to_end(engine)
+    assert longer.finish_reason == "length"
+    assert longer.token_ids == greedy_by_recompute(model, [5, 4, 3, 2, 1], 12)
+    assert first.token_ids == greedy_by_recompute(model, [1, 2], 2)
+
+
+def test_a_pool_the_budget_cannot_grow_drains_then_is_made_anew(model):
+    """Two rows of 8 positions in a budget of 16: a request needing 12 cannot join beside a
+    running one, so admission waits until the pool is empty; a short request that comes after
+    it waits too, though it would fit the row that frees first (else a stream of short
+    requests could keep the long one waiting for ever)."""
+    engine = Engine(model, None, batch_size=2, policy="continuous", kv_budget_tokens=16)
+    a = engine.make_request(0, [1, 2, 3], greedy(2))
+    b = engine.make_request(1, [4, 5, 6], greedy(6))
+    engine.add_request(a)
+    engine.add_request(b)
+    engine.step()
+    assert (engine.kv_cache.capacity, len(engine.kv_cache.lengths)) == (8, 2)
+    long = engine.make_request(2, [2] * 6, greedy(7))
+    short = engine.make_request(3, [9], greedy(2))
+    engine.add_request(long)
+    engine.add_request(short)
+    run_to_end(engine)
+    assert a.finish_round == 2
+    assert long.first_round == b.finish_round + 1
+    assert short.first_round > long.first_round
+    cases = [(a, [1, 2, 3], 2), (b, [4, 5, 6], 6), (long, [2] * 6, 7), (short, [9], 2)]
+    for request, prompt, n in cases:
+        assert request.token_ids == greedy_by_recompute(model, prompt, n)
+
+
+# ------------------------------------------------------------------ abort
+
+
+def test_a_request_aborted_while_waiting_never_runs(model):
+    engine = Engine(model, None, batch_size=1, policy="continuous")
+    running = engine.make_request(0, [1, 2], greedy(3))
+    waiting = engine.make_request(1, [3, 4], greedy(3), request_id="w")
+    engine.add_request(running)
+    engine.add_request(waiting)
+    engine.step()
+    assert engine.abort("w") == [waiting]
+    assert waiting.finish_reason == "abort"
+    assert waiting.error is None
+    assert waiting.token_ids == [] and waiting.first_round is None
+    run_to_end(engine)
+    assert waiting.slot is None
+    assert engine.abort("w") == []  # finished already: nothing to abort
+
+
+@pytest.mark.parametrize(
+    "params", [greedy(5), SamplingParams(max_new_tokens=5, temperature=1.3, seed=7)]
+)
+def test_an_aborted_running_request_frees_its_slot_for_the_next_whose_tokens_equal_a_solo_run(
+    model, params
+):
+    engine = Engine(model, None, batch_size=1, policy="continuous")
+    doomed = engine.make_request(0, [6, 6, 6, 6], greedy(20), request_id="doomed")
+    after = engine.make_request(1, [2, 7, 1], params, request_id="after")
+    engine.add_request(doomed)
+    engine.add_request(after)
+    engine.step()
+    engine.step()
+    slot = doomed.slot
+    assert engine.abort("doomed") == [doomed]
+    assert doomed.finish_reason == "abort"
+    assert doomed.finish_round == 2
+    assert doomed.token_ids == greedy_by_recompute(model, [6, 6, 6, 6], 2)
+    output = engine.step()
+    # The next round admits the waiting request into the freed slot, which was zeroed.
+    assert output.new_tokens == [after] and after.first_round == 3
+    assert after.slot == slot
+    run_to_end(engine)
+    assert after.token_ids == solo(model, [2, 7, 1], params, index=1)
+
+
+def test_an_aborted_static_member_leaves_the_compute_while_its_group_runs_on(model):
+    engine = Engine(model, None, batch_size=3, policy="static")
+    members = [engine.make_request(i, [i + 2, 3], greedy(4), request_id=f"m{i}") for i in range(3)]
+    for request in members:
+        engine.add_request(request)
+    engine.step()
+    engine.abort("m1")
+    output = engine.step()
+    assert output.new_tokens == [members[0], members[2]]
+    run_to_end(engine)
+    assert [len(r.token_ids) for r in members] == [4, 1, 4]
+    assert members[1].finish_reason == "abort"
+    for request in (members[0], members[2]):
+        assert request.token_ids == greedy_by_recompute(model, request.prompt_ids, 4)
+
+
+def test_a_static_group_whose_members_are_all_aborted_ends_and_the_next_starts(model):
+    engine = Engine(model, None, batch_size=2, policy="static")
+    group = [engine.make_request(i, [i + 1], greedy(9), request_id="group") for i in range(2)]
+    nxt = engine.make_request(2, [4, 4], greedy(3), request_id="next")
+    for request in [*group, nxt]:
+        engine.add_request(request)
+    engine.step()
+    engine.step()
+    assert engine.abort("group") == group
+    assert engine.kv_cache is None  # the group's cache went with its last member
+    output = engine.step()
+    assert output.round_number == 3 and output.new_tokens == [nxt]
+    assert (nxt.group, nxt.first_round) == (2, 3)
+    assert engine.scheduler.groups[0].last_round == 2
+    run_to_end(engine)
+    assert nxt.token_ids == greedy_by_recompute(model, [4, 4], 3)
+
+
+def test_abort_ends_every_sample_of_a_prompt(model):
+    llm_engine = Engine(model, None, batch_size=4, policy="continuous")
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    samples = [
+        llm_engine.make_request(0, [1, 2], params, request_id="p", sample=k, output_index=k)
+        for k in range(3)
+    ]
+    for request in samples:
+        llm_engine.add_request(request)
+    llm_engine.step()
+    assert llm_engine.abort("p") == samples
+    assert not llm_engine.has_unfinished()
+
+
+# ------------------------------------------------------------------ the invariant, drawn
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    policy=st.sampled_from(["static", "continuous"]),
+    batch_size=st.integers(1, 4),
+    arrivals=st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    lengths=st.lists(st.integers(1, 8), min_size=6, max_size=6),
+    abort_at=st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(1, 6))),
+)
+def test_whenever_requests_arrive_or_one_is_aborted_the_others_get_their_solo_tokens(
+    model, policy, batch_size, arrivals, lengths, abort_at
+):
+    """Request k arrives before step arrivals[k]; one may be aborted before a later step.
+    Every request that is not aborted gets exactly its tokens computed alone; the aborted one
+    keeps a prefix of them."""
+    engine = Engine(model, None, batch_size=batch_size, policy=policy)
+    prompts = [[(3 * k + j) % 60 for j in range(1 + k % 3)] for k in range(len(arrivals))]
+    requests = [
+        engine.make_request(k, prompts[k], greedy(lengths[k]), request_id=f"r{k}")
+        for k in range(len(arrivals))
+    ]
+    step = 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for k, arrival in enumerate(arrivals):
+            if arrival == step:
+                engine.add_request(requests[k])
+        if abort_at is not None and abort_at[1] == step and abort_at[0] < len(requests):
+            engine.abort(f"r{abort_at[0]}")
+        engine.step()
+        step += 1
+    for k, request in enumerate(requests):
+        expected = greedy_by_recompute(model, prompts[k], lengths[k])
+        assert request.status is Status.FINISHED
+        if request.finish_reason == "abort":
+            assert request.token_ids == expected[: len(request.token_ids)]
+        else:
+            assert request.token_ids == expected
+
+
+# ------------------------------------------------------------------ the offline loop over step
+
+
+def test_serve_is_refused_while_added_requests_are_unfinished(model):
+    engine = Engine(model, None, batch_size=2)
+    engine.add_request(engine.make_request(0, [1], greedy(3)))
+    with pytest.raises(RequestError, match="still serving"):
+        engine.serve([engine.make_request(1, [2], greedy(3))])
+
+
+def test_llm_generate_equals_a_loop_over_step_by_hand(model):
+    llm = LLM.__new__(LLM)  # the engine of an LLM, without a checkpoint on disk
+    llm.engine = Engine(model, None, batch_size=2, policy="continuous")
+    llm.tokenizer = None
+    llm.defaults = greedy(5)
+    llm.seed = 0
+    llm.last_stats = None
+    prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
+    params = [SamplingParams(max_new_tokens=2 + i, temperature=0.9, seed=i) for i in range(4)]
+    outputs = llm.generate(prompts, params)
+    engine = Engine(model, None, batch_size=2, policy="continuous")
+    by_hand = [
+        engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+    ]
+    for request in by_hand:
+        engine.add_request(request)
+    run_to_end(engine)
+    assert [o.token_ids for o in outputs] == [r.token_ids for r in by_hand]
+    assert [o.first_round for o in outputs] == [r.first_round for r in by_hand]
+    assert [o.finish_round for o in outputs] == [r.finish_round for r in by_hand]
