@@ -19,6 +19,7 @@ import os
 import numpy as np
 import pytest
 from hypothesis import settings
+from hypothesis import strategies as st
 
 from minirt.model import backend as backend_module
 from minirt.model.backend import numpy_backend
@@ -35,9 +36,10 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 DATA = ROOT / "tests" / "data"
-sys.path.insert(
-    0, str(ROOT / "tools")
-)  # tools/reference.py (transformers) and tools/tiny_random_model.py
+# The tools the tests import: tools/fixtures/ (reference.py with transformers, tiny_random_model.py, train_tiny.py)
+# and tools/bench/ (device_check.py).
+sys.path.insert(0, str(ROOT / "tools" / "bench"))
+sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
 
 from tiny_random_model import random_tensors, write_tiny_lm  # noqa: E402 (after the sys.path insert above)
 
@@ -90,6 +92,31 @@ def random_model(seed: int = 0, dtype=np.float32, backend=None, rounded_to=None,
         head_is_tied=True,
     )
     return GPT2(checkpoint, backend or numpy_backend(), dtype)
+
+
+# Small random models for the forward pass's hypothesis invariants (test_batch_invariance.py, test_kv_cache.py).
+MODELS = {}
+
+
+def model_for(n_head: int, seed: int):
+    """Cache a few random models; configs vary the head count and the MLP width."""
+    key = (n_head, seed)
+    if key not in MODELS:
+        MODELS[key] = random_model(
+            seed=seed,
+            n_head=n_head,
+            n_embd=6 * n_head,
+            n_inner=10 * n_head,
+            vocab_size=37,
+            n_positions=24,
+        )
+    return MODELS[key]
+
+
+model_choice = st.builds(model_for, n_head=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2))
+token_lists = st.lists(
+    st.lists(st.integers(0, 36), min_size=1, max_size=24), min_size=1, max_size=5
+)
 
 
 def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Issue #13: prompts files read in chunks, as Ray's read tasks read them, give exactly the entries one process
+"""Prompts files read in chunks, as Ray's read tasks read them, give exactly the entries one process
 reads (minirt/prompt_file.py's `read_prompts`, the independent whole-file path), with global indexes across
 files, and a file of any size is never held whole.  No Ray needed.
 """

@@ -1,4 +1,4 @@
-"""Issue #13: scale-out on Ray Data gives the records of one process, with any number of workers.
+"""Scale-out on Ray Data gives the records of one process, with any number of workers.
 
 The expected records come from the single-process run of the same prompts (`python -m minirt.generate`
 without --ray), an independent path through the same engine: no Ray, one LLM, one queue.  On a local Ray

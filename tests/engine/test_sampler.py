@@ -153,7 +153,7 @@ def test_updated_refuses_unknown_fields_and_accepts_lists():
         SamplingParams().updated(temprature=1.0)
 
 
-# ------------------------------------------------------------------ top-p at an exact boundary (issue #16)
+# ------------------------------------------------------------------ top-p at an exact boundary
 # Powers of two make every probability and partial sum exact in binary: with n equal logits, each token has
 # 1/n, and top_p = k/n is reached exactly by the k-th token.  The smallest set whose mass reaches top_p is
 # those k tokens, no more (the property test above skips cases within 1e-9 of the boundary, so it cannot tell

@@ -1,6 +1,6 @@
-"""Issue #14 (first part): logit_bias, the repetition, presence and frequency penalties, and min-p.
+"""logit_bias, the repetition, presence and frequency penalties, and min-p.
 
-Expected values come from hand computations (plain Python loops over the formulas in the issue), and, where
+Expected values come from hand computations (plain Python loops over the formulas in `by_hand`), and, where
 torch and transformers import, from transformers' own RepetitionPenaltyLogitsProcessor, MinPLogitsWarper and
 greedy `generate(repetition_penalty=1.3)`.  Batch invariance holds with every new field set.
 """
@@ -26,7 +26,7 @@ histories = st.lists(st.integers(0, V - 1), max_size=12)
 
 
 def by_hand(logits, bias, repetition, presence, frequency, prompt, output):
-    """The issue's formulas, one token at a time: bias, then repetition over prompt and output (each token once),
+    """The formulas, one token at a time: bias, then repetition over prompt and output (each token once),
     then frequency x count and presence x (count > 0) over the output."""
     x = [float(v) for v in logits]
     for token, b in bias.items():
@@ -212,8 +212,8 @@ def test_top_logprobs_are_the_most_likely_by_hand(logits, n):
 
 
 def test_logprobs_n_records_the_alternatives_of_every_step(tiny_lm, tmp_path):
-    """--logprobs N: top_logprobs, N pairs per generated token, the greedy choice first; --logprobs alone and a
-    JSONL line's own "logprobs" as the issue says."""
+    """--logprobs N: top_logprobs, N pairs per generated token, the greedy choice first; --logprobs alone records
+    no alternatives, and a JSONL line's own "logprobs" N holds for that line whatever the flag."""
     import json
 
     from minirt.cli.command import run_command

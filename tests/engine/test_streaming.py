@@ -1,4 +1,4 @@
-"""Issue #12: streaming.  A request's tokens are handed out as they are produced, and its text only once it is
+"""Streaming.  A request's tokens are handed out as they are produced, and its text only once it is
 final: the pieces of text a stream shows, joined, are exactly the request's final text (never a half character,
 never text that a stop string completed later cuts away), and the token ids are its token ids, in order.
 Streaming changes nothing about the results: the outputs are those of the same run without it.

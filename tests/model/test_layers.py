@@ -115,7 +115,7 @@ def test_softmax_attention_all_masked_has_no_nan(dtype):
     assert np.all(out[0, 0, 0] == 0) and np.allclose(out[0, 0, 1], 1.0)
 
 
-# ------------------------------------------------------------------ behaviour behind two single-test kills (#16)
+# ------------------------------------------------------------------ padding queries, and attention scores in the hundreds
 
 
 def test_a_padding_query_never_reads_past_its_rows_keys():
@@ -199,7 +199,7 @@ def test_scores_in_the_hundreds_match_transformers(sharp_attention_model):
     assert relative_error(got, want) < 1e-4
 
 
-# ------------------------------------------------------------------ attention a tile of queries at a time (#11)
+# ------------------------------------------------------------------ attention a tile of queries at a time
 
 
 @settings(max_examples=80, deadline=None)
@@ -286,7 +286,7 @@ def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
     assert list(resumed.query_tiles(n_head=2, scratch_bytes=10**6)) == [(0, 0, 2, 7), (1, 0, 1, 2)]
 
 
-# ------------------------------------------------------------------ the [C, V] head and its block loops (#11)
+# ------------------------------------------------------------------ the [C, V] head and its block loops
 
 
 def test_a_blocked_transpose_equals_the_transpose_across_many_blocks():

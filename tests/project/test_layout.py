@@ -14,7 +14,7 @@ The folders, from the bottom up (each may import the ones before it, never the o
 
 Third-party imports: numpy, safetensors and tokenizers anywhere; cupy only in model/backend.py (and the
 tests); ray only in distributed/ray_data.py; the web stack only in server/.  Functions are at most 50 lines
-and lines at most 100 characters; `ruff format --check` holds the rest of the layout (tests/test_lint.py).
+and lines at most 100 characters; `ruff format --check` holds the rest of the layout (tests/project/test_lint.py).
 """
 
 import ast

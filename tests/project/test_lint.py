@@ -1,6 +1,6 @@
-"""Issue #12: the project's own lint and type configuration holds, for minirt/ and for a user's script.
+"""The project's own lint and type configuration holds, for minirt/ and for a user's script.
 
-`ruff check .` passes with the committed config (pyproject.toml), `mypy` passes on minirt/, and a user script
+`ruff check .` and `ruff format --check .` pass with the committed config (pyproject.toml), `mypy` passes on minirt/, and a user script
 that uses `LLM`, `SamplingParams` and an output's `.text` type-checks against the installed annotations
 (`py.typed`), while the same script with a wrong attribute or a wrong type is caught: the check has teeth.
 Skipped cleanly when ruff or mypy is not installed (both come with the `test` extra).
@@ -53,6 +53,22 @@ def run(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
 def test_ruff_check_passes_with_the_projects_config():
     result = run("ruff", "check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_ruff
+def test_ruff_format_leaves_every_file_as_it_is():
+    result = run("ruff", "format", "--check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_ruff
+def test_ruff_format_check_sees_a_file_it_would_change(tmp_path):
+    """The check has teeth: a file the formatter would rewrite fails it."""
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (tmp_path / "squeezed.py").write_text("x = {  'a':1,'b' :2 }\n")
+    result = run("ruff", "format", "--check", ".", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "squeezed.py" in result.stdout + result.stderr
 
 
 @needs_mypy

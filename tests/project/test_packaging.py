@@ -1,5 +1,5 @@
 """A built wheel, not the source tree: the shipped model travels inside the package, so `minirt generate` and
-`minirt evaluate` run with no --model from any directory (#12).  Slow: it builds the wheel with pip."""
+`minirt evaluate` run with no --model from any directory.  Slow: it builds the wheel with pip."""
 
 import json
 import os

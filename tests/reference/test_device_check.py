@@ -1,4 +1,4 @@
-"""The CPU side of tools/device_check.py: argument parsing, the NumPy run, the byte counts, the JSON."""
+"""The CPU side of tools/bench/device_check.py: argument parsing, the NumPy run, the byte counts, the JSON."""
 
 import json
 

@@ -11,11 +11,11 @@ import pytest
 import minirt
 from conftest import FIXTURE_NAMES, FIXTURES, greedy_decode, load_expected, relative_error
 
-FP32_TOLERANCE = 1e-4  # the issue's bound; observed errors are ~1e-6
+FP32_TOLERANCE = 1e-4  # the fp32 contract's bound; observed errors are ~1e-6
 
 
 def test_every_fixture_kind_is_present():
-    """The configs the issue asks for are all committed (so a deleted fixture fails loudly)."""
+    """The odd-corner configs (tools/fixtures/make_fixtures.py) are all committed (so a deleted fixture fails loudly)."""
     assert set(FIXTURE_NAMES) >= {
         "base",
         "odd_heads",

@@ -1,4 +1,4 @@
-"""The Python API checks its arguments (issue #10, family 8).
+"""The Python API checks its arguments.
 
 * `LLM.generate` raises TypeError or ValueError naming the argument for prompts that are None, bytes, numbers,
   or token-id lists holding floats (before, int() silently truncated 2.7 to 2), and for params that are not
@@ -73,7 +73,7 @@ def test_generate_names_a_bad_prompt(llm, bad, good_first):
         ([[True, 2]], "prompts[0]"),
     ],
 )
-def test_generate_refuses_examples_from_the_issue(llm, prompts, fragment):
+def test_generate_refuses_prompts_that_are_not_strings_or_integer_ids(llm, prompts, fragment):
     with pytest.raises(TypeError) as exc:
         llm.generate(prompts)
     assert fragment in str(exc.value)
@@ -181,7 +181,7 @@ def test_float_ids_in_a_prompts_file_fail_their_own_line(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------ found by review
+# ------------------------------------------------------------------ numpy integers, LLM's own arguments, ids anywhere
 
 
 def test_numpy_integers_are_counts_and_seeds_like_python_ints():
@@ -218,7 +218,7 @@ def test_llm_names_a_bad_argument_as_a_value_error(kwargs, error, fragment):
 
 
 def test_llm_of_none_is_the_shipped_model_and_a_wrong_type_is_a_type_error():
-    """#10: LLM(None) must never become a hub lookup of "None".  #12: no model means the shipped one."""
+    """LLM(None) must never become a hub lookup of "None": no model means the shipped one."""
     from conftest import ROOT
 
     assert (

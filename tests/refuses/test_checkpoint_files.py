@@ -1,4 +1,4 @@
-"""Hostile checkpoint files are refused in one line, never a crash (issue #10, family 1 "Checkpoint files").
+"""Hostile checkpoint files are refused in one line, never a crash.
 
 A safetensors header is untrusted input.  Each of these is refused with one line naming the file (and the
 tensor), through the API and through `minirt.generate`: header fields of the wrong type (offsets that are
@@ -718,7 +718,7 @@ def test_a_shape_with_half_a_million_dimensions_is_read_quickly(tmp_path, last, 
     assert time.perf_counter() - start < 1
 
 
-# ---------------------------------------------------------------- found by review: files that are not small JSON
+# ---------------------------------------------------------------- files that are not small JSON
 
 
 @pytest.mark.parametrize("file_name", ["config.json", "generation_config.json"])

@@ -1,4 +1,4 @@
-"""Non-finite numbers never leak out as garbage (issue #10, family 7).
+"""Non-finite numbers never leak out as garbage.
 
 * A row whose logits hold NaN or inf fails that request alone, with finish_reason "error" and a message that
   says so, whatever its batch: NaN weights, inf weights, and float16 overflow (the same weights served in float32).

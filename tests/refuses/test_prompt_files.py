@@ -1,9 +1,9 @@
-"""Issue #10, family 5: a bad line of a prompts file fails that request alone, with its own record.
+"""A bad line of a prompts file fails that request alone, with its own record.
 
 A wrong-typed `stop` or `stop_token_ids`, a lone surrogate escaped in JSON, a line that is not UTF-8 (in a file or
 on standard input) and a line over the size limit each get an error record naming the line, while the good lines
 give exactly the records they give without the bad ones, the run exits 1 and nothing is a traceback.  A file in
-which no line decodes is still refused whole.  A line ends at \\n (or \\r\\n) alone, as JSON Lines says (issue #12):
+which no line decodes is still refused whole.  A line ends at \\n (or \\r\\n) alone, as JSON Lines says:
 a lone \\r, U+2028, U+2029, U+0085, a form feed and the other characters where `str.splitlines` also splits stay
 inside their prompt.
 """

@@ -1,4 +1,4 @@
-"""Issue #10, family 4: counts that can never work are refused as flags, and a huge batch size costs nothing.
+"""Counts that can never work are refused as flags, and a huge batch size costs nothing.
 
 `python -m minirt.rounds` refuses a batch size, KV budget or round token budget below 1, a --batch-sizes list
 holding one, a negative --seed, a list with an empty item (4,,8), an output or prompt length above MAX_LENGTH and

@@ -1,4 +1,4 @@
-"""A model's tokenizer and generation defaults are checked against the model when it loads (issue #10, family 3).
+"""A model's tokenizer and generation defaults are checked against the model when it loads.
 
 A tokenizer.json that cannot be read (cut short, random bytes, bytes that are not UTF-8, valid JSON of the wrong
 shape) is refused at load in one line naming the file; so are vocab.json + merges.txt that cannot build a BPE;
@@ -602,7 +602,7 @@ def test_a_number_too_big_for_numpy_is_refused_in_one_line(model, field):
     assert field in refused_generation_config(model)
 
 
-# --- a tokenizer.json that loads but misbehaves on some text (found by review) -------------------------------------
+# --- a tokenizer.json that loads but misbehaves on some text -------------------------------------------------------
 
 
 def edit_tokenizer_json(folder: Path, **parts) -> None:

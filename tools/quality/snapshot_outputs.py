@@ -3,8 +3,8 @@
 A refactor that promises "no behaviour change" is checked by running this
 before and after it and comparing the two folders:
 
-    python tools/snapshot_outputs.py --out /tmp/before        # on the old commit
-    python tools/snapshot_outputs.py --out /tmp/after         # on the new one
+    python tools/quality/snapshot_outputs.py --out /tmp/before        # on the old commit
+    python tools/quality/snapshot_outputs.py --out /tmp/after         # on the new one
     diff -r /tmp/before /tmp/after && echo identical
 
 Each case is one command, run as a subprocess from the repository root: its
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 TIMING_LINE = re.compile(r"^(speed |wall time |loaded in |time  |scored \d+ prompt|first token )")
 SECONDS_FIELD = re.compile(r'"(seconds|arrival_s|first_token_s|finish_s)": (null|[0-9.e+-]+)')
@@ -350,7 +350,7 @@ def fixture_cases(out: Path, work: Path) -> None:
 
 
 def tiny_cases(out: Path, work: Path) -> None:
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
     from tiny_random_model import write_tiny_lm
 
     tiny = write_tiny_lm(work / "tiny")
@@ -569,7 +569,7 @@ def help_cases(out: Path, work: Path) -> None:
 def gpt2_124m_case(out: Path, work: Path) -> None:
     folder = work / "gpt2-124m-random"
     subprocess.run(
-        [sys.executable, "tools/reference.py", "make-124m", str(folder)],
+        [sys.executable, "tools/fixtures/reference.py", "make-124m", str(folder)],
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -7,9 +7,9 @@ suite (`pytest -x -m "not slow"`, with a fixed hypothesis seed so that a run is 
 the mutant as killed (with the first failing test) or survived.  A survivor is a blind spot of the suite:
 write the test that kills it, and check by hand that the test fails on the mutant.
 
-    python tools/mutants.py                  # every mutant, two at a time; exits 1 if any survived
-    python tools/mutants.py --list           # the mutants, one line each
-    python tools/mutants.py --only top_p_boundary reused_slot_not_zeroed --jobs 1
+    python tools/quality/mutants.py                  # every mutant, two at a time; exits 1 if any survived
+    python tools/quality/mutants.py --list           # the mutants, one line each
+    python tools/quality/mutants.py --only top_p_boundary reused_slot_not_zeroed --jobs 1
 
 When you write new code in minirt/, add mutants for it here.
 """
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 COPY_IGNORE = shutil.ignore_patterns(
     ".git",
     ".venv",

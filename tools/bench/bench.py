@@ -21,14 +21,14 @@ run back to back.  The minirt child never imports torch, so its RSS is minirt's 
 `--decode-floor` measures, in one minirt process, a decode step (`model.forward` of one token per row
 after 40 cached positions, Batch metadata included; sampling is not) against the time of that step's weight GEMMs
 alone (4 per layer and the head, on random inputs of the same shapes), alternating, at batch 1, 8, 32;
-and the same step with the head multiplied as the file's [V, C] transposed (the layout before #11).
+and the same step with the head multiplied as the file's [V, C] transposed, against the [C, V] copy minirt keeps.
 
 Usage (needs the `reference` extra; the default model is a random gpt2-124M made once in /tmp):
 
-    python tools/bench.py                                  # the whole matrix, 3 repeats
-    python tools/bench.py --workloads long-b8 score-8x1024 --repeats 5
-    python tools/bench.py --decode-floor                   # decode step against its GEMMs
-    python tools/bench.py --model gpt2                     # a real checkpoint from the local HF cache
+    python tools/bench/bench.py                                  # the whole matrix, 3 repeats
+    python tools/bench/bench.py --workloads long-b8 score-8x1024 --repeats 5
+    python tools/bench/bench.py --decode-floor                   # decode step against its GEMMs
+    python tools/bench/bench.py --model gpt2                     # a real checkpoint from the local HF cache
 
 Other work on the machine skews every figure: run it alone (or under `flock /tmp/bench.lock`).
 """
@@ -46,8 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))  # reference.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 
 # name -> (prompts, (min, max) prompt length, new tokens, batch size)
 WORKLOADS = {
@@ -289,9 +289,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description="minirt beside transformers: a matrix of workloads, fresh processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  python tools/bench.py --repeats 3\n"
-        "  python tools/bench.py --workloads long-b8 --repeats 5\n"
-        "  python tools/bench.py --decode-floor",
+        epilog="examples:\n  python tools/bench/bench.py --repeats 3\n"
+        "  python tools/bench/bench.py --workloads long-b8 --repeats 5\n"
+        "  python tools/bench/bench.py --decode-floor",
     )
     parser.add_argument(
         "--model", help="checkpoint folder or hub id (default: a random gpt2-124M in --scratch)"

@@ -21,11 +21,11 @@ Sections:
 
 On the device machine (see README, "Running on a GPU"):
 
-    python tools/device_check.py --out $OUT/device_check.json
+    python tools/bench/device_check.py --out $OUT/device_check.json
 
 Here, on the CPU, the same code runs small and fast (the tests do this):
 
-    python tools/device_check.py --backend numpy --quick --out /tmp/device_check.json
+    python tools/bench/device_check.py --backend numpy --quick --out /tmp/device_check.json
 
 pytest and hypothesis may be missing on the device machine; install them into
 .device_deps (`pip install --target .device_deps pytest hypothesis`) and carry
@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
 if (ROOT / ".device_deps").is_dir():  # last, so the machine's own packages win
     sys.path.append(str(ROOT / ".device_deps"))
 
@@ -68,7 +68,7 @@ class Deadline:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="minirt on a GPU: environment, correctness, speed, bandwidth floor.",
-        epilog="example: python tools/device_check.py --out $OUT/device_check.json",
+        epilog="example: python tools/bench/device_check.py --out $OUT/device_check.json",
     )
     p.add_argument(
         "--out",

@@ -4,8 +4,8 @@ For a change that must not cost speed (a refactor), run the old and the new tree
 workload, each in fresh processes, alternating, and compare medians:
 
     git worktree add /tmp/base 46f5ce3
-    python tools/reference.py make-124m /tmp/gpt2-124m-random
-    python tools/compare_trees.py --trees /tmp/base . --model /tmp/gpt2-124m-random --runs 4
+    python tools/fixtures/reference.py make-124m /tmp/gpt2-124m-random
+    python tools/quality/compare_trees.py --trees /tmp/base . --model /tmp/gpt2-124m-random --runs 4
 
 Each run: `LLM(model, batch_size=8).generate` on 8 random prompts of 9-29 tokens, 32 greedy tokens each
 (after a short warm-up), then `model.logits` on 4 sequences of 256 tokens.  It prints each run, then for
@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trees", nargs=2, type=Path, required=True, metavar=("OLD", "NEW"))
     parser.add_argument(
-        "--model", required=True, help="a model folder, e.g. from tools/reference.py make-124m"
+        "--model",
+        required=True,
+        help="a model folder, e.g. from tools/fixtures/reference.py make-124m",
     )
     parser.add_argument("--runs", type=int, default=4, help="alternating runs per tree (default 4)")
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ Each measurement is a fresh `python -m minirt.generate` process (model loads, an
 included: what a user waits for), the configurations taking turns in every repeat.  The output records of each
 run are checked against the one-process run: the same index, id, text, token_ids and finish_reason.
 
-    python tools/ray_bench.py --model /tmp/gpt2-124m-random --prompts 64 --max-new-tokens 32 --repeats 3
+    python tools/bench/ray_bench.py --model /tmp/gpt2-124m-random --prompts 64 --max-new-tokens 32 --repeats 3
 
 On a 2-core machine this cannot show scaling: one process already uses both cores for its matrix products,
 and each worker gets one.  It shows what Ray costs (start, a model load per worker) beside what it buys.
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 CONFIGS = {
     "one process": [],
     "ray, 1 worker": ["--ray", "local", "--workers", "1"],

@@ -18,9 +18,9 @@ fair number to compare.
 
 Usage (needs the `reference` extra):
 
-    python tools/measure_load.py --make /tmp/gpt2-124m-random   # writes a random 124M checkpoint once
-    python tools/measure_load.py --model /tmp/gpt2-124m-random --repeats 3
-    python tools/measure_load.py --model gpt2                    # a real one from the local HF cache
+    python tools/bench/measure_load.py --make /tmp/gpt2-124m-random   # writes a random 124M checkpoint once
+    python tools/bench/measure_load.py --model /tmp/gpt2-124m-random --repeats 3
+    python tools/bench/measure_load.py --model gpt2                    # a real one from the local HF cache
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ TRANSFORMERS_CHILD = CHILD_TEMPLATE.format(
 
 
 def make_checkpoint(folder: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))
     from reference import make_gpt2_124m
 
     make_gpt2_124m(folder)
@@ -95,7 +95,7 @@ def run_child(code: str, model: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(
         description="Load time and peak RSS: minirt vs transformers from_pretrained.",
-        epilog="example: python tools/measure_load.py --model /tmp/gpt2-124m-random --repeats 3",
+        epilog="example: python tools/bench/measure_load.py --model /tmp/gpt2-124m-random --repeats 3",
     )
     parser.add_argument("--model", help="checkpoint folder or hub id in the local HF cache")
     parser.add_argument(

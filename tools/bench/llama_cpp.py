@@ -37,10 +37,10 @@ decode path here: 32 sequences ran at ~190 tok/s, ~270 with -fa off, ~310 with f
 threads (-t for llama.cpp; OPENBLAS_NUM_THREADS for NumPy).  The timed work shares the CPU with other
 benchmarks, so run compare under the bench lock (the build takes none; it runs under nice -n 10):
 
-    python tools/llama_cpp.py build /tmp/llama-cpp
-    python tools/reference.py make-124m /tmp/gpt2-124m-random    # if missing (compare/convert do it too)
-    python tools/llama_cpp.py convert /tmp/gpt2-124m-random /tmp/gpt2-124m-random-f32.gguf
-    flock /tmp/bench.lock python tools/llama_cpp.py compare --model /tmp/gpt2-124m-random \\
+    python tools/bench/llama_cpp.py build /tmp/llama-cpp
+    python tools/fixtures/reference.py make-124m /tmp/gpt2-124m-random    # if missing (compare/convert do it too)
+    python tools/bench/llama_cpp.py convert /tmp/gpt2-124m-random /tmp/gpt2-124m-random-f32.gguf
+    flock /tmp/bench.lock python tools/bench/llama_cpp.py compare --model /tmp/gpt2-124m-random \\
         --gguf /tmp/gpt2-124m-random-f32.gguf --llama-dir /tmp/llama-cpp --repeats 3
 
 compare exits 1 when the greedy tokens differ.
@@ -62,7 +62,7 @@ from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist vendoring llama.cpp ggml-org/llama.cpp@0c1e57098
 TARGETS = ("llama-bench", "llama-batched-bench", "llama-simple", "llama-tokenize")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -149,7 +149,10 @@ def cmd_build(args) -> int:
 def ensure_model(folder: Path) -> Path:
     if not (folder / "config.json").is_file():
         print(f"{folder} is missing: making the random gpt2-124M there", flush=True)
-        run([sys.executable, REPO / "tools" / "reference.py", "make-124m", folder], timeout=900)
+        run(
+            [sys.executable, REPO / "tools" / "fixtures" / "reference.py", "make-124m", folder],
+            timeout=900,
+        )
     return folder
 
 
@@ -438,7 +441,7 @@ def main() -> int:
     p.add_argument(
         "model",
         type=Path,
-        help="checkpoint folder (made with tools/reference.py make-124m if missing)",
+        help="checkpoint folder (made with tools/fixtures/reference.py make-124m if missing)",
     )
     p.add_argument("out", type=Path, help="the .gguf file to write")
     p.add_argument(

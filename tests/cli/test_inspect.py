@@ -1,0 +1,71 @@
+"""`python -m minirt.inspect`: the top tokens it prints, its one-line errors, and the module run as a command."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minirt
+from conftest import FIXTURES, ROOT, load_expected
+from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
+from minirt.inspect import main as inspect_main
+
+
+def test_inspect_reports_the_reference_top_token(capsys):
+    """The top next token it prints is transformers' argmax for the same prompt."""
+    expected = load_expected("base")
+    prompt = expected["seq_0"].tolist()
+    argv = ["--ids", ",".join(map(str, prompt)), "--top-k", "2", str(FIXTURES / "base")]
+    assert run_command(inspect_main, argv) == EXIT_OK
+    out = capsys.readouterr().out
+    reference_top = int(np.argmax(expected["logits"][0, len(prompt) - 1]))
+    first_line = next(line for line in out.splitlines() if line.strip().startswith("id "))
+    assert first_line.split()[1] == str(reference_top)
+    assert "memory-mapped" in out and "31,616 parameters" in out
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["nope/does/not/exist"], "does not exist"),
+        ([str(FIXTURES / "base"), "--backend", "cupy"], "--backend numpy"),
+        ([str(FIXTURES / "base"), "--dtype", "int8"], "unknown dtype"),
+        ([str(FIXTURES / "base"), "--prompt", "hi"], "needs a tokenizer"),
+        ([str(FIXTURES / "base"), "--top-k", "0"], "--top-k"),
+    ],
+)
+def test_inspect_errors_are_one_line(capsys, argv, fragment):
+    if "cupy" in argv:
+        try:
+            minirt.get_backend("cupy")
+            pytest.skip("a usable GPU is present")
+        except minirt.BackendError:
+            pass
+    assert run_command(inspect_main, argv, prog="minirt.inspect") == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err and "Traceback" not in err
+
+
+def test_inspect_as_a_module_subprocess():
+    result = subprocess.run(
+        [sys.executable, "-m", "minirt.inspect", str(FIXTURES / "sharded"), "--ids", "1,2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "in 3 file(s)" in result.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "minirt.inspect", "/no/such/folder"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert (
+        bad.returncode == EXIT_USAGE
+        and bad.stderr.count("\n") == 1
+        and "Traceback" not in bad.stderr
+    )
