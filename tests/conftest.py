@@ -55,7 +55,7 @@ def reference_available() -> bool:
 
 _skip_without_reference = pytest.mark.skipif(
     not reference_available(),
-    reason="torch/transformers not installed (pip install -e .[reference])",
+    reason="torch/transformers not installed (CPU torch first, README 'CPU-only PyTorch'; then pip install -e .[reference])",
 )
 
 

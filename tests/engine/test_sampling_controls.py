@@ -355,7 +355,8 @@ def test_n_gives_one_record_per_sample(tiny_lm, tmp_path):
 # ----------------------------------------------------------------------------- against live transformers
 
 live = pytest.mark.skipif(
-    not reference_available(), reason="torch/transformers not installed (.[reference])"
+    not reference_available(),
+    reason="torch/transformers not installed (CPU torch first, README 'CPU-only PyTorch'; then pip install -e .[reference])",
 )
 
 

@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.reference,
     pytest.mark.skipif(
         not reference_available(),
-        reason="torch/transformers not installed (pip install -e .[reference])",
+        reason="torch/transformers not installed (CPU torch first, README 'CPU-only PyTorch'; then pip install -e .[reference])",
     ),
 ]
 

@@ -19,17 +19,17 @@ Sections:
   4. floor         the bytes of weights and KV read per decode step, divided by
                    ~4.8 TB/s, as a fraction of the measured step time.
 
-On the device machine (see README, "Running on a GPU"):
+On a machine with an NVIDIA GPU, CuPy, torch and transformers (docs/gpu.md):
 
-    python tools/bench/device_check.py --out $OUT/device_check.json
+    python tools/bench/device_check.py --out device_check.json
 
 Here, on the CPU, the same code runs small and fast (the tests do this):
 
     python tools/bench/device_check.py --backend numpy --quick --out /tmp/device_check.json
 
-pytest and hypothesis may be missing on the device machine; install them into
-.device_deps (`pip install --target .device_deps pytest hypothesis`) and carry
-that folder, and this script puts it on the path.
+Where pytest and hypothesis cannot be installed into the machine's own Python,
+install them into .device_deps in the clone (`pip install --target .device_deps
+pytest hypothesis`): this script puts that folder on the path.
 """
 
 from __future__ import annotations
