@@ -1,19 +1,32 @@
 """The Python API, shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`.
 
-Owns: loading a model with its tokenizer and generation defaults (the one place that does), and the calls
-that serve prompts (in static groups, or with continuous batching) and return their outputs in input order.
+Owns: loading a model with its tokenizer and generation defaults (the one place that does), and
+the calls that serve prompts (in static groups, or with continuous batching) and return their
+outputs in input order.
 
     from minirt import LLM, SamplingParams
-    llm = LLM("gpt2", batch_size=8)                 # policy="continuous" to refill rows every round
-    for out in llm.generate(["Hello, my name is", "The sky is"], SamplingParams(max_new_tokens=20)):
+
+    # The model shipped with minirt.  LLM("gpt2") needs a gpt2 checkpoint in the local Hugging
+    # Face cache; LLM(policy="continuous") refills rows every round.
+    llm = LLM()
+    params = SamplingParams(max_new_tokens=20)
+    for out in llm.generate(["Hello, my name is", "The sky is"], params):
         print(out.text, out.finish_reason, out.first_round, out.finish_round)
 
-    # Streaming: on_token hears of every token as it is produced, with its text once that text is final.
-    llm.generate(["To be, or not to be"], on_token=lambda event: print(event.text, end="", flush=True))
+    # Streaming: on_token hears of every token as it is produced, with its text once final.
+    def show(event):
+        print(event.text, end="", flush=True)
 
-Each output is a `RequestOutput` (minirt/output.py: `.text`, `.token_ids`, `.finish_reason`, `.error`,
-`.first_round`, ...).  Callers that report as they go (the command line) use `make_request` and `serve`,
-which work on the runtime's own `Request` records.
+    llm.generate(["To be, or not to be"], on_token=show)
+
+`generate(prompts)` with no params uses the model's generation defaults (its folder's
+generation_config.json, as the command line does); an explicit `SamplingParams()` is greedy with
+64 new tokens.  Both `generate` and `serve` run `Engine.serve` (minirt/engine/engine.py), a loop
+over `Engine.step()`, one round a step.
+
+Each output is a `RequestOutput` (minirt/engine/output.py: `.text`, `.token_ids`,
+`.finish_reason`, `.error`, `.first_round`, ...).  Callers that report as they go (the command
+line) use `make_request` and `serve`, which work on the runtime's own `Request` records.
 
 Must not know: command-line flags or file formats.
 """
@@ -21,8 +34,9 @@ Must not know: command-line flags or file formats.
 from __future__ import annotations
 
 from pathlib import Path
-import numpy as np
 from typing import Callable, Sequence
+
+import numpy as np
 
 from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine
 from .engine.output import RequestOutput, TokenEvent
@@ -41,16 +55,18 @@ from .model.gpt2 import GPT2
 def load_model(
     model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32"
 ) -> GPT2:
-    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a backend."""
+    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint)
+    onto a backend."""
     chosen, _note = get_backend(backend)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
     return GPT2(checkpoint, chosen, resolve_dtype(dtype))
 
 
 def generation_defaults(folder: Path) -> SamplingParams:
-    """Sampling defaults from a folder's generation_config.json, read as Hugging Face does (do_sample absent or
-    false: greedy; true: its temperature, top_k and top_p, each defaulting to 1.0, 50 and 1.0).  A file that is
-    not JSON, or a value minirt cannot use, is refused in one line naming the file."""
+    """Sampling defaults from a folder's generation_config.json, read as Hugging Face does
+    (do_sample absent or false: greedy; true: its temperature, top_k and top_p, each defaulting
+    to 1.0, 50 and 1.0).  A file that is not JSON, or a value minirt cannot use, is refused in
+    one line naming the file."""
     path = Path(folder) / "generation_config.json"
     try:
         raw = read_json_file(path) if path.exists() else {}
@@ -61,22 +77,19 @@ def generation_defaults(folder: Path) -> SamplingParams:
             for name in ("temperature", "top_k", "top_p", "max_new_tokens")
             if raw.get(name) is not None
         }
-        SamplingParams(
-            **read
-        )  # every value the file gives is checked, even one that greedy decoding ignores
+        # Every value the file gives is checked, even one that greedy decoding ignores.
+        SamplingParams(**read)
         if raw.get("do_sample") is True:
             return SamplingParams(**{"temperature": 1.0, "top_k": 50, **read})
         return SamplingParams(**{**read, "temperature": 0.0})
-    except (
-        OSError,
-        ValueError,
-        RecursionError,
-    ) as exc:  # RequestError is a ValueError, and so are JSON's
+    # RequestError is a ValueError, and so are JSON's.
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: {exc}; fix or remove the file") from None
 
 
 def check_prompts(prompts) -> list:
-    """The prompts as a list, each a string or a sequence of integer token ids; else a TypeError naming it."""
+    """The prompts as a list, each a string or a sequence of integer token ids; else a TypeError
+    naming it."""
     if isinstance(prompts, str):
         return [prompts]
     if not isinstance(prompts, (list, tuple)):
@@ -87,25 +100,25 @@ def check_prompts(prompts) -> list:
         is_ids = isinstance(prompt, (list, tuple, np.ndarray)) and all(
             isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt
         )
-        if not (isinstance(prompt, str) or is_ids):
-            shown = (
-                type(prompt).__name__
-                if not isinstance(prompt, (list, tuple))
-                else "a list holding non-integers"
-            )
-            raise TypeError(
-                f"prompts[{i}] must be a string or a list of integer token ids, got {shown}"
-                + (
-                    "; wrap one token-id prompt in a list: [[1, 2, 3]]"
-                    if isinstance(prompt, int)
-                    else ""
-                )
-            )
+        if isinstance(prompt, str) or is_ids:
+            continue
+        if isinstance(prompt, (list, tuple)):
+            shown = "a list holding non-integers"
+        else:
+            shown = type(prompt).__name__
+        if isinstance(prompt, int):
+            hint = "; wrap one token-id prompt in a list: [[1, 2, 3]]"
+        else:
+            hint = ""
+        raise TypeError(
+            f"prompts[{i}] must be a string or a list of integer token ids, got {shown}" + hint
+        )
     return list(prompts)
 
 
 class LLM:
-    """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by default)."""
+    """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by
+    default)."""
 
     def __init__(
         self,
@@ -121,22 +134,23 @@ class LLM:
     ):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
-        model = (
-            shipped_model_folder() if model is None else model
-        )  # no model: the one shipped with minirt
+        if model is None:
+            # No model: the one shipped with minirt.
+            model = shipped_model_folder()
         if not isinstance(model, (str, Path, Checkpoint)):
             raise TypeError(
                 f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}"
             )
-        chosen, self.backend_note = get_backend(
-            backend
-        )  # the note says what "auto" chose, for the user
+        # The note says what "auto" chose, for the user.
+        chosen, backend_note = get_backend(backend)
+        self.backend_note = backend_note
         checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
         self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
-        c = self.model.config
-        # None when the folder has no tokenizer (token-id prompts still work); a broken or mismatched one is refused.
+        config = self.model.config
+        # None when the folder has no tokenizer (token-id prompts still work); a broken or
+        # mismatched one is refused.
         self.tokenizer = load_tokenizer(
-            checkpoint.folder, c.eos_token_id, c.bos_token_id, c.vocab_size
+            checkpoint.folder, config.eos_token_id, config.bos_token_id, config.vocab_size
         )
         self.defaults = generation_defaults(checkpoint.folder)
         self.engine = Engine(
@@ -162,7 +176,8 @@ class LLM:
         sample: int = 0,
         output_index: int = -1,
     ) -> Request:
-        """One request: refused at once (with its own error) when it is bad or when `error` is given."""
+        """One request: refused at once (with its own error) when it is bad or when `error` is
+        given.  Without params, it takes the model's generation defaults."""
         return self.engine.make_request(
             index,
             prompt,
@@ -175,8 +190,51 @@ class LLM:
             output_index=output_index,
         )
 
+    def make_requests(
+        self,
+        prompts,
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        ids: Sequence | None,
+        logprobs: bool,
+    ) -> list[Request]:
+        """The requests of `generate`'s arguments, checked: a prompt's n samples one after
+        another, each with its `sample` number and its own place among the outputs."""
+        prompts = check_prompts(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or self.defaults] * len(prompts)
+        elif not isinstance(params, (list, tuple)) or not all(
+            isinstance(p, SamplingParams) for p in params
+        ):
+            raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
+        if ids is None:
+            ids = [None] * len(prompts)
+        if not isinstance(ids, (list, tuple)) or not isinstance(logprobs, bool):
+            raise TypeError("ids must be a list (one per prompt) and logprobs true or false")
+        # zip would silently drop the extra prompts.
+        if not len(params) == len(ids) == len(prompts):
+            raise RequestError(
+                f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids"
+            )
+        requests: list[Request] = []
+        for i, (prompt, sp, rid) in enumerate(zip(prompts, params, ids, strict=True)):
+            # n samples: n requests.
+            first = len(requests)
+            for k in range(sp.n):
+                request = self.make_request(
+                    i,
+                    prompt,
+                    sp,
+                    request_id=rid,
+                    logprobs=logprobs,
+                    sample=k,
+                    output_index=first + k,
+                )
+                requests.append(request)
+        return requests
+
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """What the model is fed first for a prompt: its ids, BOS alone when empty; a RequestError if bad."""
+        """What the model is fed first for a prompt: its ids, BOS alone when empty; a
+        RequestError if bad."""
         return self.engine.prompt_ids(prompt)
 
     def serve(
@@ -187,7 +245,9 @@ class LLM:
         on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
         on_token: Callable[[Request], None] | None = None,
     ) -> RunStats:
-        """Serve requests made by `make_request`; the callbacks report as tokens come and records become final."""
+        """Serve requests made by `make_request`: this runs `Engine.serve`, a loop over
+        `Engine.step()` (one round a step).  The callbacks report as tokens come and records
+        become final."""
         self.last_stats = self.engine.serve(
             requests,
             on_final=on_final,
@@ -206,48 +266,32 @@ class LLM:
         on_final: Callable[[RequestOutput], None] | None = None,
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[RequestOutput]:
-        """Serve the prompts (text, or token-id lists) and return their outputs in input order (a prompt's n samples
-        one after another, each with its `sample` number).
+        """Serve the prompts (text, or token-id lists) and return their outputs in input order
+        (a prompt's n samples one after another, each with its `sample` number).  This runs
+        `Engine.serve`, a loop over `Engine.step()` (one round a step).
 
-        `params`: one SamplingParams for all, or one per prompt (default: the model's generation defaults).
-        `ids`: one id per prompt (default: the index).  `logprobs`: record each token's log-probability.
-        `on_token(event)` runs as each token is produced, `on_final(output)` as each request finishes (in the
-        order they finish); a request refused at once gets on_final only."""
-        prompts = check_prompts(prompts)
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or self.defaults] * len(prompts)
-        elif not isinstance(params, (list, tuple)) or not all(
-            isinstance(p, SamplingParams) for p in params
-        ):
-            raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
-        ids = ids if ids is not None else [None] * len(prompts)
-        if not isinstance(ids, (list, tuple)) or not isinstance(logprobs, bool):
-            raise TypeError("ids must be a list (one per prompt) and logprobs true or false")
-        if not len(params) == len(ids) == len(prompts):  # zip would silently drop the extra prompts
-            raise RequestError(
-                f"got {len(prompts)} prompts, {len(params)} SamplingParams and {len(ids)} ids"
-            )
-        requests: list[Request] = []
-        for i, (p, sp, rid) in enumerate(
-            zip(prompts, params, ids, strict=True)
-        ):  # n samples: n requests
-            requests += [
-                self.make_request(
-                    i,
-                    p,
-                    sp,
-                    request_id=rid,
-                    logprobs=logprobs,
-                    sample=k,
-                    output_index=len(requests) + k,
-                )
-                for k in range(sp.n)
-            ]
-        tell_final = (
-            None
-            if on_final is None
-            else (lambda r: on_final(RequestOutput.from_request(r, self.tokenizer)))
+        `params`: one SamplingParams for all, or one per prompt.  Without it, the model's
+        generation defaults (its folder's generation_config.json, as the command line does); an
+        explicit `SamplingParams()` is greedy with 64 new tokens.
+        `ids`: one id per prompt (default: the index).  `logprobs`: record each token's
+        log-probability.  `on_token(event)` runs as each token is produced, `on_final(output)`
+        as each request finishes (in the order they finish); a request refused at once gets
+        on_final only."""
+        requests = self.make_requests(prompts, params, ids, logprobs)
+
+        def tell_final(request: Request) -> None:
+            # Handed to the engine only when on_final is given.
+            assert on_final is not None
+            on_final(RequestOutput.from_request(request, self.tokenizer))
+
+        def tell_token(request: Request) -> None:
+            # Handed to the engine only when on_token is given.
+            assert on_token is not None
+            on_token(TokenEvent.from_request(request))
+
+        self.serve(
+            requests,
+            on_final=None if on_final is None else tell_final,
+            on_token=None if on_token is None else tell_token,
         )
-        tell_token = None if on_token is None else (lambda r: on_token(TokenEvent.from_request(r)))
-        self.serve(requests, on_final=tell_final, on_token=tell_token)
         return [RequestOutput.from_request(r, self.tokenizer) for r in requests]

@@ -1,18 +1,21 @@
 """Choosing each request's next token from its own logits.
 
 Owns:
-  * `processed_logits`: logit_bias, then repetition, frequency and presence penalties (formulas there);
-  * `filtered_distribution`: temperature, then top-k, top-p and min-p, turning logits into probabilities;
-  * `choose_token`: greedy or a draw from the request's own random stream, plus its log-probability under
-    the raw model;
+  * `processed_logits`: logit_bias, then repetition, frequency and presence penalties (formulas
+    there);
+  * `filtered_distribution`: temperature, then top-k, top-p and min-p, turning logits into
+    probabilities;
+  * `choose_token`: greedy or a draw from the request's own random stream, plus its
+    log-probability under the raw model;
   * `choose_tokens`: the same for every row of a round (when every row is greedy and wants no
     log-probabilities, the argmax runs on the backend and only B token ids cross to the host);
   * `log_softmax`, the one log-softmax in minirt (float64), `prompt_logprobs` and `top_logprobs`;
   * each request's random stream (`request_rng`, `sample_seed`, `derived_seed`).
 
 Sampling runs on the host in float64 NumPy, one request at a time, with each request's own
-`numpy.random.Generator`.  So a request's tokens depend only on its logits and its seed, never on which
-rows it was batched with, and the CuPy backend samples exactly what the NumPy backend does.
+`numpy.random.Generator`.  So a request's tokens depend only on its logits and its seed, never
+on which rows it was batched with, and the CuPy backend samples exactly what the NumPy backend
+does.
 
 Must not know: models, batches, scheduling or text.
 """
@@ -28,26 +31,29 @@ def processed_logits(
     logits: np.ndarray, params: SamplingParams, prompt_ids, output_ids
 ) -> np.ndarray:
     """The logits [V] (float64) after the biases and penalties, in this order:
-        1. logit_bias: logit[t] += bias[t];
-        2. repetition_penalty r, for every token t in the prompt or the output (once, however often):
-           logit[t] / r if logit[t] > 0, else logit[t] * r (transformers' RepetitionPenaltyLogitsProcessor);
-        3. frequency and presence, with count[t] = how often the output so far holds t (vLLM, OpenAI):
-           logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0).
+
+    1. logit_bias: logit[t] += bias[t];
+    2. repetition_penalty r, for every token t in the prompt or the output (once, however
+       often): logit[t] / r if logit[t] > 0, else logit[t] * r (transformers'
+       RepetitionPenaltyLogitsProcessor);
+    3. frequency and presence, with count[t] = how often the output so far holds t (vLLM,
+       OpenAI): logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0).
+
     Temperature, top-k, top-p and min-p come after (`filtered_distribution`)."""
-    x = np.array(logits, dtype=np.float64)  # [V], a copy
+    # A copy.
+    x = np.array(logits, dtype=np.float64)  # [V]
     for token, bias in params.logit_bias:
         if token < x.size:
             x[token] += bias
     if params.repetition_penalty != 1.0:
-        seen = np.unique(np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64))  # [S]
+        seen_ids = list(prompt_ids) + list(output_ids)
+        seen = np.unique(np.asarray(seen_ids, dtype=np.int64))  # [S]
         seen = seen[seen < x.size]
-        x[seen] = np.where(
-            x[seen] > 0, x[seen] / params.repetition_penalty, x[seen] * params.repetition_penalty
-        )
+        penalty = params.repetition_penalty
+        x[seen] = np.where(x[seen] > 0, x[seen] / penalty, x[seen] * penalty)
     if (params.presence_penalty or params.frequency_penalty) and len(output_ids):
-        counts = np.bincount(np.asarray(output_ids, dtype=np.int64), minlength=x.size)[
-            : x.size
-        ]  # [V]
+        output = np.asarray(output_ids, dtype=np.int64)  # [N]
+        counts = np.bincount(output, minlength=x.size)[: x.size]  # [V]
         x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
     return x
 
@@ -60,30 +66,32 @@ def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def filtered_distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The probabilities [V] (float64, summing to 1) a token is drawn from: softmax(logits / T), then top-k
-    (every token whose logit is at least the k-th largest: boundary ties are kept), then top-p (the most likely
-    tokens, in order, until their total probability reaches top_p; the top token always), then min-p (the
-    tokens whose probability is at least min_p x the top one's; transformers' MinPLogitsWarper), renormalised."""
+    """The probabilities [V] (float64, summing to 1) a token is drawn from: softmax(logits / T),
+    then top-k (every token whose logit is at least the k-th largest: boundary ties are kept),
+    then top-p (the most likely tokens, in order, until their total probability reaches top_p;
+    the top token always), then min-p (the tokens whose probability is at least min_p x the top
+    one's; transformers' MinPLogitsWarper), renormalised."""
     scaled = np.asarray(logits, dtype=np.float64) / params.temperature  # [V]
     if 0 < params.top_k < scaled.size:
         kth_largest = np.partition(scaled, -params.top_k)[-params.top_k]
-        scaled = np.where(scaled >= kth_largest, scaled, -np.inf)  # [V], -inf outside the top k
-    probs = np.exp(log_softmax(scaled))  # [V], zero outside the top k
+        # -inf outside the top k.
+        scaled = np.where(scaled >= kth_largest, scaled, -np.inf)  # [V]
+    # Zero outside the top k.
+    probs = np.exp(log_softmax(scaled))  # [V]
     if params.top_p < 1.0:
-        # Most likely first, by the logits themselves (rounding can tie probabilities they tell apart), then by id.
+        # Most likely first, by the logits themselves (rounding can tie probabilities they tell
+        # apart), then by id.
         order = np.argsort(-scaled, kind="stable")  # [V]
-        mass_before = (
-            np.cumsum(probs[order]) - probs[order]
-        )  # [V] probability of the tokens ranked above
-        kept_in_order = (
-            mass_before < params.top_p
-        )  # [V]; the first token has mass_before 0, always kept
-        probs[order[~kept_in_order]] = 0.0  # [V], zero outside the nucleus
+        # The probability of the tokens ranked above each one.
+        mass_before = np.cumsum(probs[order]) - probs[order]  # [V]
+        # The first token has mass_before 0: it is always kept.
+        kept_in_order = mass_before < params.top_p  # [V]
+        # Zero outside the nucleus.
+        probs[order[~kept_in_order]] = 0.0  # [V]
         probs = probs / probs.sum()
     if params.min_p > 0:
-        probs = np.where(
-            probs >= params.min_p * probs.max(), probs, 0.0
-        )  # [V]; the top token always stays
+        # The top token always stays.
+        probs = np.where(probs >= params.min_p * probs.max(), probs, 0.0)  # [V]
         probs = probs / probs.sum()
     return probs
 
@@ -96,15 +104,16 @@ def choose_token(
     prompt_ids=(),
     output_ids=(),
 ) -> tuple[int, float | None]:
-    """(token id, its log-probability under the raw model, or None when not wanted) for one request.
-    Greedy takes the argmax (ties to the lowest id) and draws no random number; otherwise one uniform number
-    from the request's own stream is mapped through the filtered distribution's cumulative sum, in id order."""
-    logits = np.asarray(logits)  # [V] fp32 from the model
-    chosen_from = (
-        processed_logits(logits, params, prompt_ids, output_ids)
-        if params.changes_logits
-        else logits
-    )
+    """(token id, its log-probability under the raw model, or None when not wanted) for one
+    request.  Greedy takes the argmax (ties to the lowest id) and draws no random number;
+    otherwise one uniform number from the request's own stream is mapped through the filtered
+    distribution's cumulative sum, in id order."""
+    # From the model.
+    logits = np.asarray(logits)  # [V] fp32
+    if params.changes_logits:
+        chosen_from = processed_logits(logits, params, prompt_ids, output_ids)
+    else:
+        chosen_from = logits
     if params.greedy:
         token = int(np.argmax(chosen_from))
     else:
@@ -113,48 +122,60 @@ def choose_token(
         assert rng is not None, "a sampled request has its own random stream"
         u = rng.random() * cumulative[-1]
         token = int(np.searchsorted(cumulative, u, side="right"))
-        token = min(token, int(np.flatnonzero(probs)[-1]))  # guard the u == total edge
-    return token, (float(log_softmax(logits)[token]) if want_logprob else None)
+        # Guard the u == total edge.
+        token = min(token, int(np.flatnonzero(probs)[-1]))
+    if want_logprob:
+        logprob = float(log_softmax(logits)[token])
+    else:
+        logprob = None
+    return token, logprob
 
 
 def prompt_logprobs(prompt_logits: np.ndarray, prompt_ids) -> list[float | None]:
-    """Each prompt token's log-probability given the tokens before it, from the logits [L, V] at every prompt
-    position (position i predicts token i + 1); the first token has none (None)."""
+    """Each prompt token's log-probability given the tokens before it, from the logits [L, V] at
+    every prompt position (position i predicts token i + 1); the first token has none (None)."""
     logprobs = log_softmax(prompt_logits[:-1])  # [L-1, V]
     return [None] + [float(logprobs[i, token]) for i, token in enumerate(prompt_ids[1:])]
 
 
 def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
-    """The n most likely tokens under the raw model, most likely first (ties: the lower id first), with their
-    log-probabilities: [(token id, logprob), ...]."""
+    """The n most likely tokens under the raw model, most likely first (ties: the lower id
+    first), with their log-probabilities: [(token id, logprob), ...]."""
     logprobs = log_softmax(logits)  # [V] float64
-    return [
-        (int(token), float(logprobs[token])) for token in np.argsort(-logprobs, kind="stable")[:n]
-    ]
+    most_likely = np.argsort(-logprobs, kind="stable")[:n]  # [n]
+    return [(int(token), float(logprobs[token])) for token in most_likely]
 
 
 def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None, list | None]]:
-    """Every row's (token, log-probability or None, top alternatives or None), from its own logits row and
-    settings.  `rows` are the round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a
-    backend array.  The all-greedy shortcut picks what `choose_token` would (same fp32 numbers, ties to the lowest
-    id).  A row holding NaN or inf chooses nothing: (None, None, None) tells the caller to fail that request."""
+    """Every row's (token, log-probability or None, top alternatives or None), from its own
+    logits row and settings.  `rows` are the round's requests (with `params`, `rng`,
+    `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy shortcut picks what
+    `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or inf
+    chooses nothing: (None, None, None) tells the caller to fail that request."""
     finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
+    chosen: list[tuple[int | None, float | None, list | None]] = []
     if all(r.params.greedy and not r.want_logprobs and not r.params.changes_logits for r in rows):
         ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
-        return [
-            (int(token), None, None) if ok else (None, None, None)
-            for token, ok in zip(ids, finite, strict=True)
-        ]
+        for token, ok in zip(ids, finite, strict=True):
+            if ok:
+                chosen.append((int(token), None, None))
+            else:
+                chosen.append((None, None, None))
+        return chosen
     host = backend.to_numpy(logits)  # [B, V] fp32
-    return [
-        (
-            *choose_token(row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids),
-            top_logprobs(row, r.params.logprobs) if r.params.logprobs else None,
+    for row, r, ok in zip(host, rows, finite, strict=True):
+        if not ok:
+            chosen.append((None, None, None))
+            continue
+        token, logprob = choose_token(
+            row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids
         )
-        if ok
-        else (None, None, None)
-        for row, r, ok in zip(host, rows, finite, strict=True)
-    ]
+        if r.params.logprobs:
+            top = top_logprobs(row, r.params.logprobs)
+        else:
+            top = None
+        chosen.append((token, logprob, top))
+    return chosen
 
 
 def request_rng(seed: int) -> np.random.Generator:
@@ -163,12 +184,16 @@ def request_rng(seed: int) -> np.random.Generator:
 
 
 def sample_seed(request_seed: int, sample: int) -> int:
-    """Sample k's seed: the request's own for sample 0 (so n = 1 draws what it always drew), else derived from
-    the request's seed and k alone, so sample k is the same whatever n is."""
-    return request_seed if sample == 0 else derived_seed(request_seed, sample)
+    """Sample k's seed: the request's own for sample 0 (so n = 1 draws what it always drew),
+    else derived from the request's seed and k alone, so sample k is the same whatever n is."""
+    if sample == 0:
+        return request_seed
+    return derived_seed(request_seed, sample)
 
 
 def derived_seed(run_seed: int, index: int) -> int:
-    """The seed of a request that set none, fixed by the run's seed and its input position alone (not batch
-    size, order of service or neighbours), so runs are reproducible and outputs the same in any batch."""
-    return int(np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    """The seed of a request that set none, fixed by the run's seed and its input position alone
+    (not batch size, order of service or neighbours), so runs are reproducible and outputs the
+    same in any batch."""
+    state = np.random.SeedSequence([run_seed, index]).generate_state(1, dtype=np.uint64)
+    return int(state[0] >> 1)

@@ -1,8 +1,8 @@
 """The counts of a run, for its summary.
 
-Owns: `RunStats`, what the engine counts as rounds run (requests, rounds, tokens, the rows each round ran and
-held, groups, the KV budget's effect, times to first token), and `utilization`, active row-rounds over held
-row-rounds.
+Owns: `RunStats`, what the engine counts as rounds run (requests, rounds, tokens, the rows each
+round ran and held, groups, the KV budget's effect, times to first token), and `utilization`,
+active row-rounds over held row-rounds.
 
 Must not know: models, arrays, sampling or text.
 """
@@ -16,8 +16,9 @@ from .scheduler import GroupRecord
 
 @dataclass
 class RunStats:
-    """Counts for the run summary.  Utilization = active row-rounds / held row-rounds (a round holds the rows of
-    its static group, or of the continuous pool: a single request is active in every row-round it holds)."""
+    """Counts for the run summary.  Utilization = active row-rounds / held row-rounds (a round
+    holds the rows of its static group, or of the continuous pool: a single request is active
+    in every row-round it holds)."""
 
     batch_size: int
     policy: str = "static"
@@ -27,17 +28,19 @@ class RunStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     wall_seconds: float = 0.0
-    groups: list[GroupRecord] = field(default_factory=list)  # static groups (none under continuous)
+    # Static groups (none under continuous batching).
+    groups: list[GroupRecord] = field(default_factory=list)
+    # Per round: the rows that ran, and the rows whose KV slots were held.
     active_rows_per_round: list[int] = field(default_factory=list)
     held_rows_per_round: list[int] = field(default_factory=list)
-    kv_limited_rows: list[int] = field(
-        default_factory=list
-    )  # rows of each group or pool the KV budget held down
-    first_token_seconds: list[float] = field(
-        default_factory=list
-    )  # each served request's time to first token
+    # The rows of each group or pool that the KV budget held down.
+    kv_limited_rows: list[int] = field(default_factory=list)
+    # Each served request's time to first token, in seconds.
+    first_token_seconds: list[float] = field(default_factory=list)
 
     @property
     def utilization(self) -> float:
         held = sum(self.held_rows_per_round)
-        return sum(self.active_rows_per_round) / held if held else 0.0
+        if not held:
+            return 0.0
+        return sum(self.active_rows_per_round) / held
