@@ -12,16 +12,18 @@ import importlib
 import sys
 
 from . import __version__
-from .cli.command import EXIT_OK, EXIT_USAGE, run_command
+from .cli.command import EXIT_USAGE, print_help_text, run_command
 
 SUBCOMMANDS = {
-    "generate": "serve a file of prompts (or standard input) in static groups or with continuous batching",
+    "generate": "serve a file of prompts (or standard input) in static groups "
+    "or with continuous batching",
     "evaluate": "sliding-window loss and perplexity of a text",
     "rounds": "static groups beside continuous batching, counted in rounds (no model needed)",
     "inspect": "describe a checkpoint and show its next-token guesses for a prompt",
 }
 USAGE = (
-    "usage: minirt {generate,evaluate,rounds,inspect} [options]   (minirt SUBCOMMAND --help for each)\n\n"
+    "usage: minirt {generate,evaluate,rounds,inspect} [options]"
+    "   (minirt SUBCOMMAND --help for each)\n\n"
     + "\n".join(f"  {name:9s} {what}" for name, what in SUBCOMMANDS.items())
     + """
 
@@ -37,21 +39,26 @@ examples:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] in (["-h"], ["--help"], ["--version"]):
-        text = f"minirt {__version__}" if args[0] == "--version" else USAGE
-        return run_command(
-            lambda _: print(text) or EXIT_OK, prog="minirt"
-        )  # `| head` gets one line, not a traceback
+        if args[0] == "--version":
+            text = f"minirt {__version__}"
+        else:
+            text = USAGE
+        # `| head` gets what it reads, and exit status 0: not a traceback, nor an error.
+        return run_command(lambda _: print_help_text(text), prog="minirt")
     if not args or args[0] not in SUBCOMMANDS:
-        what = "a subcommand is missing" if not args else f"unknown subcommand {args[0]!r}"
+        if not args:
+            what = "a subcommand is missing"
+        else:
+            what = f"unknown subcommand {args[0]!r}"
         print(
             f"minirt: error: {what}; choose one of {', '.join(SUBCOMMANDS)} (minirt --help)",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    module, prog = importlib.import_module(f"minirt.{args[0]}"), f"minirt {args[0]}"
-    return run_command(
-        lambda argv: module.main(argv, prog=prog), args[1:], prog=prog
-    )  # its --help: `minirt X`
+    module = importlib.import_module(f"minirt.{args[0]}")
+    # Its --help names it as it was run: `minirt X`.
+    prog = f"minirt {args[0]}"
+    return run_command(lambda argv: module.main(argv, prog=prog), args[1:], prog=prog)
 
 
 def entry() -> None:

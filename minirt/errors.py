@@ -1,8 +1,9 @@
 """The exceptions minirt raises for problems a user can fix, and the one check every layer shares.
 
-Owns: `MinirtError`, whose message is one line saying what went wrong, where, and what to do (command lines
-print it, never a traceback, and exit with its `exit_code`), its subclasses, `Terminated` (SIGTERM), and
-`require_at_least_one`, the count check the API and command lines share.  Bad values are also `ValueError`s.
+Owns: `MinirtError`, whose message is one line saying what went wrong, where, and what to do
+(command lines print it, never a traceback, and exit with its `exit_code`), its subclasses,
+`Terminated` (SIGTERM), and `require_at_least_one`, the count check the API and command lines
+share.  Bad values are also `ValueError`s.
 
 Must not know: anything about models, files or arrays.
 """
@@ -13,7 +14,8 @@ import operator
 class MinirtError(Exception):
     """A problem with the user's input or environment, told in one line."""
 
-    exit_code = 2  # a bad flag, file, model or backend: nothing was run
+    # A bad flag, file, model or backend: nothing was run.
+    exit_code = 2
 
 
 class CheckpointError(MinirtError):
@@ -29,7 +31,8 @@ class TokenizerError(MinirtError):
 
 
 class RequestError(MinirtError, ValueError):
-    """A request that cannot be served as asked (bad parameters, a prompt too long, a budget too small)."""
+    """A request that cannot be served as asked (bad parameters, a prompt too long, a budget too
+    small)."""
 
 
 class InputError(MinirtError, ValueError):
@@ -37,15 +40,18 @@ class InputError(MinirtError, ValueError):
 
 
 class OutputError(MinirtError):
-    """Writing results failed (a full disk, /dev/full); the records already written are kept whole."""
+    """Writing results failed (a full disk, /dev/full); the records already written are kept
+    whole."""
 
-    exit_code = 74  # sysexits' EX_IOERR
+    # sysexits' EX_IOERR.
+    exit_code = 74
 
 
 class StdoutClosed(OutputError):
     """Standard output's reader went away, as in `| head`."""
 
-    exit_code = 141  # 128 + SIGPIPE
+    # 128 + SIGPIPE.
+    exit_code = 141
 
 
 class Terminated(KeyboardInterrupt):
@@ -53,10 +59,10 @@ class Terminated(KeyboardInterrupt):
 
 
 def require_at_least_one(value, name: str) -> int:
-    """`value` as an int when it is an integer >= 1 (NumPy's too), else a RequestError naming it (`--batch-size`)."""
-    is_integer = not isinstance(value, bool) and hasattr(
-        value, "__index__"
-    )  # 2.0 and True are no counts
+    """`value` as an int when it is an integer >= 1 (NumPy's too), else a RequestError naming it
+    (`--batch-size`)."""
+    # 2.0 and True are no counts.
+    is_integer = not isinstance(value, bool) and hasattr(value, "__index__")
     if not is_integer or operator.index(value) < 1:
         raise RequestError(f"{name} must be at least 1, got {value!r}")
     return operator.index(value)

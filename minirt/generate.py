@@ -1,21 +1,25 @@
-"""`python -m minirt.generate --prompts FILE`: serve a file of prompts, in static groups or with continuous batching.
+"""`python -m minirt.generate --prompts FILE`: serve a file of prompts, in static groups or with
+continuous batching.
 
 Owns: the command line, in the steps that `main` calls in order:
 
     parse_args      flags, checked before anything is loaded
-    model_folder    where the model is, and --output refused if writing it could change a file there
+    model_folder    where the model is, and --output refused if writing it could change a file
+                    there
     load            the model, and the check that needs it (--stop-token-id)
     build_requests  the prompts file, and each request's sampling parameters
                     (built-in defaults < the model's generation_config.json
                     < flags < the request's own JSONL fields)
-    serve           the requests, through the `LLM` API, with callbacks that report as records become final
+    serve           the requests, through the `LLM` API, with callbacks that report as records
+                    become final
     report          the summary on standard error (serve's callbacks have already printed the
                     completions in input order, the JSONL records, the progress bar and the
                     static groups' grids) and the exit status
 
-and what keeps the records safe around them: Ctrl-C and SIGTERM end a run with every final record written;
---output is replaced only by a run that started and wrote a record (never by one refused at the start, nor
-by one interrupted before any record was final), and never when it is the prompts file or in the model folder.
+and what keeps the records safe around them: Ctrl-C and SIGTERM end a run with every final record
+written; --output is replaced only by a run that started and wrote a record (never by one refused
+at the start, nor by one interrupted before any record was final), and never when it is the
+prompts file or in the model folder.
 
 Must not know: the engine, the layers, the KV cache or sampling arithmetic.
 """
@@ -36,6 +40,7 @@ from .cli.command import (
     EXIT_REQUEST_FAILED,
     EXIT_TERMINATED,
     add_version_flag,
+    parse_command_line,
     run_command,
 )
 from .cli.output_file import OutputFile, writing_changes
@@ -55,7 +60,8 @@ from .engine.params import SamplingParams
 from .engine.scheduler import POLICIES
 
 
-EPILOG = r"""
+EPILOG = (
+    r"""
 examples:
   python -m minirt.generate --prompts prompts.txt
   python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-new-tokens 30
@@ -63,7 +69,8 @@ examples:
   python -m minirt.generate --prompts prompts.jsonl --output out.jsonl --ray local --workers 2
   python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
   python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
-  python -m minirt.generate --model /path/to/gpt2-folder --prompts - --temperature 0.8 --top-p 0.95 --seed 1
+  python -m minirt.generate --model /path/to/gpt2-folder --prompts - """
+    r"""--temperature 0.8 --top-p 0.95 --seed 1
   echo 'Once upon a time' | python -m minirt.generate --model gpt2 --prompts - --max-new-tokens 40
 
 prompts files:
@@ -77,8 +84,10 @@ prompts files:
   -       standard input (JSONL if the first line starts with "{", text otherwise)
   a line ends at \n (or \r\n); a bad line (not JSON or UTF-8, a bad field, over 1 MiB) fails alone
 
-sampling defaults: the model folder's generation_config.json (the flags above show the shipped model's),
-else greedy and 64 new tokens; flags override those, and a JSONL line's own fields override the flags.
+sampling defaults: the model folder's generation_config.json (the flags above show the shipped """
+    r"""model's),
+else greedy and 64 new tokens; flags override those, and a JSONL line's own fields override the """
+    r"""flags.
 
 exit status:
   0    every request succeeded
@@ -91,16 +100,34 @@ exit status:
   141  standard output was closed (| head): the run stops, unless --output still gets every record
   143  terminated (SIGTERM); every record already final was written
 """
+)
 
 
 def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Generate completions for a file of prompts with a GPT-2 model, served in static groups "
-        "(or with continuous batching, --policy continuous).",
+        description="Generate completions for a file of prompts with a GPT-2 model, served in "
+        "static groups (or with continuous batching, --policy continuous).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_input_flags(p)
+    add_serving_flags(p)
+    add_sampling_flags(
+        p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
+    )
+    add_output_flags(p.add_argument_group("output"))
+    add_ray_flags(
+        p.add_argument_group(
+            'scale-out on Ray Data (pip install minirt[ray]; the README\'s "Scaling out")'
+        )
+    )
+    add_version_flag(p)
+    return p
+
+
+def add_input_flags(p) -> None:
+    """Where the prompts and the model come from."""
     p.add_argument(
         "--prompts", metavar="FILE", help="a .txt or .jsonl prompts file, or - for standard input"
     )
@@ -121,6 +148,10 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
         help="a model folder or a hub id in the local Hugging Face cache "
         "(default: the model shipped in weights/)",
     )
+
+
+def add_serving_flags(p) -> None:
+    """How the requests are computed and batched."""
     p.add_argument(
         "--backend",
         choices=BACKEND_NAMES,
@@ -151,21 +182,18 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
         "--kv-budget",
         default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
         metavar="SIZE",
-        help="what a static group's (or the continuous pool's) KV cache may hold: tokens (20000) or "
-        f"memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)",
+        help="what a static group's (or the continuous pool's) KV cache may hold: tokens "
+        f"(20000) or memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)",
     )
-    add_sampling_flags(
-        p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
-    )
-    add_output_flags(p.add_argument_group("output"))
-    r = p.add_argument_group(
-        'scale-out on Ray Data (pip install minirt[ray]; the README\'s "Scaling out")'
-    )
+
+
+def add_ray_flags(r) -> None:
     r.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="serve on Ray: local (starts one here), auto (the running "
-        "cluster), or ray://HOST:PORT; --output FILE gets the same records, DIR/ gets them in shards",
+        "cluster), or ray://HOST:PORT; --output FILE gets the same records, DIR/ gets them in "
+        "shards",
     )
     r.add_argument(
         "--workers",
@@ -181,8 +209,6 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
         help="with --ray: CPUs (and BLAS threads) per worker "
         "(default: local, this machine's cores / --workers; on a cluster, 1)",
     )
-    add_version_flag(p)
-    return p
 
 
 def add_output_flags(o) -> None:
@@ -197,13 +223,14 @@ def add_output_flags(o) -> None:
         const=0,
         type=int,
         metavar="N",
-        help="add each chosen token's "
-        "log-probability to the records; with N, also the N most likely tokens at each step (top_logprobs)",
+        help="add each chosen token's log-probability to the records; with N, also the N most "
+        "likely tokens at each step (top_logprobs)",
     )
     o.add_argument(
         "--trace",
         action="store_true",
-        help="print the round grid on standard error (each static group's, or the continuous run's)",
+        help="print the round grid on standard error (each static group's, or the continuous "
+        "run's)",
     )
     o.add_argument(
         "--stream",
@@ -223,10 +250,14 @@ def check_flags(args) -> None:
     """The checks that need no model and that argparse cannot make."""
     require_at_least_one(args.batch_size, "--batch-size")
     require_at_least_one(args.max_round_tokens, "--max-round-tokens")
-    unit, amount = parse_kv_budget(args.kv_budget)  # memory, or a number of tokens
-    args.kv_budget_mib, args.kv_budget_tokens = (
-        (amount / 2**20, None) if unit == "bytes" else (None, amount)
-    )
+    # Memory, or a number of tokens.
+    unit, amount = parse_kv_budget(args.kv_budget)
+    if unit == "bytes":
+        args.kv_budget_mib = amount / 2**20
+        args.kv_budget_tokens = None
+    else:
+        args.kv_budget_mib = None
+        args.kv_budget_tokens = amount
     if args.seed < 0:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
     if (args.prompts is None) == (args.prompt is None):
@@ -238,8 +269,8 @@ def check_flags(args) -> None:
         require_at_least_one(args.worker_cpus, "--worker-cpus")
     if args.ray and (args.prompts == "-" or args.trace or args.stream):
         raise MinirtError(
-            "--ray reads prompts from files (a file, a folder or a glob), not -, and has no --trace "
-            "or --stream: those show one process's rounds"
+            "--ray reads prompts from files (a file, a folder or a glob), not -, and has no "
+            "--trace or --stream: those show one process's rounds"
         )
     if (
         args.output
@@ -251,23 +282,36 @@ def check_flags(args) -> None:
         )
 
 
+def note_prompt_files(args, prog: str) -> None:
+    """A --prompt that names a file is still the prompt's text; say how to read the file."""
+    # Named as its errors are: `minirt generate`, or `minirt.generate` for python -m.
+    name = prog.removeprefix("python -m ")
+    for text in args.prompt or ():
+        if os.path.isfile(text):
+            print(
+                f"{name}: note: --prompt takes the prompt's text; {text} is a file: "
+                f"use --prompts {text} to read it",
+                file=sys.stderr,
+            )
+
+
 def parse_args(argv: list[str] | None, prog: str = "python -m minirt.generate"):
-    """The flags, with every check that needs no model: a bad flag stops here, before anything is loaded."""
-    args = build_parser(prog).parse_args(argv)
+    """The flags, with every check that needs no model: a bad flag stops here, before anything is
+    loaded."""
+    args = parse_command_line(build_parser(prog), argv)
     check_flags(args)
+    note_prompt_files(args, prog)
     args.overrides = flag_overrides(args)
     sampling_defaults(SamplingParams(), args.overrides)
     return args
 
 
 def serve(
-    llm: LLM, requests: list[Request], args, output: OrderedOutput
+    llm: LLM, requests: list[Request], args, output: OrderedOutput, progress: Progress
 ) -> RunStats | KeyboardInterrupt:
-    """Serve the requests, writing each record as soon as the input order allows.  If Ctrl-C or SIGTERM
-    stops the run, every record already final is written and the interruption is returned."""
-    progress = Progress(
-        len(requests), enabled=not (args.no_progress or output.stream) and sys.stderr.isatty()
-    )
+    """Serve the requests, writing each record as soon as the input order allows.  If Ctrl-C or
+    SIGTERM stops the run, every record already final is written and the interruption is
+    returned."""
 
     def on_group_end(group, waiting):
         if args.trace:
@@ -282,27 +326,31 @@ def serve(
             on_group_end=on_group_end,
             on_token=output.token,
         )
-        progress.update(
-            stats, output.done, force=True
-        )  # the final state (the last records come after the last round)
+        # The final state: the last records come after the last round.
+        progress.update(stats, output.done, force=True)
         return stats
     except KeyboardInterrupt as interruption:
-        output.flush_out_of_order([r for r in requests if r.finished])  # kept, even out of order
+        # Kept, even out of order.
+        output.flush_out_of_order([r for r in requests if r.finished])
         return interruption
     finally:
         progress.close()
 
 
 def model_folder(args) -> Path:
-    """The folder the model is loaded from; --output is refused (before it is opened) if writing it could change
-    a file there: a path inside it, a link to one of its files, anywhere in a hub-cache entry's repo folder."""
-    folder = resolve_model_folder(
-        args.model or shipped_model_folder()
-    )  # no --model: the one minirt ships
-    why = writing_changes(args.output, folder) if args.output else None
+    """The folder the model is loaded from; --output is refused (before it is opened) if writing it
+    could change a file there: a path inside it, a link to one of its files, anywhere in a
+    hub-cache entry's repo folder."""
+    # No --model: the one minirt ships.
+    folder = resolve_model_folder(args.model or shipped_model_folder())
+    if args.output:
+        why = writing_changes(args.output, folder)
+    else:
+        why = None
     if why:
         raise MinirtError(
-            f"--output {args.output} {why} the model folder {folder}; write the records somewhere else"
+            f"--output {args.output} {why} the model folder {folder}; "
+            "write the records somewhere else"
         )
     return folder
 
@@ -333,52 +381,75 @@ def load(args, folder: Path) -> tuple[LLM, float]:
     return llm, load_seconds
 
 
+def prompt_entries(args) -> list[PromptEntry]:
+    """The prompts as given (--prompt), or read from the prompts file (a bad one stops here,
+    before loading)."""
+    if args.prompt:
+        return [PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)]
+    return read_prompts(args.prompts, args.format)
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate") -> int:
-    with StopSignals() as signals:  # Ctrl-C and SIGTERM, for this run only
+    # Ctrl-C and SIGTERM, for this run only.
+    with StopSignals() as signals:
         args = parse_args(argv, prog)
-        if args.ray:  # the same records, from worker processes on Ray
-            from .distributed.serve_on_ray import serve_on_ray  # noqa: PLC0415 (ray is imported only with --ray)
+        # The same records, from worker processes on Ray.
+        if args.ray:
+            # Imported here: ray is imported only with --ray.
+            from .distributed.serve_on_ray import serve_on_ray  # noqa: PLC0415 (see above)
 
             return serve_on_ray(args, model_folder(args), signals)
-        entries = (
-            [PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)]
-            if args.prompt  # as given, or
-            else read_prompts(args.prompts, args.format)
-        )  # a bad prompts file stops here, before loading
-        folder = model_folder(args)  # and an --output in the model folder
-        records = OutputFile(args.output) if args.output else None  # and a bad --output path
+        entries = prompt_entries(args)
+        # And an --output in the model folder, and a bad --output path, stop here.
+        folder = model_folder(args)
+        records = OutputFile(args.output) if args.output else None
         try:
             llm, load_seconds = load(args, folder)
-            requests = build_requests(
-                llm,
-                entries,
-                sampling_defaults(llm.defaults, args.overrides),
-                args.logprobs is not None,
-            )
+            defaults = sampling_defaults(llm.defaults, args.overrides)
+            requests = build_requests(llm, entries, defaults, args.logprobs is not None)
         except BaseException:
+            # The run never started: an existing --output stays as it was.
             if records is not None:
-                records.discard()  # the run never started: an existing --output stays as it was
+                records.discard()
             raise
-        stream = (
-            args.stream if args.stream is not None else len(requests) == 1 and sys.stdout.isatty()
-        )
-        output = OrderedOutput(
-            len(requests),
-            None if args.quiet else sys.stdout,
-            records,
-            color=sys.stdout.isatty(),
-            hold=signals.held,
-            tokenizer=llm.tokenizer,
-            stream=stream,
-        )
+        output, progress = ordered_output(args, requests, records, llm, signals)
         stats = None
         try:
-            stats = serve(llm, requests, args, output)
+            stats = serve(llm, requests, args, output, progress)
         finally:
             if records is not None:
                 with signals.held():
                     records.close(interrupted=isinstance(stats, KeyboardInterrupt))
         return report(stats, requests, output, args, load_seconds)
+
+
+def ordered_output(
+    args, requests: list[Request], records: OutputFile | None, llm: LLM, signals: StopSignals
+) -> tuple[OrderedOutput, Progress]:
+    """Where the run's completions and records go, and its progress bar (on a terminal, unless
+    streaming): a bar on the completions' screen clears its line before each of them."""
+    if args.stream is not None:
+        stream = args.stream
+    else:
+        stream = len(requests) == 1 and sys.stdout.isatty()
+    progress = Progress(
+        len(requests), enabled=not (args.no_progress or stream) and sys.stderr.isatty()
+    )
+    if sys.stdout.isatty():
+        before_write = progress.clear
+    else:
+        before_write = None
+    output = OrderedOutput(
+        len(requests),
+        None if args.quiet else sys.stdout,
+        records,
+        color=sys.stdout.isatty(),
+        hold=signals.held,
+        tokenizer=llm.tokenizer,
+        stream=stream,
+        before_write=before_write,
+    )
+    return output, progress
 
 
 def report(
@@ -388,22 +459,31 @@ def report(
     args,
     load_seconds: float,
 ) -> int:
-    """What is left to say once the records are out: the continuous grid, the summary; the exit status."""
+    """What is left to say once the records are out: the continuous grid, the summary; the exit
+    status."""
     if isinstance(stats, KeyboardInterrupt):
         terminated = isinstance(stats, Terminated)
+        if terminated:
+            stopped = "terminated"
+        else:
+            stopped = "interrupted"
         print(
-            f"minirt.generate: {'terminated' if terminated else 'interrupted'}; {output.done} of {len(requests)} "
-            "records were final and written",
+            f"minirt.generate: {stopped}; {output.done} of {len(requests)} records were final "
+            "and written",
             file=sys.stderr,
         )
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        if terminated:
+            return EXIT_TERMINATED
+        return EXIT_INTERRUPTED
     if output.stdout_failure:
         print(f"minirt.generate: error: {output.stdout_failure}", file=sys.stderr)
         return output.stdout_failure.exit_code
     if args.trace and args.policy == "continuous":
         print(continuous_grid(requests, stats), file=sys.stderr)
     print(summary(stats, load_seconds), file=sys.stderr, end="")
-    return EXIT_REQUEST_FAILED if stats.failed else EXIT_OK
+    if stats.failed:
+        return EXIT_REQUEST_FAILED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`python -m minirt.inspect MODEL`: check a checkpoint loads, describe it, and show its next-token guesses.
+"""`python -m minirt.inspect MODEL`: check a checkpoint loads, describe it, and show its next-token
+guesses.
 
 Owns: the command-line report on one model: where it was found, its config,
 its weights (count, file precision, tied head, whether they were memory-mapped),
@@ -18,7 +19,8 @@ import numpy as np
 
 from .model.backend import BACKEND_NAMES, resolve_dtype
 from .loading.checkpoint import load_checkpoint, shipped_model_folder
-from .cli.command import EXIT_OK, add_version_flag, run_command
+from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
+from .cli.plural import plural
 from .errors import MinirtError, require_at_least_one
 from .llm import LLM
 from .engine.sampler import log_softmax
@@ -31,7 +33,8 @@ EXAMPLES = """examples:
 
 MODEL is a folder with config.json and model.safetensors (or sharded weights),
 or a hub id (gpt2, openai-community/gpt2-medium, ...) already in the local
-Hugging Face cache; minirt never downloads.
+Hugging Face cache; minirt never downloads.  --model MODEL says the same, as
+generate and evaluate take it.
 """
 
 
@@ -47,17 +50,12 @@ def parse_ids(text: str) -> list[int]:
 def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token predictions "
-        "for prompts.",
+        description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token "
+        "predictions for prompts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "model",
-        nargs="?",
-        help="a model folder, or a hub id in the local Hugging Face cache "
-        "(default: the model shipped with minirt)",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--prompt",
         action="append",
@@ -93,18 +91,47 @@ def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentPar
     return parser
 
 
+def add_model_arguments(parser) -> None:
+    """MODEL, or --model MODEL as generate and evaluate take it."""
+    parser.add_argument(
+        "model",
+        nargs="?",
+        help="a model folder, or a hub id in the local Hugging Face cache "
+        "(default: the model shipped with minirt)",
+    )
+    parser.add_argument(
+        "--model",
+        dest="model_flag",
+        metavar="MODEL",
+        help="the same as MODEL, as generate and evaluate take it",
+    )
+
+
 def describe_token(tokenizer, token_id: int) -> str:
     if tokenizer is None:
         return f"id {token_id}"
     return f"{tokenizer.decode([token_id])!r} ({token_id})"
 
 
+def model_argument(args) -> str | None:
+    """The model asked for, as MODEL or as --model (not both); None: the shipped one."""
+    if args.model is not None and args.model_flag is not None:
+        raise MinirtError(
+            f"the model is given twice ({args.model} and --model {args.model_flag}); "
+            "give it once, as MODEL or as --model MODEL"
+        )
+    if args.model_flag is not None:
+        return args.model_flag
+    return args.model
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") -> int:
-    args = build_parser(prog).parse_args(argv)
+    args = parse_command_line(build_parser(prog), argv)
     require_at_least_one(args.top_k, "--top-k")
+    model = model_argument(args)
     dtype = resolve_dtype(args.dtype)
     start = time.perf_counter()
-    checkpoint = load_checkpoint(args.model or shipped_model_folder())
+    checkpoint = load_checkpoint(model or shipped_model_folder())
     llm = LLM(checkpoint, backend=args.backend, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
     describe(checkpoint, llm, dtype, load_seconds)
@@ -124,7 +151,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") 
 
 def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
     """Where the model was found, its config, its weights and its tokenizer."""
-    model, c, tokenizer = llm.model, llm.model.config, llm.tokenizer
+    model = llm.model
+    c = llm.model.config
     files = sorted({str(p) for p in checkpoint.folder.glob("*.safetensors")})
     file_dtypes = ", ".join(sorted(set(checkpoint.file_dtypes.values())))
     mapped = model.backend.name == "numpy" and all(
@@ -132,60 +160,66 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
     )
     print(f"model      {checkpoint.folder}")
     print(
-        f"config     {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads (head_dim {c.head_dim}), MLP {c.n_inner}, "
-        f"vocab {c.vocab_size}, context {c.n_positions}, {c.activation_function} ({c.gelu_form}), "
+        f"config     {plural(c.n_layer, 'layer')}, {c.n_embd} wide, {plural(c.n_head, 'head')} "
+        f"(head_dim {c.head_dim}), MLP {c.n_inner}, vocab {c.vocab_size}, "
+        f"context {c.n_positions}, {c.activation_function} ({c.gelu_form}), "
         f"eps {c.layer_norm_epsilon:g}"
     )
+    if checkpoint.head_is_tied:
+        head = "tied to wte"
+    else:
+        head = "untied (lm_head.weight)"
     print(
-        f"weights    {model.n_params:,} parameters in {len(files)} file(s), {file_dtypes}; "
-        f"head {'tied to wte' if checkpoint.head_is_tied else 'untied (lm_head.weight)'}"
+        f"weights    {plural(model.n_params, 'parameter', spec=',')} in "
+        f"{plural(len(files), 'file')}, {file_dtypes}; head {head}"
     )
-    weights = (
-        "memory-mapped, not copied (the head: one [C, V] fp32 copy)"
-        if mapped
-        else "converted on load"
-    )
+    if mapped:
+        weights = "memory-mapped, not copied (the head: one [C, V] fp32 copy)"
+    else:
+        weights = "converted on load"
     print(f"compute    {model.backend.name}, {dtype.name}; weights {weights}")
     print(f"loaded in  {load_seconds:.3f} s")
+    describe_tokenizer(llm.tokenizer)
+
+
+def describe_tokenizer(tokenizer) -> None:
     if tokenizer is not None:
         print(
-            f"tokenizer  {tokenizer.source}: {tokenizer.vocab_size} tokens, eos {tokenizer.eos_token_id}, "
-            f"bos {tokenizer.bos_token_id}"
+            f"tokenizer  {tokenizer.source}: {plural(tokenizer.vocab_size, 'token')}, "
+            f"eos {tokenizer.eos_token_id}, bos {tokenizer.bos_token_id}"
         )
     else:
         print(
-            "tokenizer  none (the folder has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe; "
-            "prompts must be token-id lists)"
+            "tokenizer  none (the folder has no tokenizer.json, vocab.json + merges.txt or "
+            "encoder.json + vocab.bpe; prompts must be token-id lists)"
         )
 
 
 def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int) -> None:
     """Score every prompt in one padded batch and print each one's most likely next tokens."""
-    sequences = [
-        llm.prompt_ids(ids) for _, ids in prompts
-    ]  # checked; an empty prompt starts from BOS
+    # Checked; an empty prompt starts from BOS.
+    sequences = [llm.prompt_ids(ids) for _, ids in prompts]
     start = time.perf_counter()
-    logits = llm.model.logits(sequences)  # [B, max_len, V], one padded batch
-    print(
-        f"\nscored {len(sequences)} prompt(s) in one padded batch in {time.perf_counter() - start:.3f} s"
-    )
+    # [B, max_len, V], one padded batch
+    logits = llm.model.logits(sequences)
+    seconds = time.perf_counter() - start
+    print(f"\nscored {plural(len(sequences), 'prompt')} in one padded batch in {seconds:.3f} s")
     k = min(top_k, llm.model.config.vocab_size)
     for (label, _), seq, row in zip(prompts, sequences, logits, strict=True):
-        if not np.isfinite(
-            row[len(seq) - 1]
-        ).all():  # nothing to rank: say so, as generate and evaluate do
+        # Nothing to rank: say so, as generate and evaluate do.
+        if not np.isfinite(row[len(seq) - 1]).all():
             raise MinirtError(
                 f"prompt {label}: the model's logits are not finite (NaN or inf): its weights hold "
                 "NaN/inf, or float16 overflowed (try float32); check the checkpoint"
             )
-        logprobs = log_softmax(row[len(seq) - 1])  # [V] after the prompt's last token
+        # [V] after the prompt's last token
+        logprobs = log_softmax(row[len(seq) - 1])
         top = np.argsort(-logprobs)[:k]
-        print(
-            f"\nprompt {label} ({len(seq)} token{'s' if len(seq) != 1 else ''}): most likely next tokens"
-        )
+        print(f"\nprompt {label} ({plural(len(seq), 'token')}): most likely next tokens")
         for token_id in top:
+            token = describe_token(llm.tokenizer, int(token_id))
             print(
-                f"  {describe_token(llm.tokenizer, int(token_id)):32s} logprob {logprobs[token_id]:8.3f}   "
+                f"  {token:32s} logprob {logprobs[token_id]:8.3f}   "
                 f"p {np.exp(logprobs[token_id]):6.1%}"
             )
 

@@ -1,7 +1,9 @@
-"""`python -m minirt.rounds`: static groups beside continuous batching, counted in rounds, without a model.
+"""`python -m minirt.rounds`: static groups beside continuous batching, counted in rounds, without a
+model.
 
-Owns: the command: its flags, and its reports of given lengths (grids, tables, JSON) or of a long-tailed
-workload at several batch sizes, and the SVG file.  The simulation is minirt/cli/simulation.py.
+Owns: the command: its flags, and its reports of given lengths (grids, tables, JSON) or of a
+long-tailed workload at several batch sizes, and the SVG file.  The simulation is
+minirt/cli/simulation.py.
 
     python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
     python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
@@ -16,7 +18,8 @@ import json
 import sys
 import numpy as np
 
-from .cli.command import EXIT_OK, add_version_flag, run_command
+from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
+from .cli.plural import plural
 from .cli.kv_budget import parse_kv_budget
 from .cli.round_tables import comparison_table, grid_text, request_table
 from .cli.simulation import Simulation, UNLIMITED, long_tailed_workload, simulate
@@ -26,22 +29,25 @@ from .engine.scheduler import POLICIES
 from .errors import MinirtError, require_at_least_one
 
 
-MAX_LENGTH = (
-    1_000_000  # the longest output or prompt length simulated: a request of it takes seconds
-)
+# The longest output or prompt length simulated: a request of it takes seconds.
+MAX_LENGTH = 1_000_000
 
-
-MAX_WORKLOAD = 10_000  # the most --workload requests: the simulation holds every one of them
+# The most --workload requests: the simulation holds every one of them.
+MAX_WORKLOAD = 10_000
 
 
 def parse_lengths(
     text: str, flag: str, what: str = "length", cap: int | None = MAX_LENGTH, usage: bool = True
 ) -> list[int]:
-    """The integers of `flag`'s list (2,5,8,4), each from 1 to `cap`.  A refusal is one line (a MinirtError, which
-    argparse lets through), but for a non-integer or one below 1 with `usage`: argparse's usage, then a line."""
-    error = (
-        argparse.ArgumentTypeError if usage else lambda message: MinirtError(f"{flag}: {message}")
-    )
+    """The integers of `flag`'s list (2,5,8,4), each from 1 to `cap`.  A refusal is one line (a
+    MinirtError, which argparse lets through), but for a non-integer or one below 1 with `usage`:
+    argparse's usage, then a line."""
+
+    def error(message: str) -> Exception:
+        if usage:
+            return argparse.ArgumentTypeError(message)
+        return MinirtError(f"{flag}: {message}")
+
     items = text.replace(" ", "").split(",")
     try:
         values = [int(v) for v in items if v]
@@ -58,20 +64,40 @@ def parse_lengths(
     return values
 
 
-def build_parser(prog: str = "python -m minirt.rounds") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description="Static groups and continuous batching on the same requests, counted in rounds (no model needed).",
-        epilog="""examples:
+EPILOG = """examples:
   python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
   python -m minirt.rounds --lengths 2,5,8,4 --prompt-lengths 3,9,1,4 --batch-size 3 --json
   python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
 
 Marks in the grid: '#' active (the request produces a token), '-' waiting for a row,
 '.' finished while its static group still runs.  The scheduler is the engine's own:
-python -m minirt.generate --policy static|continuous runs real requests through it.""",
+python -m minirt.generate --policy static|continuous runs real requests through it."""
+
+
+def build_parser(prog: str = "python -m minirt.rounds") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Static groups and continuous batching on the same requests, counted in rounds "
+        "(no model needed).",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_request_flags(p)
+    add_run_flags(p)
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"policies": {"static": {...}, "continuous": {...}}}',
+    )
+    p.add_argument(
+        "--svg", metavar="FILE", help="also draw the round grids of both policies into an SVG file"
+    )
+    add_version_flag(p)
+    return p
+
+
+def add_request_flags(p) -> None:
+    """The requests: their lengths, or a long-tailed workload."""
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--lengths",
@@ -92,6 +118,10 @@ python -m minirt.generate --policy static|continuous runs real requests through 
         help=f"prompt length of each request (default 1; each at most {MAX_LENGTH})",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+
+
+def add_run_flags(p) -> None:
+    """The rows, and the budgets of a round and of the KV cache."""
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="rows (default 8)")
     p.add_argument(
         "--batch-sizes",
@@ -112,24 +142,14 @@ python -m minirt.generate --policy static|continuous runs real requests through 
         type=int,
         default=DEFAULT_ROUND_TOKENS,
         metavar="N",
-        help=f"continuous: tokens per round, a prefill counting its prompt (default {DEFAULT_ROUND_TOKENS})",
+        help="continuous: tokens per round, a prefill counting its prompt "
+        f"(default {DEFAULT_ROUND_TOKENS})",
     )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help='print {"policies": {"static": {...}, "continuous": {...}}}',
-    )
-    p.add_argument(
-        "--svg", metavar="FILE", help="also draw the round grids of both policies into an SVG file"
-    )
-    add_version_flag(p)
-    return p
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -> int:
-    args = build_parser(prog).parse_args(
-        argv
-    )  # then the numbers are checked: a bad one is one line and exit 2
+    args = parse_command_line(build_parser(prog), argv)
+    # Then the numbers are checked: a bad one is one line and exit 2.
     for flag in ("--batch-size", "--max-round-tokens"):
         require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
     if args.seed < 0:
@@ -146,11 +166,13 @@ def report_lengths(args, budgets: dict) -> None:
         for policy in POLICIES
     ]
     if args.svg:
-        write_svg(args.svg, sims, f"{len(args.lengths)} requests, {args.batch_size} rows")
+        title = f"{plural(len(args.lengths), 'request')}, {plural(args.batch_size, 'row')}"
+        write_svg(args.svg, sims, title)
     if args.json:
         print(json.dumps({"policies": {s.policy: s.summary() for s in sims}}))
         return
-    for sim in sims:  # each: its grid, a blank line, its table and its totals
+    # Each: its grid, a blank line, its table and its totals.
+    for sim in sims:
         print(
             grid_text(sim),
             "",
@@ -162,13 +184,12 @@ def report_lengths(args, budgets: dict) -> None:
 
 
 def report_workload(args, budgets: dict) -> None:
-    """--workload: a long-tailed draw, both policies at several batch sizes, as a table (or JSON)."""
-    if not 1 <= args.workload <= MAX_WORKLOAD:
-        raise MinirtError(
-            f"--workload needs at least 1 request, got {args.workload}"
-            if args.workload < 1
-            else f"--workload takes at most {MAX_WORKLOAD} requests, got {args.workload}"
-        )
+    """--workload: a long-tailed draw, both policies at several batch sizes, as a table (or
+    JSON)."""
+    if args.workload < 1:
+        raise MinirtError(f"--workload needs at least 1 request, got {args.workload}")
+    if args.workload > MAX_WORKLOAD:
+        raise MinirtError(f"--workload takes at most {MAX_WORKLOAD} requests, got {args.workload}")
     outputs, prompts = long_tailed_workload(args.workload, args.seed)
     results = {
         rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
@@ -176,7 +197,8 @@ def report_workload(args, budgets: dict) -> None:
     }
     if args.svg:
         title = (
-            f"workload of {args.workload} requests (seed {args.seed}), {args.batch_sizes[0]} rows"
+            f"workload of {plural(args.workload, 'request')} (seed {args.seed}), "
+            f"{plural(args.batch_sizes[0], 'row')}"
         )
         write_svg(args.svg, results[args.batch_sizes[0]], title)
     if args.json:
@@ -186,20 +208,22 @@ def report_workload(args, budgets: dict) -> None:
             "output_lens": outputs,
             "prompt_lens": prompts,
         }
-        print(
-            json.dumps(
-                {
-                    "workload": workload,
-                    "batch_sizes": {
-                        str(rows): {"policies": {s.policy: s.summary() for s in sims}}
-                        for rows, sims in results.items()
-                    },
-                }
-            )
-        )
+        batch_sizes = {
+            str(rows): {"policies": {s.policy: s.summary() for s in sims}}
+            for rows, sims in results.items()
+        }
+        print(json.dumps({"workload": workload, "batch_sizes": batch_sizes}))
         return
+    print_workload_table(args, outputs, prompts, results)
+
+
+def print_workload_table(
+    args, outputs: list[int], prompts: list[int], results: dict[int, list[Simulation]]
+) -> None:
+    """The workload's lengths, then a line per batch size: both policies' rounds and utilization."""
     print(
-        f"workload: {args.workload} requests (seed {args.seed}); output lengths {min(outputs)}-{max(outputs)}, "
+        f"workload: {plural(args.workload, 'request')} (seed {args.seed}); "
+        f"output lengths {min(outputs)}-{max(outputs)}, "
         f"median {int(np.median(outputs))}; prompt lengths {min(prompts)}-{max(prompts)}, "
         f"median {int(np.median(prompts))}"
     )
@@ -210,8 +234,8 @@ def report_workload(args, budgets: dict) -> None:
     for rows, (static, continuous) in results.items():
         saved = 1 - continuous.total_rounds / static.total_rounds
         print(
-            f"{rows:5d} {static.total_rounds:14d} {static.utilization:12.1%} {continuous.total_rounds:18d} "
-            f"{continuous.utilization:16.1%} {saved:13.1%}"
+            f"{rows:5d} {static.total_rounds:14d} {static.utilization:12.1%} "
+            f"{continuous.total_rounds:18d} {continuous.utilization:16.1%} {saved:13.1%}"
         )
 
 

@@ -1,53 +1,84 @@
 """What every minirt command shares: one-line errors and documented exit codes.
 
 Owns: `run_command`, which calls a command's main function and turns a MinirtError into one line on
-standard error (never a traceback), the exit codes below (each error in minirt/errors.py carries its own),
-and `add_version_flag`.
+standard error (never a traceback), the exit codes below (each error in minirt/errors.py carries its
+own), `add_version_flag`, and `parse_command_line` and `print_help_text`, which print help and
+--version so that a reader who stops early (`| head`) ends them quietly, with exit status 0.
 
 Must not know: what any particular command does.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable
 
 from .stdout import flush_stdout, mute_stdout
 from ..errors import MinirtError, OutputError, StdoutClosed, Terminated
 
+# Everything asked for was done.
+EXIT_OK = 0
 
-EXIT_OK = 0  # everything asked for was done
+# The run finished, but at least one request got an error of its own.
+EXIT_REQUEST_FAILED = 1
 
+# 2: a bad flag, file, model or backend: nothing was run (as argparse).
+EXIT_USAGE = MinirtError.exit_code
 
-EXIT_REQUEST_FAILED = 1  # the run finished, but at least one request got an error of its own
+# 74: writing an output file failed; what was whole is kept.
+EXIT_OUTPUT_FAILED = OutputError.exit_code
 
+# Ctrl-C (128 + SIGINT); whatever was finished has been kept.
+EXIT_INTERRUPTED = 130
 
-EXIT_USAGE = (
-    MinirtError.exit_code
-)  # 2: a bad flag, file, model or backend: nothing was run (as argparse)
+# 141: standard output was closed by its reader, as in `| head`.
+EXIT_STDOUT_CLOSED = StdoutClosed.exit_code
 
-
-EXIT_OUTPUT_FAILED = (
-    OutputError.exit_code
-)  # 74: writing an output file failed; what was whole is kept
-
-
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); whatever was finished has been kept
-
-
-EXIT_STDOUT_CLOSED = (
-    StdoutClosed.exit_code
-)  # 141: standard output was closed by its reader, as in `| head`
-
-
-EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM); whatever was finished has been kept
+# SIGTERM (128 + SIGTERM); whatever was finished has been kept.
+EXIT_TERMINATED = 143
 
 
 def add_version_flag(parser) -> None:
     """`--version` on a command's parser: prints `minirt X.Y.Z` and exits 0."""
-    from .. import __version__  # noqa: PLC0415 (here: the package is whole by the time a parser is built)
+    # Imported here: the package is whole by the time a parser is built.
+    from .. import __version__  # noqa: PLC0415 (see above)
 
     parser.add_argument("--version", action="version", version=f"minirt {__version__}")
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None):
+    """`parser.parse_args(argv)`; its --help and --version end with exit status 0 even when standard
+    output's reader stops early (`| head`): help is read as far as it was wanted."""
+    try:
+        return parser.parse_args(argv)
+    except BrokenPipeError:
+        # While parsing, only help and --version write to standard output.
+        mute_stdout()
+        raise SystemExit(EXIT_OK) from None
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            quiet_flush()
+        raise
+
+
+def print_help_text(text: str) -> int:
+    """Print help (or the version) on standard output; a reader that stops early is no error."""
+    try:
+        print(text)
+    except BrokenPipeError:
+        mute_stdout()
+        return EXIT_OK
+    quiet_flush()
+    return EXIT_OK
+
+
+def quiet_flush() -> None:
+    """Flush standard output; if its reader has gone, send the rest nowhere, without an error."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        mute_stdout()
 
 
 def run_command(
@@ -56,7 +87,8 @@ def run_command(
     """Run `main(argv)`, mapping user-fixable problems to one line and an exit code."""
     try:
         code = main(argv)
-        flush_stdout()  # a closed or failing standard output shows here, not as noise at exit
+        # A closed or failing standard output shows here, not as noise at exit.
+        flush_stdout()
         return code
     except MinirtError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -67,15 +99,16 @@ def run_command(
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except MemoryError:  # a model or batch bigger than this machine: one line, not a traceback
+    except MemoryError:
+        # A model or batch bigger than this machine: one line, not a traceback.
         print(
-            f"{prog}: error: out of memory; try a smaller --batch-size or --kv-budget, or a smaller model",
+            f"{prog}: error: out of memory; try a smaller --batch-size or --kv-budget, "
+            "or a smaller model",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    except (
-        BrokenPipeError
-    ):  # e.g. piped into `head`: not worth a traceback, but not a success either
+    except BrokenPipeError:
+        # Piped into `head`, say: not worth a traceback, but not a success either.
         mute_stdout()
         print(
             f"{prog}: error: standard output was closed before everything was written",

@@ -1,8 +1,8 @@
 """An --output file that nothing is lost from and that never clobbers what it should not.
 
-Owns: `OutputFile` (written through a partial file beside the target and renamed over it at the end, each
-line whole; pipes, devices and standard output written directly) and `writing_changes` (whether writing a
-path could change a file of a folder: inside it, or one of its files through a link).
+Owns: `OutputFile` (written through a partial file beside the target and renamed over it at the end,
+each line whole; pipes, devices and standard output written directly) and `writing_changes` (whether
+writing a path could change a file of a folder: inside it, or one of its files through a link).
 
 Must not know: what the lines hold, or what any command does.
 """
@@ -24,39 +24,41 @@ from ..loading.checkpoint import model_boundary
 class OutputFile:
     """An --output file of lines (records), written so that nothing is lost and nothing clobbered.
 
-    A regular file is written through a partial file beside it, made by `tempfile.mkstemp` (a new file with a
-    short, unpredictable name: never one planted there in advance), each line whole and at once; `keep` renames
-    it over the target when the run ends, with the target's mode, and `discard` deletes it, leaving the target
-    as it was.  Anything else (a pipe, a FIFO, a device such as /dev/null), and the file that standard output
-    or error already writes to (`--output /dev/stdout`), is written directly: never created, cut or replaced
-    (so there a write that fails part-way cannot be cut back either)."""
+    A regular file is written through a partial file beside it, made by `tempfile.mkstemp` (a new
+    file with a short, unpredictable name: never one planted there in advance), each line whole and
+    at once; `keep` renames it over the target when the run ends, with the target's mode, and
+    `discard` deletes it, leaving the target as it was.  Anything else (a pipe, a FIFO, a device
+    such as /dev/null), and the file that standard output or error already writes to (`--output
+    /dev/stdout`), is written directly: never created, cut or replaced (so there a write that fails
+    part-way cannot be cut back either)."""
 
     def __init__(self, path: str):
-        self.path, self.target = path, path
-        self.partial: str | None = None  # None: written directly
-        self.records, self.size = 0, 0  # whole records written, and the bytes they take
+        self.path = path
+        self.target = path
+        # None: written directly.
+        self.partial: str | None = None
+        # Whole records written, and the bytes they take.
+        self.records = 0
+        self.size = 0
         self.fd = self._open()
 
     def _open(self) -> int:
-        """Opened now, so that a bad path fails before any work is done; how, decided by what `path` is now."""
+        """Opened now, so that a bad path fails before any work is done; how, decided by what `path`
+        is now."""
         try:
             st = stat_or_none(self.path)
             stream = standard_stream(st)
-            if (
-                stream is not None
-            ):  # share its offset: records and completions land in the order written
+            # Share its offset: records and completions land in the order written.
+            if stream is not None:
                 return os.dup(stream)
+            # As it is: no O_CREAT, no O_TRUNC.
             if st is not None and not stat.S_ISREG(st.st_mode):
-                return os.open(
-                    self.path, os.O_WRONLY | os.O_APPEND
-                )  # as it is: no O_CREAT, no O_TRUNC
-            self.target = os.path.realpath(
-                self.path
-            )  # through a symlink, the file it names is replaced
+                return os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            # Through a symlink, the file it names is replaced.
+            self.target = os.path.realpath(self.path)
+            # Refused as writing it in place would be.
             if st is not None and not os.access(self.target, os.W_OK):
-                raise PermissionError(
-                    errno.EACCES, os.strerror(errno.EACCES)
-                )  # as writing it in place would
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
             fd, self.partial = tempfile.mkstemp(
                 prefix=".minirt-", suffix=".partial", dir=os.path.dirname(self.target)
             )
@@ -68,7 +70,8 @@ class OutputFile:
             ) from None
 
     def write(self, line: str) -> None:
-        """One record as one whole line; a write that fails part-way is cut back to the last whole record."""
+        """One record as one whole line; a write that fails part-way is cut back to the last whole
+        record."""
         data = line.encode("utf-8")
         try:
             left = memoryview(data)
@@ -76,15 +79,20 @@ class OutputFile:
                 left = left[os.write(self.fd, left) :]
         except OSError as exc:
             self._cut_back()
+            if self.records == 1:
+                kept = "the 1 record before it is kept, a whole line"
+            else:
+                kept = f"the {self.records} records before it are kept, each a whole line"
             raise OutputError(
-                f"cannot write --output {self.path} ({exc.strerror}); the {self.records} records "
-                "before it are kept, each a whole line"
+                f"cannot write --output {self.path} ({exc.strerror}); {kept}"
             ) from None
-        self.records, self.size = self.records + 1, self.size + len(data)
+        self.records += 1
+        self.size += len(data)
 
     def _cut_back(self) -> None:
         if self.partial is None:
-            return  # written directly: what is there before our records is not ours to cut
+            # Written directly: what is there before our records is not ours to cut.
+            return
         with suppress(OSError):
             os.ftruncate(self.fd, self.size)
             os.lseek(self.fd, self.size, os.SEEK_SET)
@@ -97,7 +105,8 @@ class OutputFile:
                 if os.path.exists(self.target):
                     shutil.copymode(self.target, self.partial)
                 else:
-                    os.chmod(self.partial, 0o666 & ~current_umask())  # as open() would have made it
+                    # As open() would have made it.
+                    os.chmod(self.partial, 0o666 & ~current_umask())
                 os.replace(self.partial, self.target)
         except OSError as exc:
             raise OutputError(
@@ -106,16 +115,16 @@ class OutputFile:
             ) from None
 
     def close(self, interrupted: bool) -> None:
-        """The run is over: `keep` the records, unless it was interrupted before any record was written: then
-        it produced nothing to keep, and `discard` leaves the target as it was."""
+        """The run is over: `keep` the records, unless it was interrupted before any record was
+        written: then it produced nothing to keep, and `discard` leaves the target as it was."""
         if interrupted and self.records == 0:
             self.discard()
         else:
             self.keep()
 
     def discard(self) -> None:
-        """The run produced nothing to keep: the partial file goes, and the target stays as it was.  Never
-        raises: a partial file already gone must not hide the error that brought us here."""
+        """The run produced nothing to keep: the partial file goes, and the target stays as it was.
+        Never raises: a partial file already gone must not hide the error that brought us here."""
         with suppress(OSError):
             os.close(self.fd)
         if self.partial is not None:
@@ -132,7 +141,8 @@ def stat_or_none(path: str) -> os.stat_result | None:
 
 
 def standard_stream(st: os.stat_result | None) -> int | None:
-    """1 or 2 when `st` is the file (pipe, terminal, redirect target) standard output or error writes to."""
+    """1 or 2 when `st` is the file (pipe, terminal, redirect target) standard output or error
+    writes to."""
     if st is None:
         return None
     for fd in (1, 2):
@@ -154,10 +164,10 @@ def current_umask() -> int:
 
 
 def writing_changes(path: str, folder) -> str | None:
-    """Why writing `path` could change a file of `folder`, or None.  The path lies inside the folder as given
-    (no symlink resolved), or once resolved inside the resolved folder (in a Hugging Face cache snapshot, whose
-    files link into `models--org--name/blobs/`, anywhere in that repo folder); or it already is one of the
-    folder's files, through a symlink or a hard link."""
+    """Why writing `path` could change a file of `folder`, or None.  The path lies inside the folder
+    as given (no symlink resolved), or once resolved inside the resolved folder (in a Hugging Face
+    cache snapshot, whose files link into `models--org--name/blobs/`, anywhere in that repo folder);
+    or it already is one of the folder's files, through a symlink or a hard link."""
     folders = {
         model_boundary(Path(os.path.abspath(folder))),
         model_boundary(Path(os.path.realpath(folder))),
@@ -171,12 +181,13 @@ def writing_changes(path: str, folder) -> str | None:
     try:
         st = os.stat(path)
     except OSError:
-        return None  # nothing there (yet): it cannot be one of the folder's files
-    for root, _, names in os.walk(folder):  # a symlinked subfolder is listed, not entered: no loops
+        # Nothing there (yet): it cannot be one of the folder's files.
+        return None
+    # A symlinked subfolder is listed, not entered: no loops.
+    for root, _, names in os.walk(folder):
         for name in names:
-            with suppress(
-                OSError
-            ):  # a symlink is followed to the file it names (a snapshot's blob)
+            # A symlink is followed to the file it names (a snapshot's blob).
+            with suppress(OSError):
                 if same_file(os.stat(os.path.join(root, name)), st):
                     return "is the same file as one inside"
     return None

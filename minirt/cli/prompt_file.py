@@ -1,10 +1,10 @@
-"""Reading prompts files: one prompt per line (.txt) or one JSON object per line (.jsonl).
+r"""Reading prompts files: one prompt per line (.txt) or one JSON object per line (.jsonl).
 
 Owns: the two formats and their escapes, and telling a bad file (one line,
 nothing runs) from a bad line (that request alone gets an error).
 
-.txt   One prompt per line.  Write a newline inside a prompt as \\n, a tab as
-       \\t and a backslash as \\\\.  Blank lines are skipped (use .jsonl for an
+.txt   One prompt per line.  Write a newline inside a prompt as \n, a tab as
+       \t and a backslash as \\.  Blank lines are skipped (use .jsonl for an
        empty prompt).
 .jsonl One JSON object per line: {"prompt": "...", "id": "optional", ...} plus
        any sampling field to override for that request alone: max_new_tokens,
@@ -15,17 +15,18 @@ nothing runs) from a bad line (that request alone gets an error).
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.
 
-A line ends at "\n" (or "\r\n", whose "\r" is dropped) and nowhere else, as JSON Lines defines it.  So a
-lone "\r", U+2028, U+2029, U+0085, a form feed, a vertical tab and \x1c-\x1e (where `str.splitlines` also ends
-a line) stay inside it, as part of a .txt prompt or raw inside a JSON string (where JSON allows them, and
-`json.dumps` writes them); in JSONL a lone "\r" between values is whitespace, as JSON says.
-A UTF-8 byte-order mark at the very start (as some Windows editors write) is skipped, not read as text.
+A line ends at "\n" (or "\r\n", whose "\r" is dropped) and nowhere else, as JSON Lines defines
+it.  So a lone "\r", U+2028, U+2029, U+0085, a form feed, a vertical tab and \x1c-\x1e (where
+`str.splitlines` also ends a line) stay inside it, as part of a .txt prompt or raw inside a JSON
+string (where JSON allows them, and `json.dumps` writes them); in JSONL a lone "\r" between values
+is whitespace, as JSON says.  A UTF-8 byte-order mark at the very start (as some Windows editors
+write) is skipped, not read as text.
 
-Lines are read and decoded one at a time, so these fail their own line alone (its record says why, with the
-line number) while the others run: a line that is not UTF-8, a line longer than MAX_LINE_BYTES (1 MiB, read
-past without being held or tokenized), and a JSONL string that is not valid Unicode (a lone surrogate such as
-"\\ud800", which JSON can escape but no text can hold).  A file in which no line decodes is not UTF-8 at all:
-the whole file is refused.
+Lines are read and decoded one at a time, so these fail their own line alone (its record says why,
+with the line number) while the others run: a line that is not UTF-8, a line longer than
+MAX_LINE_BYTES (1 MiB, read past without being held or tokenized), and a JSONL string that is not
+valid Unicode (a lone surrogate such as "\ud800", which JSON can escape but no text can hold).  A
+file in which no line decodes is not UTF-8 at all: the whole file is refused.
 
 Must not know: models, tokenizers or how requests are served.
 """
@@ -35,26 +36,31 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from .plural import noun_for
 from ..errors import MinirtError
 from ..engine.params import FIELD_NAMES
 
 FORMATS = ("auto", "txt", "jsonl")
-MAX_LINE_BYTES = 1 << 20  # 1 MiB: a longer line fails alone, read past without being held whole
+# 1 MiB: a longer line fails alone, read past without being held whole.
+MAX_LINE_BYTES = 1 << 20
 READ_CHUNK = 1 << 16  # bytes read at a time
-UTF8_BOM = b"\xef\xbb\xbf"  # what some editors write before the first line of a UTF-8 file
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, so any left is alone
+# What some editors write before the first line of a UTF-8 file.
+UTF8_BOM = b"\xef\xbb\xbf"
+# json.loads joins valid pairs, so any surrogate left is alone.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
 class PromptEntry:
     """One line of the prompts file: a prompt to serve, or the reason it can't be."""
 
-    line: int  # 1-based line number in the file, for messages
+    line: int  # 1-based, for messages
     prompt: str | list[int] | None
     id: str | None = None
     overrides: dict = field(default_factory=dict)  # per-request sampling fields
@@ -72,8 +78,10 @@ class Line:
 
 
 def unescape_txt(line: str) -> str:
-    """Undo the .txt escapes: \\n newline, \\t tab, \\\\ backslash; any other backslash stays as it is."""
-    out, i = [], 0
+    """Undo the .txt escapes: \\n newline, \\t tab, \\\\ backslash; any other backslash stays as it
+    is."""
+    out = []
+    i = 0
     while i < len(line):
         ch = line[i]
         if ch == "\\" and i + 1 < len(line) and line[i + 1] in "nt\\":
@@ -89,73 +97,78 @@ def unescape_txt(line: str) -> str:
 
 
 def byte_lines(stream: BinaryIO) -> Iterator[tuple[bytes | None, int]]:
-    """(line, size) for each line of a binary stream, split at \\n, the only line ending (a decoded line is never
-    split again).  The line comes without its ending (\\n, or \\r\\n), or as None when it is longer than
-    MAX_LINE_BYTES (read past, never held whole); its size in the stream counts the ending."""
-    pending, dropped = (
-        b"",
-        0,
-    )  # the line read so far (its last byte alone once it is too long); bytes dropped
+    """(line, size) for each line of a binary stream, split at \\n, the only line ending (a decoded
+    line is never split again).  The line comes without its ending (\\n, or \\r\\n), or as None when
+    it is longer than MAX_LINE_BYTES (read past, never held whole); its size in the stream counts
+    the ending."""
+    # The line read so far (its last byte alone once it is too long), and the bytes dropped of it.
+    pending = b""
+    dropped = 0
     for chunk in iter(lambda: stream.read(READ_CHUNK), b""):
         *complete, pending = (pending + chunk).split(b"\n")
         for line in complete:
             yield sized(line + b"\n", dropped)
             dropped = 0
-        # Surely too long (an ending takes 2 bytes at most): keep only its last byte, a \r that a \n may follow.
+        # Surely too long (an ending takes 2 bytes at most): keep only its last byte, a \r that a
+        # \n may follow.
         if dropped or len(pending) > MAX_LINE_BYTES + 2:
-            dropped, pending = dropped + len(pending) - 1, pending[-1:]
+            dropped += len(pending) - 1
+            pending = pending[-1:]
     if pending:
         yield sized(pending, dropped)
 
 
 def sized(line: bytes, dropped: int) -> tuple[bytes | None, int]:
-    """A line as `byte_lines` yields it, from what was kept of it (ending included) and the bytes dropped."""
-    content = (
-        line[:-1].removesuffix(b"\r") if line.endswith(b"\n") else line
-    )  # any other \r is text
-    return (None if dropped + len(content) > MAX_LINE_BYTES else content), dropped + len(line)
+    """A line as `byte_lines` yields it, from what was kept of it (ending included) and the bytes
+    dropped."""
+    # Any \r but the one before the \n is text.
+    if line.endswith(b"\n"):
+        content = line[:-1].removesuffix(b"\r")
+    else:
+        content = line
+    if dropped + len(content) > MAX_LINE_BYTES:
+        return None, dropped + len(line)
+    return content, dropped + len(line)
 
 
 def decoded_lines(stream: BinaryIO, first_number: int = 1) -> Iterator[tuple[Line, int]]:
-    """Each line of a binary stream, decoded and numbered from `first_number` (a line ends at \\n, or \\r\\n), with
-    its size in the stream; one at a time, so a file of any size streams through.  A byte-order mark is skipped at
-    the start of line 1."""
+    """Each line of a binary stream, decoded and numbered from `first_number` (a line ends at \\n,
+    or \\r\\n), with its size in the stream; one at a time, so a file of any size streams through.
+    A byte-order mark is skipped at the start of line 1."""
     for number, (raw, size) in enumerate(byte_lines(stream), start=first_number):
-        if (
-            number == 1 and raw is not None and raw.startswith(UTF8_BOM)
-        ):  # a byte-order mark is no part of line 1
+        # A byte-order mark is no part of line 1.
+        if number == 1 and raw is not None and raw.startswith(UTF8_BOM):
             raw = raw[len(UTF8_BOM) :]
-        if raw is None:
-            yield (
-                Line(
-                    number,
-                    None,
-                    f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; "
-                    "shorten it",
-                ),
-                size,
-            )
-            continue
-        try:
-            yield Line(number, raw.decode("utf-8")), size
-        except UnicodeDecodeError as exc:
-            yield (
-                Line(
-                    number,
-                    None,
-                    f"line {number}: not UTF-8 text (bad byte at offset {exc.start} of the line); "
-                    "save it as UTF-8",
-                    bad_byte=exc.start,
-                ),
-                size,
-            )
+        yield decoded_line(number, raw), size
+
+
+def decoded_line(number: int, raw: bytes | None) -> Line:
+    """Line `number`, decoded; or why it cannot be (too long: None, or not UTF-8)."""
+    if raw is None:
+        return Line(
+            number,
+            None,
+            f"line {number}: longer than {MAX_LINE_BYTES} bytes, the most a line may hold; "
+            "shorten it",
+        )
+    try:
+        return Line(number, raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return Line(
+            number,
+            None,
+            f"line {number}: not UTF-8 text (bad byte at offset {exc.start} of the line); "
+            "save it as UTF-8",
+            bad_byte=exc.start,
+        )
 
 
 def numbered_lines(stream: BinaryIO) -> tuple[list[Line], int | None]:
-    """Every line, decoded and numbered, and the offset in the stream of the first byte that is not UTF-8 (None
-    when there is none)."""
+    """Every line, decoded and numbered, and the offset in the stream of the first byte that is not
+    UTF-8 (None when there is none)."""
     lines: list[Line] = []
-    offset, first_bad = 0, None
+    offset = 0
+    first_bad = None
     for line, size in decoded_lines(stream):
         if first_bad is None and line.bad_byte is not None:
             first_bad = offset + line.bad_byte
@@ -169,13 +182,20 @@ def is_entry(line: Line) -> bool:
     return line.text is None or bool(line.text.strip())
 
 
+def prompt_text_hint(path: str) -> str:
+    """The end of the error for a --prompts FILE that is not there: it may be a prompt's text."""
+    return f"; to generate from this text itself, use --prompt {shlex.quote(path)}"
+
+
 def read_file_lines(path: str) -> list[Line]:
-    """The lines of a prompts file; a file that is missing, unreadable or not UTF-8 at all is a MinirtError."""
+    """The lines of a prompts file; a file that is missing, unreadable or not UTF-8 at all is a
+    MinirtError."""
     file = Path(path)
     if not file.exists():
         raise MinirtError(
             f"prompts file {path} does not exist; "
             "pass a .txt or .jsonl file, or - for standard input"
+            f"{prompt_text_hint(path)}"
         )
     if file.is_dir():
         raise MinirtError(f"{path} is a folder; --prompts takes a .txt or .jsonl file")
@@ -192,11 +212,13 @@ def read_file_lines(path: str) -> list[Line]:
 
 
 def read_stdin_lines() -> list[Line]:
-    """The lines of standard input, as bytes; a line that is not UTF-8 fails alone, even if all do."""
+    """The lines of standard input, as bytes; a line that is not UTF-8 fails alone, even if all
+    do."""
     if sys.stdin is None:
         raise MinirtError("standard input is closed; pass a prompts file instead of -")
     stream = getattr(sys.stdin, "buffer", None)
-    if stream is None:  # a text stream with no bytes beneath (as tests substitute): encode it back
+    # A text stream with no bytes beneath (as tests substitute): encode it back.
+    if stream is None:
         stream = io.BytesIO(sys.stdin.read().encode("utf-8", "surrogatepass"))
     try:
         return numbered_lines(stream)[0]
@@ -208,7 +230,8 @@ def read_stdin_lines() -> list[Line]:
 
 
 def strings_in(value) -> Iterator[str]:
-    """Every string inside a JSON value, object keys included (without recursion: JSON may nest deeply)."""
+    """Every string inside a JSON value, object keys included (without recursion: JSON may nest
+    deeply)."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -225,7 +248,8 @@ def has_lone_surrogate(value) -> bool:
 
 
 def lone_surrogate_field(obj: dict) -> str | None:
-    """Which field of a JSONL object holds a string that is not valid Unicode ('"stop"', 'a field name'), if any."""
+    """Which field of a JSONL object holds a string that is not valid Unicode ('"stop"', 'a field
+    name'), if any."""
     for key, value in obj.items():
         if has_lone_surrogate(key):
             return "a field name"
@@ -247,10 +271,24 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
         return PromptEntry(
             number,
             None,
-            error=f'line {number}: expected a JSON object with a "prompt", got {type(obj).__name__}',
+            error=f'line {number}: expected a JSON object with a "prompt", '
+            f"got {type(obj).__name__}",
         )
+    return parse_jsonl_object(number, obj)
+
+
+def jsonl_id(obj: dict) -> str | None:
+    """A JSONL line's own "id", as a string; None when it has none (or one that is not Unicode)."""
     request_id = obj.get("id")
-    request_id = None if request_id is None or has_lone_surrogate(request_id) else str(request_id)
+    if request_id is None or has_lone_surrogate(request_id):
+        return None
+    return str(request_id)
+
+
+def parse_jsonl_object(number: int, obj: dict) -> PromptEntry:
+    """The entry of line `number`, a JSON object: its prompt, id and sampling fields, or what is
+    wrong with them."""
+    request_id = jsonl_id(obj)
     bad_field = lone_surrogate_field(obj)
     if bad_field is not None:
         return PromptEntry(
@@ -279,7 +317,7 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
             number,
             prompt,
             request_id,
-            error=f"line {number}: unknown field(s) {', '.join(unknown)}; "
+            error=f"line {number}: unknown {noun_for(len(unknown), 'field')} {', '.join(unknown)}; "
             f"known: prompt, id, {', '.join(sorted(known))}",
         )
     overrides = {k: v for k, v in obj.items() if k in known}
@@ -296,7 +334,8 @@ def entry_for(line: Line, fmt: str) -> PromptEntry:
 
 
 def resolved_format(fmt: str, path: str, first_text: str) -> str:
-    """'txt' or 'jsonl': as asked, else from the file name, else from its first non-blank line (`first_text`)."""
+    """'txt' or 'jsonl': as asked, else from the file name, else from its first non-blank line
+    (`first_text`)."""
     if fmt != "auto":
         return fmt
     suffix = Path(path).suffix.lower() if path != "-" else ""
@@ -308,12 +347,14 @@ def resolved_format(fmt: str, path: str, first_text: str) -> str:
 
 
 def read_prompts(path: str, fmt: str = "auto") -> list[PromptEntry]:
-    """Read a prompts file (or '-' for standard input).  A file that can't be read is a MinirtError; a bad line
-    is an entry with an error of its own."""
-    lines = read_stdin_lines() if path == "-" else read_file_lines(path)
-    fmt = resolved_format(
-        fmt, path, next((line.text for line in lines if line.text and line.text.strip()), "")
-    )
+    """Read a prompts file (or '-' for standard input).  A file that can't be read is a MinirtError;
+    a bad line is an entry with an error of its own."""
+    if path == "-":
+        lines = read_stdin_lines()
+    else:
+        lines = read_file_lines(path)
+    first_text = next((line.text for line in lines if line.text and line.text.strip()), "")
+    fmt = resolved_format(fmt, path, first_text)
     entries = [entry_for(line, fmt) for line in lines if is_entry(line)]
     if not entries:
         source = "standard input" if path == "-" else path

@@ -3,10 +3,11 @@
 Owns:
   * `record`: a finished request as the JSON object --output writes;
   * `completion_block`: a finished request as standard output shows it;
-  * `OrderedOutput`: records leave in input order, each as soon as it and every earlier one are final, to
-    standard output and to the JSONL file, flushed at once so an interrupted run keeps what is done; a
-    closed or failing standard output (`| head`, a full disk) stops the run unless --output still wants
-    records; with `stream`, the request whose turn it is shows its text as its tokens come.
+  * `OrderedOutput`: records leave in input order, each as soon as it and every earlier one are
+    final, to standard output and to the JSONL file, flushed at once so an interrupted run keeps
+    what is done; a closed or failing standard output (`| head`, a full disk) stops the run unless
+    --output still wants records; with `stream`, the request whose turn it is shows its text as its
+    tokens come.
 
 Must not know: models, sampling or how groups are chosen.
 """
@@ -18,6 +19,7 @@ from contextlib import nullcontext
 from typing import IO, Callable, ContextManager
 
 from .output_file import OutputFile
+from .plural import plural
 from .stdout import mute_stdout, stdout_error
 from ..engine.output import RequestOutput, prompt_text
 from ..engine.request import Request, unshown_text
@@ -27,16 +29,18 @@ from ..loading.tokenizer import Tokenizer
 
 def request_label(request: Request) -> str:
     """'[3]' for a request without an id of its own, '[3] my-id' otherwise."""
-    label = (
-        f"[{request.index}]"
-        if request.id == str(request.index)
-        else f"[{request.index}] {request.id}"
-    )
-    return label if request.params.n == 1 else f"{label} sample {request.sample}"
+    if request.id == str(request.index):
+        label = f"[{request.index}]"
+    else:
+        label = f"[{request.index}] {request.id}"
+    if request.params.n == 1:
+        return label
+    return f"{label} sample {request.sample}"
 
 
 def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
-    """The JSON-ready record of a finished request (one line of --output): its `RequestOutput`, as JSON."""
+    """The JSON-ready record of a finished request (one line of --output): its `RequestOutput`, as
+    JSON."""
     return RequestOutput.from_request(request, tokenizer).record(
         request.prompt is None, request.params.n
     )
@@ -46,47 +50,58 @@ def block_header(request: Request) -> str:
     """'### [3]: length, 12 new tokens, group 1, rounds 1-12', or '### [3]: error: why'."""
     if request.error is not None:
         return f"### {request_label(request)}: error: {request.error}"
-    group = (
-        "" if request.group is None else f"group {request.group}, "
-    )  # no groups under continuous batching
+    # No groups under continuous batching.
+    if request.group is None:
+        group = ""
+    else:
+        group = f"group {request.group}, "
+    new_tokens = plural(len(request.token_ids), "new token")
     return (
-        f"### {request_label(request)}: {request.finish_reason}, {len(request.token_ids)} new tokens, "
+        f"### {request_label(request)}: {request.finish_reason}, {new_tokens}, "
         f"{group}rounds {request.first_round}-{request.finish_round}"
     )
 
 
 def shown_prompt(request: Request, tokenizer: Tokenizer | None) -> str:
-    """The prompt as a completion follows it: its text, or its ids and an arrow when it has no text."""
+    """The prompt as a completion follows it: its text, or its ids and an arrow when it has no
+    text."""
     prompt = prompt_text(request, tokenizer)
-    return (
-        f"{request.prompt_ids} -> " if prompt is None else prompt
-    )  # a token-id prompt, no tokenizer given
+    # A token-id prompt, and no tokenizer given.
+    if prompt is None:
+        return f"{request.prompt_ids} -> "
+    return prompt
 
 
 def completion_block(
     request: Request, color: bool = False, tokenizer: Tokenizer | None = None
 ) -> str:
-    """One request, readably: a header line, then the prompt and its completion (bold on a terminal)."""
+    """One request, readably: a header line, then the prompt and its completion (bold on a
+    terminal)."""
     if request.error is not None:
         return block_header(request) + "\n"
-    if request.text is None:  # no tokenizer: show ids
+    # No tokenizer: show ids.
+    if request.text is None:
         return f"{block_header(request)}\n{request.prompt_ids} -> {request.token_ids}\n"
-    return (
-        f"{block_header(request)}\n{shown_prompt(request, tokenizer)}{bold(request.text, color)}\n"
-    )
+    prompt = shown_prompt(request, tokenizer)
+    return f"{block_header(request)}\n{prompt}{bold(request.text, color)}\n"
 
 
 def bold(text: str, color: bool) -> str:
-    return f"\033[1m{text}\033[0m" if color and text else text
+    if color and text:
+        return f"\033[1m{text}\033[0m"
+    return text
 
 
 class OrderedOutput:
-    """Emits finished requests in input order, the moment the order allows: each completion to standard output,
-    then its record to --output.  Only the record is written within `hold` (a signal waits until it is whole);
-    standard output never is, so that Ctrl-C and SIGTERM are not held off by a reader that does not read.
+    """Emits finished requests in input order, the moment the order allows: each completion to
+    standard output, then its record to --output.  Only the record is written within `hold` (a
+    signal waits until it is whole); standard output never is, so that Ctrl-C and SIGTERM are not
+    held off by a reader that does not read.
 
-    With `stream`, the request whose turn it is shows its text as its tokens come (`token`), between a
-    '### [i]: streaming' line and its usual header line; the others wait for their turn, as without it."""
+    With `stream`, the request whose turn it is shows its text as its tokens come (`token`), between
+    a '### [i]: streaming' line and its usual header line; the others wait for their turn, as
+    without it.  `before_write` is called before each write to standard output (a progress bar on
+    the same screen clears its line)."""
 
     def __init__(
         self,
@@ -97,30 +112,34 @@ class OrderedOutput:
         hold: Callable[[], ContextManager] = nullcontext,
         tokenizer: Tokenizer | None = None,
         stream: bool = False,
+        before_write: Callable[[], None] | None = None,
     ):
-        self.total, self.color, self.hold, self.tokenizer = (
-            total,
-            color,
-            hold,
-            tokenizer,
-        )  # tokenizer: id prompts
-        self.stdout, self.jsonl = stdout, jsonl
-        self.ready: dict[int, Request] = {}  # final, and not yet written to --output
+        self.total = total
+        self.color = color
+        self.hold = hold
+        # For prompts given as token ids.
+        self.tokenizer = tokenizer
+        self.stdout = stdout
+        self.jsonl = jsonl
+        self.before_write = before_write
+        # Final, and not yet written to --output.
+        self.ready: dict[int, Request] = {}
         self.next_index = 0
         self.done = 0
-        self.shown = 0  # completions that reached standard output
-        self.last_shown = -1  # the index of the last of them
-        self.showing = False  # still True after a signal cut a completion short
-        self.stdout_failure: OutputError | None = (
-            None  # why standard output was given up, the run going on
-        )
-        self.stream, self.streaming = (
-            stream,
-            -1,
-        )  # the index of the request whose text is being streamed
+        # Completions that reached standard output, and the index of the last of them.
+        self.shown = 0
+        self.last_shown = -1
+        # Still True after a signal cut a completion short.
+        self.showing = False
+        # Why standard output was given up, the run going on.
+        self.stdout_failure: OutputError | None = None
+        self.stream = stream
+        # The index of the request whose text is being streamed.
+        self.streaming = -1
 
     def token(self, request: Request) -> None:
-        """A token was added: if the request's turn has come, its new final text goes to standard output now."""
+        """A token was added: if the request's turn has come, its new final text goes to standard
+        output now."""
         if (
             not self.stream
             or self.stdout is None
@@ -128,11 +147,11 @@ class OrderedOutput:
             or request.text is None
         ):
             return
-        start = (
-            ""
-            if self.streaming == request.output_index
-            else f"### {request_label(request)}: streaming\n{shown_prompt(request, self.tokenizer)}"
-        )
+        if self.streaming == request.output_index:
+            start = ""
+        else:
+            prompt = shown_prompt(request, self.tokenizer)
+            start = f"### {request_label(request)}: streaming\n{prompt}"
         self.streaming = request.output_index
         self._write(start + bold(unshown_text(request), self.color))
 
@@ -143,15 +162,17 @@ class OrderedOutput:
             request = self.ready[self.next_index]
             if self.stdout is not None:
                 self._show(request)
-            with self.hold():  # the record, and then the note that it is written
+            # The record, and then the note that it is written.
+            with self.hold():
                 self._write_record(request)
                 del self.ready[self.next_index]
                 self.next_index += 1
 
     def flush_out_of_order(self, finished: list[Request]) -> None:
-        """After an interruption: write every finished request not written yet (those it kept from `final` too),
-        even if an earlier one never finished: the records, then the completions not shown yet, unless the
-        interruption cut one short (its reader may not be reading) or a second one comes meanwhile."""
+        """After an interruption: write every finished request not written yet (those it kept from
+        `final` too), even if an earlier one never finished: the records, then the completions not
+        shown yet, unless the interruption cut one short (its reader may not be reading) or a second
+        one comes meanwhile."""
         for request in finished:
             if request.output_index >= self.next_index and request.output_index not in self.ready:
                 self.ready[request.output_index] = request
@@ -163,41 +184,41 @@ class OrderedOutput:
             with self.hold():
                 for request in pending:
                     self._write_record(request)
-            if (
-                self.streaming == self.next_index and self.stdout is not None
-            ):  # a stream was cut short
+            # A stream was cut short: end its line.
+            if self.streaming == self.next_index and self.stdout is not None:
                 self._write("\n")
             for request in pending:
                 if self.stdout is not None and request.output_index > self.last_shown:
                     self._show(request)
-        except (
-            KeyboardInterrupt
-        ):  # every record is written: stop waiting for standard output's reader
+        except KeyboardInterrupt:
+            # Every record is written: stop waiting for standard output's reader.
             self._drop_stdout()
 
     def _write_record(self, request: Request) -> None:
         if self.jsonl is not None:
-            self.jsonl.write(
-                json.dumps(record(request, self.tokenizer), ensure_ascii=False, allow_nan=False)
-                + "\n"
-            )
+            line = json.dumps(record(request, self.tokenizer), ensure_ascii=False, allow_nan=False)
+            self.jsonl.write(line + "\n")
 
     def _show(self, request: Request) -> None:
         """A completion on standard output (the rest of it, if it was streamed)."""
-        if (
-            self.streaming == request.output_index
-        ):  # its text so far is out: the rest, then its header line
-            text = bold(unshown_text(request), self.color) + "\n" + block_header(request) + "\n\n"
+        if self.streaming == request.output_index:
+            # Its text so far is out: the rest, then its header line.
+            rest = bold(unshown_text(request), self.color)
+            text = rest + "\n" + block_header(request) + "\n\n"
         else:
             text = completion_block(request, self.color, self.tokenizer) + "\n"
         if self._write(text):
-            self.shown, self.last_shown = self.shown + 1, request.output_index
+            self.shown += 1
+            self.last_shown = request.output_index
 
     def _write(self, text: str) -> bool:
-        """Write to standard output; False if that failed (its reader has gone, a full disk): standard output is
-        then given up, and the run stops unless --output still wants records."""
+        """Write to standard output; False if that failed (its reader has gone, a full disk):
+        standard output is then given up, and the run stops unless --output still wants records."""
         self.showing = True
-        assert self.stdout is not None  # only called while standard output is still wanted
+        # Only called while standard output is still wanted.
+        assert self.stdout is not None
+        if self.before_write is not None:
+            self.before_write()
         try:
             self.stdout.write(text)
             self.stdout.flush()

@@ -1,8 +1,9 @@
 """How a prompts file's entries become requests.
 
 Owns: `build_requests`, one request per entry and sample, a JSONL line's own fields over the run's
-defaults, and a bad entry becoming a request with its own error.  Shared by `python -m minirt.generate` and
-its Ray workers (minirt/distributed/ray_data.py), so that both make the same requests.
+defaults, and a bad entry becoming a request with its own error.  Shared by `python -m
+minirt.generate` and its Ray workers (minirt/distributed/ray_data.py), so that both make the same
+requests.
 
 Must not know: files, output, or how requests are served.
 """
@@ -24,12 +25,13 @@ def build_requests(
     logprobs: bool,
     indexes: list[int] | None = None,
 ) -> list[Request]:
-    """One request per prompts-file line and sample (its index: the line's place among them, or the one `indexes`
-    gives, as rows spread over workers keep theirs; n samples: n requests, one after another); a bad line becomes
-    a request with its own error, and its peers still run."""
+    """One request per prompts-file line and sample (its index: the line's place among them, or the
+    one `indexes` gives, as rows spread over workers keep theirs; n samples: n requests, one after
+    another); a bad line becomes a request with its own error, and its peers still run."""
     requests: list[Request] = []
     for index, entry in zip(indexes or range(len(entries)), entries, strict=True):
-        error, params = entry.error, run_defaults
+        error = entry.error
+        params = run_defaults
         if error is None:
             try:
                 params = run_defaults.updated(**entry.overrides)

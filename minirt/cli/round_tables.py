@@ -1,4 +1,4 @@
-"""`minirt rounds` as text: the grid of one simulation, its request table, and both policies side by side.
+"""`minirt rounds` as text: one simulation's grid and its request table; both policies side by side.
 
 Owns: `grid_text`, `request_table` and `comparison_table`.
 
@@ -10,14 +10,19 @@ from __future__ import annotations
 import numpy as np
 
 from .grids import cell_mark, grid_lines
+from .plural import plural
 from .simulation import Simulation
 
 
 def grid_text(sim: Simulation, max_columns: int = 120) -> str:
     rounds = range(1, sim.total_rounds + 1)
+    counts = (
+        f"{plural(len(sim.requests), 'request')}, {plural(sim.rows, 'row')}, "
+        f"{plural(sim.total_rounds, 'round')}"
+    )
     lines = [
-        f"{sim.policy}: {len(sim.requests)} requests, {sim.rows} rows, {sim.total_rounds} rounds, "
-        f"utilization {sim.utilization:.1%}   (# active, - waiting, . finished but row held)"
+        f"{sim.policy}: {counts}, utilization {sim.utilization:.1%}   "
+        "(# active, - waiting, . finished but row held)"
     ]
     if len(rounds) > max_columns:
         lines.append(
@@ -33,7 +38,8 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
 
 def request_table(sim: Simulation) -> str:
     rows = [
-        f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} {r.finish_round:6d}"
+        f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} "
+        f"{r.finish_round:6d}"
         for r in sim.requests
     ]
     return "\n".join(
@@ -43,12 +49,14 @@ def request_table(sim: Simulation) -> str:
 
 def comparison_table(sims: list[Simulation]) -> str:
     lines = [
-        f"{'policy':12s} {'rounds':>7s} {'utilization':>12s} {'mean waited':>12s} {'mean finish':>12s}"
+        f"{'policy':12s} {'rounds':>7s} {'utilization':>12s} {'mean waited':>12s} "
+        f"{'mean finish':>12s}"
     ]
     for sim in sims:
         waited = np.mean([r.rounds_waited for r in sim.requests])
         finish = np.mean([r.finish_round for r in sim.requests])
         lines.append(
-            f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} {finish:12.1f}"
+            f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} "
+            f"{finish:12.1f}"
         )
     return "\n".join(lines)

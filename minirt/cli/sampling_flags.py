@@ -1,8 +1,9 @@
 """The sampling flags of the commands that serve prompts.
 
-Owns: `add_sampling_flags` (with the real defaults in their help), `flag_overrides` (what the command line
-set) and `sampling_defaults` (the model's generation_config.json with the flags applied: built-in defaults
-< the model's generation_config.json < flags < a JSONL line's own fields).
+Owns: `add_sampling_flags` (with the real defaults in their help), `flag_overrides` (what the
+command line set) and `sampling_defaults` (the model's generation_config.json with the flags
+applied: built-in defaults < the model's generation_config.json < flags < a JSONL line's own
+fields).
 
 Must not know: files, output, or how requests are served.
 """
@@ -18,7 +19,8 @@ from ..llm import generation_defaults
 
 
 def shipped_defaults() -> dict[str, str]:
-    """'; the shipped model's: X' per field --help names, from its generation_config.json read once ({}: unreadable)."""
+    """'; the shipped model's: X' per field --help names, from its generation_config.json read once
+    ({}: unreadable)."""
     with suppress(MinirtError):
         params = generation_defaults(shipped_model_folder())
         return {
@@ -29,7 +31,16 @@ def shipped_defaults() -> dict[str, str]:
 
 
 def add_sampling_flags(g) -> None:
-    where, shipped = "default: the model's generation_config.json, else", shipped_defaults()
+    """Every sampling flag, on the argument group `g`."""
+    add_choice_flags(g)
+    add_stop_flags(g)
+    add_penalty_flags(g)
+
+
+def add_choice_flags(g) -> None:
+    """How many tokens, and how each is chosen."""
+    where = "default: the model's generation_config.json, else"
+    shipped = shipped_defaults()
     g.add_argument(
         "--max-new-tokens",
         type=int,
@@ -60,8 +71,13 @@ def add_sampling_flags(g) -> None:
         type=int,
         default=0,
         metavar="S",
-        help="the run's seed; a request without a seed gets one derived from S and its line (default 0)",
+        help="the run's seed; a request without a seed gets one derived from S and its line "
+        "(default 0)",
     )
+
+
+def add_stop_flags(g) -> None:
+    """When a request stops."""
     g.add_argument(
         "--stop",
         action="append",
@@ -81,6 +97,10 @@ def add_sampling_flags(g) -> None:
         default=None,
         help="keep generating past the end-of-text token",
     )
+
+
+def add_penalty_flags(g) -> None:
+    """What changes the logits, what the records add, and how many samples."""
     g.add_argument(
         "--repetition-penalty",
         type=float,
@@ -142,22 +162,26 @@ def parse_bias(text: str) -> tuple[int, float]:
 
 def flag_overrides(args) -> dict:
     """Sampling fields given on the command line."""
+    # \n and \t in --stop are a newline and a tab.
+    if args.stop:
+        stop = tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop)
+    else:
+        stop = None
     given = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,
         "ignore_eos": args.ignore_eos,
-        "stop": tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop)
-        if args.stop
-        else None,
+        "stop": stop,
         "stop_token_ids": tuple(args.stop_token_id) if args.stop_token_id else None,
         "repetition_penalty": args.repetition_penalty,
         "presence_penalty": args.presence_penalty,
         "frequency_penalty": args.frequency_penalty,
         "min_p": args.min_p,
         "logit_bias": tuple(args.logit_bias) if args.logit_bias else None,
-        "logprobs": args.logprobs or None,  # --logprobs N (N >= 1) asks for top_logprobs
+        # --logprobs N (N >= 1) asks for top_logprobs.
+        "logprobs": args.logprobs or None,
         "prompt_logprobs": args.prompt_logprobs,
         "n": args.n,
     }

@@ -1,7 +1,7 @@
 """Ctrl-C and SIGTERM during a run, as exceptions that never cut a record in half.
 
-Owns: `StopSignals`, which raises KeyboardInterrupt on SIGINT and `Terminated` on SIGTERM, and holds either
-back while a record is being written (`held`).
+Owns: `StopSignals`, which raises KeyboardInterrupt on SIGINT and `Terminated` on SIGTERM, and holds
+either back while a record is being written (`held`).
 
 Must not know: what is being written, or what any command does.
 """
@@ -16,9 +16,9 @@ from ..errors import Terminated
 
 
 class StopSignals:
-    """Inside `with StopSignals()`, SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated; within
-    `held()` a signal waits until the block is done, so a record is never half written.  The handlers that
-    were there before come back when the `with` block ends."""
+    """Inside `with StopSignals()`, SIGINT raises KeyboardInterrupt and SIGTERM raises Terminated;
+    within `held()` a signal waits until the block is done, so a record is never half written.  The
+    handlers that were there before come back when the `with` block ends."""
 
     RAISES: dict[int, type[BaseException]] = {
         signal.SIGINT: KeyboardInterrupt,
@@ -31,14 +31,13 @@ class StopSignals:
         self.holding = False
 
     def __enter__(self) -> StopSignals:
-        if (
-            threading.current_thread() is threading.main_thread()
-        ):  # only the main thread may set handlers
-            for signum in self.RAISES:
-                if (
-                    signal.getsignal(signum) is not signal.SIG_IGN
-                ):  # an ignored signal stays ignored (nohup)
-                    self.previous[signum] = signal.signal(signum, self.on_signal)
+        # Only the main thread may set handlers.
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in self.RAISES:
+            # An ignored signal stays ignored (nohup).
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                self.previous[signum] = signal.signal(signum, self.on_signal)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -61,5 +60,6 @@ class StopSignals:
         finally:
             self.holding = False
         if self.pending is not None:
-            signum, self.pending = self.pending, None
+            signum = self.pending
+            self.pending = None
             raise self.RAISES[signum]()

@@ -1,9 +1,10 @@
 """Rounds without a model: requests of known lengths run through the engine's own schedulers.
 
-Owns: `simulate` (each request finishes after its output length, through the engine's schedulers, `Request`
-records and stop rule), `Simulation` (one policy's run: rounds, utilization, who waited) and
-`long_tailed_workload`.  A round is one forward pass; a request with output length L is active for L
-consecutive rounds, the first being its prefill.  Utilization = active row-rounds / held row-rounds.
+Owns: `simulate` (each request finishes after its output length, through the engine's schedulers,
+`Request` records and stop rule), `Simulation` (one policy's run: rounds, utilization, who waited)
+and `long_tailed_workload`.  A round is one forward pass; a request with output length L is active
+for L consecutive rounds, the first being its prefill.  Utilization = active row-rounds / held
+row-rounds.
 
 Must not know: models, arrays or text.
 """
@@ -19,6 +20,7 @@ from ..engine.params import SamplingParams
 from ..engine.request import Request, add_token
 from ..engine.scheduler import RoundPlan, SCHEDULERS, Scheduler
 from ..errors import MinirtError
+from .plural import plural
 
 
 UNLIMITED = 10**12  # a context / KV budget that never binds
@@ -39,12 +41,13 @@ class Simulation:
 
     @property
     def utilization(self) -> float:
-        return sum(self.scheduler.active_rows) / max(
-            1, sum(self.scheduler.held_rows)
-        )  # as generate's summary
+        """Active row-rounds / held row-rounds, as generate's summary counts them."""
+        held = max(1, sum(self.scheduler.held_rows))
+        return sum(self.scheduler.active_rows) / held
 
     def row_held_until(self, request: Request) -> int | None:
-        """The last round a request's row was held: its group's end (static) or its own finish (continuous)."""
+        """The last round a request's row was held: its group's end (static) or its own finish
+        (continuous)."""
         if request.group is not None:
             return self.scheduler.groups[request.group - 1].last_round
         return request.finish_round
@@ -80,7 +83,8 @@ def simulate(
     prompt_lens = prompt_lens or [1] * len(output_lens)
     if len(prompt_lens) != len(output_lens):
         raise MinirtError(
-            f"got {len(output_lens)} output lengths but {len(prompt_lens)} prompt lengths"
+            f"got {plural(len(output_lens), 'output length')} but "
+            f"{plural(len(prompt_lens), 'prompt length')}"
         )
     if any(n < 1 for n in output_lens) or any(p < 1 for p in prompt_lens):
         raise MinirtError("every output and prompt length must be at least 1")
@@ -106,9 +110,8 @@ def simulate(
         plan = scheduler.plan(round_number)
         if on_plan:
             on_plan(scheduler, plan)
-        for (
-            request
-        ) in plan.active:  # the "forward pass": every active row produces one token (id 0)
+        # The "forward pass": every active row produces one token (id 0).
+        for request in plan.active:
             add_token(request, 0, None, round_number, None, UNLIMITED)
         scheduler.complete(plan)
     return Simulation(policy, rows, requests, scheduler)
@@ -117,10 +120,8 @@ def simulate(
 def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:
     """(output lengths, prompt lengths): log-normal, so most are short and a few are very long."""
     rng = np.random.default_rng(seed)
-    outputs = np.clip(np.round(rng.lognormal(mean=np.log(24), sigma=1.0, size=n)), 1, 512).astype(
-        int
-    )
-    prompts = np.clip(np.round(rng.lognormal(mean=np.log(32), sigma=0.8, size=n)), 1, 512).astype(
-        int
-    )
+    output_draws = rng.lognormal(mean=np.log(24), sigma=1.0, size=n)
+    prompt_draws = rng.lognormal(mean=np.log(32), sigma=0.8, size=n)
+    outputs = np.clip(np.round(output_draws), 1, 512).astype(int)
+    prompts = np.clip(np.round(prompt_draws), 1, 512).astype(int)
     return outputs.tolist(), prompts.tolist()

@@ -1,20 +1,23 @@
-"""Scale-out on Ray Data: the same records as one process, from any number of worker processes or machines.
+"""Scale-out on Ray Data: the same records as one process, from any number of worker processes or
+machines.
 
-Owns: reading prompts as a Ray Dataset (`PromptsDatasource`: one file, a folder or a glob, streamed in chunks
-of lines, every row keeping its global input index), the worker that serves them (`GenerateWorker`: one `LLM`
-per actor, loaded once, serving each batch in static groups), and `generate_dataset`, the one function that
-turns prompts into a Dataset of records.  It is the only module that imports ray (`pip install minirt[ray]`).
+Owns: reading prompts as a Ray Dataset (`PromptsDatasource`: one file, a folder or a glob, streamed
+in chunks of lines, every row keeping its global input index), the worker that serves them
+(`GenerateWorker`: one `LLM` per actor, loaded once, serving each batch in static groups), and
+`generate_dataset`, the one function that turns prompts into a Dataset of records.  It is the only
+module that imports ray (`pip install minirt[ray]`).
 
-Why the records are those of one process: a request's tokens never depend on its batch or its neighbours, and
-a request without a seed of its own gets one derived from the run's seed and its global index.  So however the
-rows are split between workers, each request is made exactly as one process makes it (the same index, line
-number, id and parameters) and gives the same tokens, text and finish reason (its timings are seconds from its
-worker batch's start).  Four fields describe where it
-ran: a worker counts `group`, `rounds_waited`, `first_round` and `finish_round` within the batch of rows it
-served, and the command replays one process's schedule from them (minirt/scale_out.py).
+Why the records are those of one process: a request's tokens never depend on its batch or its
+neighbours, and a request without a seed of its own gets one derived from the run's seed and its
+global index.  So however the rows are split between workers, each request is made exactly as one
+process makes it (the same index, line number, id and parameters) and gives the same tokens, text
+and finish reason (its timings are seconds from its worker batch's start).  Four fields describe
+where it ran: a worker counts `group`, `rounds_waited`, `first_round` and `finish_round` within the
+batch of rows it served, and the command replays one process's schedule from them
+(serve_on_ray.OneProcessSchedule).
 
-Fault tolerance is Ray's: an actor that dies is restarted and its batch retried, so every index comes out
-exactly once.
+Fault tolerance is Ray's: an actor that dies is restarted and its batch retried, so every index
+comes out exactly once.
 
 Must not know: the layers, the KV cache, sampling, or how the command line reports.
 """
@@ -40,20 +43,20 @@ from ray.data.datasource import Datasource, ReadTask
 
 from ..errors import MinirtError
 from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prompt_files
+from ..cli.plural import plural
 from ..cli.prompt_file import PromptEntry
 
 DEFAULT_WORKERS = 2
-GROUPS_PER_BATCH = (
-    4  # a worker serves rows in batches of this many static groups (batch_size rows each)
-)
+# A worker serves rows in batches of this many static groups (batch_size rows each).
+GROUPS_PER_BATCH = 4
 
 
 # ----------------------------------------------------------------------------- reading prompts
 
 
 class PromptsDatasource(Datasource):
-    """Prompts files as a Ray Dataset with columns `index` (the global input index) and `entry` (the parsed
-    line, as JSON): each read task streams one chunk of lines."""
+    """Prompts files as a Ray Dataset with columns `index` (the global input index) and `entry` (the
+    parsed line, as JSON): each read task streams one chunk of lines."""
 
     def __init__(self, source: str, fmt: str = "auto", entries_per_chunk: int = LINES_PER_CHUNK):
         self.chunks = plan_chunks(prompt_files(source), fmt, entries_per_chunk)
@@ -99,9 +102,9 @@ def chunk_block(chunk: Chunk) -> list:
 
 
 def entries_dataset(prompts, fmt: str = "auto") -> tuple[Dataset, int | None]:
-    """(a Dataset of `index` and `entry` rows, how many rows or None if unknown) from a prompts file, folder or
-    glob; a list of prompts (strings or token-id lists); or a Dataset with `index` and `prompt` columns (and
-    optionally `id` and any sampling field)."""
+    """(a Dataset of `index` and `entry` rows, how many rows or None if unknown) from a prompts
+    file, folder or glob; a list of prompts (strings or token-id lists); or a Dataset with `index`
+    and `prompt` columns (and optionally `id` and any sampling field)."""
     if isinstance(prompts, Dataset):
         return prompts.map(entry_row), None
     if isinstance(prompts, (str, os.PathLike)):
@@ -115,12 +118,14 @@ def entries_dataset(prompts, fmt: str = "auto") -> tuple[Dataset, int | None]:
         ]
         return ray.data.from_items(rows), len(rows)
     raise TypeError(
-        f"prompts must be a path, a list of prompts or a ray.data.Dataset, got {type(prompts).__name__}"
+        "prompts must be a path, a list of prompts or a ray.data.Dataset, "
+        f"got {type(prompts).__name__}"
     )
 
 
 def entry_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A user's Dataset row ({"index", "prompt", optional "id" and sampling fields}) as an entry row."""
+    """A user's Dataset row ({"index", "prompt", optional "id" and sampling fields}) as an entry
+    row."""
     fields = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in row.items()}
     index = int(fields.pop("index"))
     request_id = fields.pop("id", None)
@@ -138,7 +143,8 @@ def entry_row(row: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What every worker is made with: the model, `LLM(...)`'s settings, the run's sampling overrides."""
+    """What every worker is made with: the model, `LLM(...)`'s settings, the run's sampling
+    overrides."""
 
     model: str | None
     llm_kwargs: dict[str, Any]
@@ -147,14 +153,16 @@ class WorkerConfig:
 
 
 class GenerateWorker:
-    """One worker actor: loads the model once, then serves each batch of rows in static groups.  `worker_class`
-    gives each run its own subclass that carries the run's `config` (so no constructor argument has to live in
-    Ray's object store, where a restarted actor could fail to find it)."""
+    """One worker actor: loads the model once, then serves each batch of rows in static groups.
+    `worker_class` gives each run its own subclass that carries the run's `config` (so no
+    constructor argument has to live in Ray's object store, where a restarted actor could fail to
+    find it)."""
 
     config: WorkerConfig
 
     def __init__(self) -> None:
-        from ..loading.checkpoint import shipped_model_folder  # noqa: PLC0415 (the worker's imports, in its own process)
+        # The worker's imports, made in its own process.
+        from ..loading.checkpoint import shipped_model_folder  # noqa: PLC0415 (see above)
         from ..llm import LLM  # noqa: PLC0415
         from ..cli.sampling_flags import sampling_defaults  # noqa: PLC0415
 
@@ -176,18 +184,16 @@ class GenerateWorker:
             for r in requests
         ]
         engine = self.llm.engine
+        n_positions = self.llm.model.config.n_positions
         return {
-            "index": np.array(
-                [r.index for r in requests], dtype=np.int64
-            ),  # a prompt's n samples: n rows
+            # A prompt's n samples: n rows.
+            "index": np.array([r.index for r in requests], dtype=np.int64),
             "record": np.array(lines, dtype=object),
             "failed": np.array([r.error is not None for r in requests]),
-            # what replaying one process's schedule needs (scale_out.OneProcessSchedule)
+            # What replaying one process's schedule needs (serve_on_ray.OneProcessSchedule).
             "max_new_tokens": np.array([r.params.max_new_tokens for r in requests], dtype=np.int64),
             "kv_budget": np.full(len(requests), engine.kv_budget_positions, dtype=np.int64),
-            "n_positions": np.full(
-                len(requests), self.llm.model.config.n_positions, dtype=np.int64
-            ),
+            "n_positions": np.full(len(requests), n_positions, dtype=np.int64),
         }
 
 
@@ -207,46 +213,50 @@ def generate_dataset(
     logprobs: bool = False,
     **llm_kwargs,
 ) -> tuple[Dataset, int | None]:
-    """Serve prompts on `workers` actors; (a Dataset of records in input order, how many or None if unknown).
+    """Serve prompts on `workers` actors: (a Dataset of records in input order, how many or None).
 
-    `prompts`: a prompts file (.txt or .jsonl), a folder of them, a glob; a list of prompts; or a Dataset with
-    an `index` and a `prompt` column (and optionally `id` and any sampling field, as in a JSONL line).
-    `overrides`: sampling fields for every request (as the command-line flags); a row's own fields win.
-    `llm_kwargs`: what `LLM(...)` takes (backend, dtype, batch_size, kv_budget_mib, kv_budget_tokens, seed,
-    policy, round_token_budget).  Each output row has `index`, `record` (the JSON line of that request, its
-    `group` and round fields counted within its worker's batch: `scale_out.OneProcessSchedule` replays them as
-    one process gives them), `failed`, and what that replay needs (`max_new_tokens`, `kv_budget`, `n_positions`).
+    `prompts`: a prompts file (.txt or .jsonl), a folder of them, a glob; a list of prompts; or a
+    Dataset with an `index` and a `prompt` column (and optionally `id` and any sampling field, as in
+    a JSONL line). `overrides`: sampling fields for every request (as the command-line flags); a
+    row's own fields win. `llm_kwargs`: what `LLM(...)` takes (backend, dtype, batch_size,
+    kv_budget_mib, kv_budget_tokens, seed, policy, round_token_budget).  Each output row has
+    `index`, `record` (the JSON line of that request, its `group` and round fields counted within
+    its worker's batch: `serve_on_ray.OneProcessSchedule` replays them as one process gives them),
+    `failed`, and what that replay needs (`max_new_tokens`, `kv_budget`, `n_positions`).
 
         import ray, json
-        from minirt.distributed import generate_dataset
+        from minirt.distributed.ray_data import generate_dataset
         ray.init()
-        records, total = generate_dataset("prompts.jsonl", workers=4, overrides={"max_new_tokens": 40}, seed=1)
+        records, total = generate_dataset(
+            "prompts.jsonl", workers=4, overrides={"max_new_tokens": 40}, seed=1
+        )
         for row in records.iter_rows():
             print(json.loads(row["record"])["text"])
     """
     if not isinstance(workers, int) or workers < 1:
         raise MinirtError(f"workers must be at least 1, got {workers!r}")
-    DataContext.get_current().execution_options.preserve_order = (
-        True  # records leave in input order
-    )
+    # Records leave in input order.
+    DataContext.get_current().execution_options.preserve_order = True
     entries, total = entries_dataset(prompts, fmt)
-    rows_per_batch = rows_per_batch or GROUPS_PER_BATCH * llm_kwargs.get(
-        "batch_size", 8
-    )  # small: spread wide
-    threads = str(
-        max(1, int(cpus_per_worker))
-    )  # each worker's BLAS keeps to its share of a machine's cores
+    # Small batches: spread wide.
+    rows_per_batch = rows_per_batch or GROUPS_PER_BATCH * llm_kwargs.get("batch_size", 8)
     records = entries.map_batches(
         worker_class(WorkerConfig(model, llm_kwargs, overrides or {}, logprobs)),
         batch_size=rows_per_batch,
         batch_format="numpy",
         compute=ActorPoolStrategy(size=workers),
         num_cpus=cpus_per_worker,
-        # Ray Data's actor pool restarts an actor that dies and retries its batch (max_restarts and
-        # max_task_retries are -1 by default there): tests/test_distributed.py kills one mid-run.
-        runtime_env={"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}},
+        # Ray Data's actor pool restarts an actor that dies and retries its batch (max_restarts
+        # and max_task_retries are -1 there by default): test_ray_data.py kills one mid-run.
+        runtime_env=worker_env(cpus_per_worker),
     )
     return records, total
+
+
+def worker_env(cpus_per_worker: float) -> dict[str, Any]:
+    """Each worker's BLAS keeps to its share of a machine's cores."""
+    threads = str(max(1, int(cpus_per_worker)))
+    return {"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}}
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -254,9 +264,11 @@ def generate_dataset(
 
 @contextmanager
 def native_stderr_muted() -> Iterator[None]:
-    """File descriptor 2 goes to /dev/null within the block (Python's own errors still come as exceptions)."""
+    """File descriptor 2 goes to /dev/null within the block (Python's own errors still come as
+    exceptions)."""
     sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
         yield
@@ -267,19 +279,10 @@ def native_stderr_muted() -> Iterator[None]:
 
 
 def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
-    """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a one-line MinirtError
-    when that fails.  Locally, Ray gets enough logical CPUs for the read stage beside every worker."""
-    host, colon, port = address.rpartition(":")
-    if (
-        colon and port.isdigit() and "://" not in address
-    ):  # HOST:PORT: Ray would retry it for minutes; ask once
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as exc:
-            raise MinirtError(
-                f"--ray {address}: nothing answers there ({exc.strerror or exc}); start the cluster "
-                "with `ray start --head`, or use --ray local"
-            ) from None
+    """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a
+    one-line MinirtError when that fails.  Locally, Ray gets enough logical CPUs for the read stage
+    beside every worker."""
+    check_answers(address)
     if ray.is_initialized():
         return "ray: already initialized"
     options: dict[str, Any] = {
@@ -287,39 +290,58 @@ def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
         "include_dashboard": False,
         "log_to_driver": False,
     }
-    # Ray's C++ core logs, at error level, that Ray Data keeps the worker class in its object store; that is
-    # expected, and any real failure still reaches the command as an exception.  A user's own setting wins.
+    # Ray's C++ core logs, at error level, that Ray Data keeps the worker class in its object
+    # store; that is expected, and any real failure still reaches the command as an exception.  A
+    # user's own setting wins.
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    logging.getLogger("ray.data").setLevel(
-        logging.CRITICAL
-    )  # Ray Data's plan and progress lines: the command says
+    # Ray Data's plan and progress lines: the command says what it needs to.
+    logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     try:
-        with (
-            native_stderr_muted()
-        ):  # Ray's C++ side says at start where its logs go and at what level
+        # Ray's C++ side says at start where its logs go and at what level.
+        with native_stderr_muted():
             if address == "local":
-                ray.init(
-                    num_cpus=max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2), **options
-                )
+                num_cpus = max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2)
+                ray.init(num_cpus=num_cpus, **options)
             else:
                 ray.init(address=address, **options)
-    except Exception as exc:  # noqa: BLE001 (Ray raises many kinds: any failure to start or connect is one line)
+    # Ray raises many kinds: any failure to start or connect is one line.
+    except Exception as exc:  # noqa: BLE001 (see above)
         message = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise MinirtError(
             f"--ray {address}: cannot start or reach Ray ({message}); use --ray local, or start a "
             "cluster with `ray start --head` and pass --ray auto"
         ) from None
-    DataContext.get_current().enable_progress_bars = False  # the command draws its own
-    return f"ray: {address}, {workers} worker(s), {int(ray.cluster_resources().get('CPU', 0))} logical CPUs"
+    # The command draws its own.
+    DataContext.get_current().enable_progress_bars = False
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    return f"ray: {address}, {plural(workers, 'worker')}, {plural(cpus, 'logical CPU')}"
+
+
+def check_answers(address: str) -> None:
+    """HOST:PORT: Ray would retry it for minutes, so ask once whether anything answers there."""
+    host, colon, port = address.rpartition(":")
+    if not (colon and port.isdigit() and "://" not in address):
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise MinirtError(
+            f"--ray {address}: nothing answers there ({exc.strerror or exc}); start the cluster "
+            "with `ray start --head`, or use --ray local"
+        ) from None
 
 
 def worker_errors_as_one_line(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """The rows; a worker's failure (a model it cannot load, a backend it does not have) as one MinirtError line:
-    minirt's own message when the worker raised one, else the first line of Ray's."""
+    """The rows; a worker's failure (a model it cannot load, a backend it does not have) as one
+    MinirtError line: minirt's own message when the worker raised one, else the first line of
+    Ray's."""
     try:
         yield from rows
     except ray.exceptions.RayError as exc:
         text = str(exc)
         ours = re.findall(r"^minirt\.errors\.\w+: (.+)$", text, re.MULTILINE)
-        message = ours[-1] if ours else (text.splitlines() or [type(exc).__name__])[0][:300]
+        if ours:
+            message = ours[-1]
+        else:
+            message = (text.splitlines() or [type(exc).__name__])[0][:300]
         raise MinirtError(f"a Ray worker failed: {message}") from None

@@ -1,15 +1,16 @@
 """`python -m minirt.generate --ray ADDRESS --workers N`: the command's side of a run on Ray Data.
 
-Owns: `serve_on_ray`, which checks what it can before Ray starts (the model folder, the prompts files, the
---output path, a local backend), serves through `distributed.generate_dataset`, and reports as generate does
-without --ray: each record in input order to --output (`RecordSink`: one JSONL file, replaced only by a run that
-wrote records, or a folder of shards), each completion to standard output, a summary, and exit status 1 if
-any request failed.  `OneProcessSchedule` replays the engine's scheduler on what the workers report, so that
-each record's group and round fields are those one process gives: the file is the file of one process, but
-for the timing fields (seconds from each worker batch's start).
+Owns: `serve_on_ray`, which checks what it can before Ray starts (the model folder, the prompts
+files, the --output path, a local backend), serves through `ray_data.generate_dataset`, and reports
+as generate does without --ray: each record in input order to --output (`RecordSink`: one JSONL
+file, replaced only by a run that wrote records, or a folder of shards), each completion to standard
+output, a summary, and exit status 1 if any request failed.  `OneProcessSchedule` replays the
+engine's scheduler on what the workers report, so that each record's group and round fields are
+those one process gives: the file is the file of one process, but for the timing fields (seconds
+from each worker batch's start).
 
-Must not know: Ray itself (minirt/distributed.py alone imports it), the layers, or sampling.
-"""
+Must not know: Ray itself (minirt/distributed/ray_data.py alone imports it), the layers, or
+sampling."""
 
 from __future__ import annotations
 
@@ -27,22 +28,25 @@ from ..cli.command import EXIT_OK, EXIT_REQUEST_FAILED
 from ..cli.output_file import OutputFile
 from .ray_data import PromptsDatasource, connect, generate_dataset, worker_errors_as_one_line
 from ..errors import MinirtError
+from ..cli.plural import plural
 from ..cli.records import completion_block
 from ..engine.request import Request, Status
 from ..engine.params import SamplingParams
 from ..engine.scheduler import SCHEDULERS, Scheduler
 
-SHARD_RECORDS = 100_000  # records per file of a folder --output
+# Records per file of a folder --output.
+SHARD_RECORDS = 100_000
 
 
 class RecordSink:
-    """Where records go, in input order: one JSONL file (replaced only by a run that wrote records, as without
-    --ray), or a folder of shards part-00000.jsonl, part-00001.jsonl, ... of SHARD_RECORDS records each."""
+    """Where records go, in input order: one JSONL file (replaced only by a run that wrote records,
+    as without --ray), or a folder of shards part-00000.jsonl, part-00001.jsonl, ... of
+    SHARD_RECORDS records each."""
 
     def __init__(self, output: str | None):
-        self.folder = (
-            output if output and (output.endswith(os.sep) or Path(output).is_dir()) else None
-        )
+        self.folder: str | None = None
+        if output and (output.endswith(os.sep) or Path(output).is_dir()):
+            self.folder = output
         if self.folder is not None:
             try:
                 Path(self.folder).mkdir(parents=True, exist_ok=True)
@@ -50,7 +54,9 @@ class RecordSink:
                 raise MinirtError(
                     f"cannot make the --output folder {self.folder} ({exc.strerror})"
                 ) from None
-        self.file = OutputFile(output) if output and self.folder is None else None
+        self.file: OutputFile | None = None
+        if output and self.folder is None:
+            self.file = OutputFile(output)
         self.written = 0
 
     def write(self, line: str) -> None:
@@ -70,26 +76,26 @@ class RecordSink:
 
 
 class OneProcessSchedule:
-    """The `group`, `rounds_waited`, `first_round` and `finish_round` that one process gives each request, found
-    by replaying the engine's own scheduler on what the workers report: which requests ran, their prompt lengths
-    and max_new_tokens (a request's KV need), and how many rounds each was active (its tokens, or the round it
-    failed in).  Records go in in input order and come out in input order with those four fields replaced.
-    Static groups are replayed as records arrive (a group is chosen once batch_size requests wait, or at the
-    end); continuous batching may admit a later request first, so it is replayed at the end."""
+    """The `group`, `rounds_waited`, `first_round` and `finish_round` that one process gives each
+    request, found by replaying the engine's own scheduler on what the workers report: which
+    requests ran, their prompt lengths and max_new_tokens (a request's KV need), and how many rounds
+    each was active (its tokens, or the round it failed in).  Records go in in input order and come
+    out in input order with those four fields replaced. Static groups are replayed as records arrive
+    (a group is chosen once batch_size requests wait, or at the end); continuous batching may admit
+    a later request first, so it is replayed at the end."""
 
     SCHEDULED = ("group", "rounds_waited", "first_round", "finish_round")
 
     def __init__(self, policy: str, batch_size: int, round_tokens: int):
-        self.policy, self.batch_size, self.round_tokens = policy, batch_size, round_tokens
-        self.scheduler: Scheduler | None = (
-            None  # made with the first row: the KV budget comes from the workers
-        )
-        self.pending: deque[tuple[dict[str, Any], Request | None]] = (
-            deque()
-        )  # in input order, fields unknown
-        self.active_rounds: dict[
-            int, int
-        ] = {}  # a running stub's index: the rounds it stays active
+        self.policy = policy
+        self.batch_size = batch_size
+        self.round_tokens = round_tokens
+        # Made with the first row: the KV budget comes from the workers.
+        self.scheduler: Scheduler | None = None
+        # In input order, their four fields not known yet.
+        self.pending: deque[tuple[dict[str, Any], Request | None]] = deque()
+        # A running stub's index: the rounds it stays active.
+        self.active_rounds: dict[int, int] = {}
         self.round = 0
 
     def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
@@ -98,11 +104,13 @@ class OneProcessSchedule:
                 self.batch_size, int(row["kv_budget"]), int(row["n_positions"]), self.round_tokens
             )
         stub = None
-        if record["first_round"] is not None:  # it ran, so it was queued in one process too
+        # It ran, so it was queued in one process too.
+        if record["first_round"] is not None:
+            # Its index is this stub's own.
             stub = Request(
                 index=len(self.active_rounds),
                 id=record["id"],
-                prompt=None,  # index: this stub's own
+                prompt=None,
                 prompt_ids=[0] * record["prompt_tokens"],
                 params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True),
             )
@@ -111,22 +119,24 @@ class OneProcessSchedule:
         self.pending.append((record, stub))
 
     def ready(self, final: bool = False) -> Iterator[dict[str, Any]]:
-        """The records whose four fields are now known, in input order (all of them when `final`)."""
+        """The records whose four fields are now known, in input order (all of them when
+        `final`)."""
         scheduler = self.scheduler
         while scheduler is not None and scheduler.has_work():
-            choosing = not scheduler.running  # static: a new group is chosen from what waits
-            if not final and (
-                self.policy != "static" or (choosing and len(scheduler.waiting) < self.batch_size)
-            ):
-                break  # more records may join the choice
+            # Static: a new group is chosen from what waits.
+            choosing = not scheduler.running
+            short = choosing and len(scheduler.waiting) < self.batch_size
+            # More records may join the choice.
+            if not final and (self.policy != "static" or short):
+                break
             self.round += 1
             plan = scheduler.plan(self.round)
-            for (
-                active
-            ) in plan.active:  # each active row produces a token; it is done after its own count
+            # Each active row produces a token; it is done after its own count.
+            for active in plan.active:
                 active.token_ids.append(0)
                 if len(active.token_ids) == self.active_rounds[active.index]:
-                    active.status, active.finish_round = Status.FINISHED, self.round
+                    active.status = Status.FINISHED
+                    active.finish_round = self.round
             scheduler.complete(plan)
         while self.pending and (self.pending[0][1] is None or self.pending[0][1].finished):
             record, stub = self.pending.popleft()
@@ -135,48 +145,59 @@ class OneProcessSchedule:
             yield record
 
     def drain(self) -> Iterator[dict[str, Any]]:
-        """After an interruption: every record still waiting for its schedule, in input order, its four fields
-        None (not known: the requests before it never all arrived); kept, not lost."""
+        """After an interruption: every record still waiting for its schedule, in input order, its
+        four fields None (not known: the requests before it never all arrived); kept, not lost."""
         while self.pending:
             record, _ = self.pending.popleft()
             yield {**record, **dict.fromkeys(self.SCHEDULED)}
 
 
 class RayProgress:
-    """'records N/total | T tokens | tok/s' on standard error, redrawn at most ten times a second."""
+    """'records N/total | T tokens | tok/s' on standard error, redrawn at most ten times a
+    second."""
 
     def __init__(self, total: int | None, enabled: bool):
-        self.total, self.enabled, self.tokens, self.last, self.start = (
-            total,
-            enabled,
-            0,
-            0.0,
-            time.perf_counter(),
-        )
+        self.total = total
+        self.enabled = enabled
+        self.tokens = 0
+        self.last = 0.0
+        self.start = time.perf_counter()
+        # The characters the bar's line holds now (0: nothing drawn), for `clear` to wipe.
+        self.drawn_width = 0
 
     def update(self, written: int, tokens: int) -> None:
         self.tokens += tokens
         now = time.perf_counter()
         if self.enabled and (now - self.last >= 0.1 or written == self.total):
             self.last = now
-            print(
-                f"\rgenerating on ray: {written}/{self.total} records | {self.tokens} tokens | "
-                f"{self.tokens / (now - self.start):.1f} tok/s",
-                end="",
-                file=sys.stderr,
-                flush=True,
+            line = (
+                f"generating on ray: {written}/{self.total} records | "
+                f"{plural(self.tokens, 'token')} | {self.tokens / (now - self.start):.1f} tok/s"
             )
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+            self.drawn_width = len(line)
+
+    def clear(self) -> None:
+        """Wipe the bar's line before a completion is printed on the same screen; the next update
+        draws the bar again."""
+        if self.enabled and self.drawn_width:
+            print("\r" + " " * self.drawn_width + "\r", end="", file=sys.stderr, flush=True)
+            self.drawn_width = 0
+            self.last = 0.0
 
     def close(self) -> None:
-        if self.enabled and self.last:
+        if self.enabled and self.drawn_width:
             print(file=sys.stderr)
 
 
 def request_from_record(record: dict[str, Any]):
-    """A finished request rebuilt from its record, for the completion block standard output shows."""
-    samples = (
-        2 if "sample" in record else 1
-    )  # the label says "sample k" only when there are several
+    """A finished request rebuilt from its record, for the completion block standard output
+    shows."""
+    # The label says "sample k" only when there are several.
+    if "sample" in record:
+        samples = 2
+    else:
+        samples = 1
     request = Request(
         index=record["index"],
         id=record["id"],
@@ -225,47 +246,75 @@ def records_dataset(args, model_folder: Path, source, cpus: int):
 
 
 def serve_on_ray(args, model_folder: Path, signals) -> int:
-    """`python -m minirt.generate --ray ADDRESS --workers N`: the records of the run without --ray, in input order
-    to --output (a file, or a folder of shards) and as completions to standard output; exit 1 if any failed."""
+    """`python -m minirt.generate --ray ADDRESS --workers N`: the records of the run without --ray,
+    in input order to --output (a file, or a folder of shards) and as completions to standard
+    output; exit 1 if any failed."""
     start = time.perf_counter()
-    load_checkpoint(
-        model_folder
-    )  # a bad model folder is one line here, not an error in every worker
-    if args.ray == "local":
-        get_backend(
-            args.backend
-        )  # and so is a backend this machine (where the workers run) does not have
-    source = (
-        PromptsDatasource(args.prompts, args.format) if args.prompts else args.prompt
-    )  # a bad file: here
-    sink = RecordSink(args.output)  # a bad --output path fails here, before Ray starts
-    cpus = args.worker_cpus or (
-        max(1, (os.cpu_count() or 1) // args.workers) if args.ray == "local" else 1
-    )
+    source = checked_source(args, model_folder)
+    # A bad --output path fails here, before Ray starts.
+    sink = RecordSink(args.output)
+    cpus = worker_cpus(args)
     try:
         print(connect(args.ray, args.workers, cpus), file=sys.stderr)
         records, total = records_dataset(args, model_folder, source, cpus)
     except BaseException:
-        sink.close_file(
-            interrupted=True
-        )  # nothing was written: an existing --output stays as it was
+        # Nothing was written: an existing --output stays as it was.
+        sink.close_file(interrupted=True)
         raise
-    failed, interrupted, schedule = (
-        0,
-        True,
-        OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens),
-    )
     progress = RayProgress(total, enabled=not args.no_progress and sys.stderr.isatty())
+    failed = write_records(args, records, sink, progress, signals)
+    print(
+        f"requests     {sink.written} ({sink.written - failed} ok, {failed} failed)\n"
+        f"tokens       {progress.tokens} generated\n"
+        f"workers      {args.workers} on Ray ({args.ray}), {plural(total, 'row')} read in "
+        "chunks\n"
+        f"wall time    {time.perf_counter() - start:.2f} s, model loads included",
+        file=sys.stderr,
+    )
+    if failed:
+        return EXIT_REQUEST_FAILED
+    return EXIT_OK
+
+
+def checked_source(args, model_folder: Path):
+    """What the prompts come from, once everything that can be checked here has been: a bad model
+    folder, backend or prompts file is one line here, not an error in every worker."""
+    load_checkpoint(model_folder)
+    # The workers run on this machine: it must have their backend.
+    if args.ray == "local":
+        get_backend(args.backend)
+    if args.prompts:
+        return PromptsDatasource(args.prompts, args.format)
+    return args.prompt
+
+
+def worker_cpus(args) -> int:
+    """CPUs per worker: --worker-cpus, else this machine's share (local), else 1."""
+    if args.worker_cpus:
+        return args.worker_cpus
+    if args.ray == "local":
+        return max(1, (os.cpu_count() or 1) // args.workers)
+    return 1
+
+
+def write_records(args, records, sink: RecordSink, progress: RayProgress, signals) -> int:
+    """Every record, in input order, to the sink and as a completion to standard output; how many
+    failed.  Ctrl-C or SIGTERM: the records already final are written, scheduled or not."""
+    schedule = OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens)
+    failed = 0
+    interrupted = True
 
     def emit(final: bool) -> None:
         for record in schedule.ready(final):
             with signals.held():
                 sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
-            progress.update(sink.written, len(record["token_ids"]))
             if not args.quiet:
-                print(
-                    completion_block(request_from_record(record), sys.stdout.isatty()), flush=True
-                )
+                # The bar's line is wiped first when the completions share its screen.
+                if sys.stdout.isatty():
+                    progress.clear()
+                block = completion_block(request_from_record(record), sys.stdout.isatty())
+                print(block, flush=True)
+            progress.update(sink.written, len(record["token_ids"]))
 
     try:
         for row in worker_errors_as_one_line(records.iter_rows()):
@@ -274,9 +323,7 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
             emit(final=False)
         emit(final=True)
         interrupted = False
-    except (
-        KeyboardInterrupt
-    ):  # Ctrl-C or SIGTERM: the records already final are written, scheduled or not
+    except KeyboardInterrupt:
         with signals.held():
             for record in schedule.drain():
                 sink.write(json.dumps(record, ensure_ascii=False, allow_nan=False))
@@ -285,11 +332,4 @@ def serve_on_ray(args, model_folder: Path, signals) -> int:
         progress.close()
         with signals.held():
             sink.close_file(interrupted=interrupted)
-    print(
-        f"requests     {sink.written} ({sink.written - failed} ok, {failed} failed)\n"
-        f"tokens       {progress.tokens} generated\n"
-        f"workers      {args.workers} on Ray ({args.ray}), {total} rows read in chunks\n"
-        f"wall time    {time.perf_counter() - start:.2f} s, model loads included",
-        file=sys.stderr,
-    )
-    return EXIT_REQUEST_FAILED if failed else EXIT_OK
+    return failed

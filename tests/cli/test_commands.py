@@ -119,7 +119,7 @@ def test_a_subcommands_errors_name_the_command_it_was_run_as(capsys):
 
 
 def test_auto_is_the_default_backend_everywhere(tiny_lm):
-    """The API and every command pick CuPy when a GPU is usable and NumPy otherwise, unless told (issue #12)."""
+    """The API and every command pick CuPy when a GPU is usable and NumPy otherwise, unless told."""
     assert LLM(tiny_lm).backend_note.startswith("backend auto:")  # the note only `auto` leaves
     assert inspect_signature(minirt.load_model).parameters["backend"].default == "auto"
     assert inspect_signature(minirt.get_backend).parameters["name"].default == "auto"

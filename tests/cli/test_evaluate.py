@@ -77,6 +77,7 @@ def test_command_json_and_errors(tiny_lm, tmp_path, capsys):
     )
     result = json.loads(capsys.readouterr().out)
     assert result["window"] == 64 and result["stride"] == 32
+    assert result["backend"] == "numpy float32"
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     for argv, fragment in [
         (["--text", str(tmp_path / "missing.txt")], "does not exist"),
@@ -89,3 +90,13 @@ def test_command_json_and_errors(tiny_lm, tmp_path, capsys):
         )
         err = capsys.readouterr().err
         assert fragment in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_text_report_says_which_backend_and_dtype_computed_it(tiny_lm, tmp_path, capsys, dtype):
+    text = tmp_path / "t.txt"
+    text.write_text("Now is the winter of our discontent. " * 4)
+    argv = ["--model", str(tiny_lm), "--text", str(text), "--backend", "numpy", "--dtype", dtype]
+    assert run_command(main, argv) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert f"backend      numpy {dtype}" in lines

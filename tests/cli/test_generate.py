@@ -80,7 +80,7 @@ def test_jsonl_file_good_and_bad_lines(tmp_path):
     assert entries[0].overrides == {"max_new_tokens": 3, "stop": ["\n"]}
     assert "line 2: not valid JSON" in entries[1].error
     assert 'line 3: no "prompt"' in entries[2].error and entries[2].id == "7"
-    assert "unknown field(s) temprature" in entries[3].error
+    assert "unknown field temprature" in entries[3].error
     assert "expected a JSON object" in entries[4].error
     assert entries[5].error is None and entries[5].prompt == [1, 2, 3]
 

@@ -56,7 +56,7 @@ def test_inspect_as_a_module_subprocess():
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "in 3 file(s)" in result.stdout
+    assert "in 3 files" in result.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "minirt.inspect", "/no/such/folder"],
         capture_output=True,

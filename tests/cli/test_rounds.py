@@ -111,10 +111,9 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         pool_rows = max(1, min(rows, len(output_lens), kv_budget // longest_need))
         assert scheduler.pool.rows == pool_rows
         if plan.round_number == 1:
-            assert plan.new_kv == (pool_rows, longest_need)
-            assert plan.kv_limited == (
-                pool_rows < min(rows, len(output_lens))
-            )  # the budget, not the queue
+            assert (plan.kv_shape.rows, plan.kv_shape.capacity) == (pool_rows, longest_need)
+            # The budget, not the queue, held it down.
+            assert plan.kv_limited == (pool_rows < min(rows, len(output_lens)))
         assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= pool_rows
         if len(plan.active) < pool_rows:  # a free row: nobody waiting may fit it
             for waiting in scheduler.waiting:
@@ -211,7 +210,7 @@ def test_workload_comparison_and_errors(capsys):
         assert len(static["requests"]) == 30
     for argv, fragment in [
         (["--lengths", "2,0"], "length must be an integer >= 1"),
-        (["--lengths", "2,5", "--prompt-lengths", "1"], "prompt lengths"),
+        (["--lengths", "2,5", "--prompt-lengths", "1"], "but 1 prompt length"),
         (["--lengths", "2,5", "--batch-size", "0"], "--batch-size"),
     ]:
         try:

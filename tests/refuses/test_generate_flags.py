@@ -1,4 +1,4 @@
-"""`generate`'s flags that can never work are refused at the start (issue #10, family 4).
+"""`generate`'s flags that can never work are refused at the start.
 
 Each refusal is exit 2 and one line on standard error, before anything is served or written: the checks
 that need no model come before it loads (a missing --model would otherwise be the error shown), and the
