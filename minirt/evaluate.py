@@ -1,4 +1,5 @@
-"""`python -m minirt.evaluate --text FILE`: mean token loss and perplexity, from minirt's own forward pass.
+"""`python -m minirt.evaluate --text FILE`: mean token loss and perplexity, from minirt's own
+forward pass.
 
 Owns: the sliding-window definition of a text's loss, and the command around it.
 
@@ -26,16 +27,16 @@ import numpy as np
 
 from .model.backend import BACKEND_NAMES
 from .model.batch import Batch
-from .cli.command import EXIT_OK, add_version_flag, run_command
+from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
+from .cli.plural import plural
 from .errors import MinirtError
 from .loading.checkpoint import shipped_model_folder
 from .llm import LLM
 from .model.gpt2 import GPT2
 from .engine.sampler import log_softmax
 
-HEAD_BYTES_PER_BATCH = (
-    128 * 2**20
-)  # cap on the fp32 logits held at once (their float64 log-softmax is twice that)
+# A cap on the fp32 logits held at once (their float64 log-softmax is twice that).
+HEAD_BYTES_PER_BATCH = 128 * 2**20
 
 
 def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int]]:
@@ -44,13 +45,14 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
     A window covers ids[start:stop]; it predicts targets start+1 .. stop-1 and
     scores those from `first` on (absolute indices).
     """
-    if (
-        window < 2 or not 1 <= stride < window
-    ):  # windows must overlap, or boundary tokens go unscored
+    # Windows must overlap, or boundary tokens go unscored.
+    if window < 2 or not 1 <= stride < window:
         raise MinirtError(
             f"need window >= 2 and 1 <= stride < window, got window {window}, stride {stride}"
         )
-    spans, scored_through, start = [], 0, 0
+    spans = []
+    scored_through = 0
+    start = 0
     while n_tokens >= 2:
         stop = min(start + window, n_tokens)
         spans.append((start, stop, max(scored_through + 1, start + 1)))
@@ -68,21 +70,23 @@ def text_loss(
     spans = windows(len(ids), window, stride)
     per_batch = max(1, HEAD_BYTES_PER_BATCH // (window * model.config.vocab_size * 4))
     token_ids = np.asarray(ids, dtype=np.int64)  # [n_tokens]
-    total, count = 0.0, 0
+    total = 0.0
+    count = 0
     for first in range(0, len(spans), per_batch):
         group = spans[first : first + per_batch]
-        batch = Batch(
-            [ids[start:stop] for start, stop, _ in group], model.backend
-        )  # one row per window, no KV cache
-        # The hidden state at absolute position t predicts target t + 1.
+        # One row per window, no KV cache.
+        batch = Batch([ids[start:stop] for start, stop, _ in group], model.backend)
+        # The packed tokens that are scored, [S]: the hidden state at absolute position t
+        # predicts target t + 1.
         scored = np.concatenate(
             [
                 batch.first_index[w] + np.arange(s0 - 1 - start, stop - 1 - start)
                 for w, (start, stop, s0) in enumerate(group)
             ]
-        )  # [S] packed tokens that are scored
+        )
         targets = np.concatenate([token_ids[s0:stop] for start, stop, s0 in group])  # [S]
-        logits = model.backend.to_numpy(model.forward(batch, logits_at=scored))  # [S, V] fp32
+        # [S, V] fp32
+        logits = model.backend.to_numpy(model.forward(batch, logits_at=scored))
         total -= float(log_softmax(logits)[np.arange(len(targets)), targets].sum())
         count += len(targets)
         if progress:
@@ -93,7 +97,8 @@ def text_loss(
 def build_parser(prog: str = "python -m minirt.evaluate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Mean token loss and perplexity of a text under a GPT-2 model, computed by minirt's forward pass.",
+        description="Mean token loss and perplexity of a text under a GPT-2 model, computed by "
+        "minirt's forward pass.",
         epilog="""examples:
   python -m minirt.evaluate --text weights/shakespeare-gpt2-tiny/validation.txt
   python -m minirt.evaluate --model gpt2 --text wiki.txt --stride 512 --json
@@ -137,7 +142,7 @@ def read_text(path: str) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate") -> int:
-    args = build_parser(prog).parse_args(argv)
+    args = parse_command_line(build_parser(prog), argv)
     text = read_text(args.text)
     llm = LLM(args.model or shipped_model_folder(), backend=args.backend, dtype=args.dtype)
     if llm.tokenizer is None:
@@ -150,9 +155,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
     ids = llm.tokenizer.encode(text)
     if len(ids) < 2:
         raise MinirtError(
-            f"{args.text} has {len(ids)} token(s); at least 2 are needed to score a prediction"
+            f"{args.text} has {plural(len(ids), 'token')}; at least 2 are needed to score a "
+            "prediction"
         )
-
     interactive = sys.stderr.isatty() and not args.json
 
     def progress(done: int, total: int) -> None:
@@ -165,15 +170,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
     if interactive:
         print(file=sys.stderr)
     loss = total / count
-    if not math.isfinite(
-        loss
-    ):  # NaN or infinite weights, or an fp16 overflow: no perplexity to report
+    # NaN or infinite weights, or an fp16 overflow: no perplexity to report.
+    if not math.isfinite(loss):
         raise MinirtError(
-            f"{llm.model.folder}: the loss over {count} predictions is {loss}, because the model's "
-            "logits are not finite (NaN or infinite weights, or an fp16 overflow); check the checkpoint"
+            f"{llm.model.folder}: the loss over {plural(count, 'prediction')} is {loss}, because "
+            "the model's logits are not finite (NaN or infinite weights, or an fp16 overflow); "
+            "check the checkpoint"
         )
     result = {
         "model": str(llm.model.folder),
+        "backend": f"{llm.model.backend.name} {llm.model.dtype.name}",
         "text": args.text,
         "tokens": len(ids),
         "predictions": count,
@@ -183,30 +189,38 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
         "perplexity": perplexity(loss),
         "seconds": seconds,
     }
-    if args.json:  # strict JSON: an infinite perplexity is null
-        print(
-            json.dumps(
-                {
-                    **result,
-                    "perplexity": result["perplexity"] if result["perplexity"] < math.inf else None,
-                }
-            )
-        )
-    else:
-        print(f"model        {result['model']}")
-        print(
-            f"text         {args.text}: {len(ids):,} tokens, {count:,} predictions "
-            f"(window {window}, stride {stride})"
-        )
-        print(f"loss         {loss:.4f} nats/token")
-        print(f"perplexity   {perplexity(loss):.2f}")
-        print(f"time         {seconds:.2f} s")
+    show(result, args.json)
     return EXIT_OK
+
+
+def show(result: dict, as_json: bool) -> None:
+    """The result on standard output: one JSON object, or a line per fact."""
+    if as_json:
+        # Strict JSON: an infinite perplexity is null.
+        if result["perplexity"] < math.inf:
+            shown = result
+        else:
+            shown = {**result, "perplexity": None}
+        print(json.dumps(shown))
+        return
+    tokens = plural(result["tokens"], "token", spec=",")
+    predictions = plural(result["predictions"], "prediction", spec=",")
+    print(f"model        {result['model']}")
+    print(f"backend      {result['backend']}")
+    print(
+        f"text         {result['text']}: {tokens}, {predictions} "
+        f"(window {result['window']}, stride {result['stride']})"
+    )
+    print(f"loss         {result['loss']:.4f} nats/token")
+    print(f"perplexity   {result['perplexity']:.2f}")
+    print(f"time         {result['seconds']:.2f} s")
 
 
 def perplexity(loss: float) -> float:
     """exp(loss); a finite loss past 709.78 nats gives inf (float's range), not an OverflowError."""
-    return math.exp(loss) if loss < 709.0 else float("inf")
+    if loss < 709.0:
+        return math.exp(loss)
+    return float("inf")
 
 
 if __name__ == "__main__":
