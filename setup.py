@@ -1,6 +1,8 @@
-"""Build hook: the model shipped in weights/ goes into the package as minirt/weights/, so that an installed minirt
-(a wheel, run from any directory) finds it with no --model.  weights/ stays the one copy in the repository; this
-copies it into the build, never into the source tree.  Everything else about the package is in pyproject.toml."""
+"""Build hook: the model shipped in weights/ goes into the package as minirt/weights/.
+
+So an installed minirt (a wheel, run from any directory) finds it with no --model.  weights/ stays
+the one copy in the repository; this copies it into the build, never into the source tree.
+Everything else about the package is in pyproject.toml."""
 
 import shutil
 from pathlib import Path

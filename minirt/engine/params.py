@@ -163,8 +163,9 @@ class SamplingParams:
         """A copy with some fields replaced (validated again)."""
         unknown = set(overrides) - set(FIELD_NAMES)
         if unknown:
+            noun = "field" if len(unknown) == 1 else "fields"
             raise RequestError(
-                f"unknown sampling field(s) {', '.join(sorted(unknown))}; "
+                f"unknown sampling {noun} {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(FIELD_NAMES)}"
             )
         return replace(self, **overrides)

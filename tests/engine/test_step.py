@@ -105,6 +105,18 @@ def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(mo
     assert late.token_ids == greedy_by_recompute(model, [1, 5, 9, 2], 5)
 
 
+def test_a_request_added_mid_run_arrives_when_it_is_added(model):
+    engine = Engine(model, None, batch_size=2, policy="continuous")
+    early = engine.make_request(0, [1, 2], greedy(4))
+    engine.add_request(early)
+    engine.step()
+    late = engine.make_request(1, [3], greedy(2))
+    engine.add_request(late)
+    run_to_end(engine)
+    assert 0 <= early.arrival_s <= early.first_token_s <= late.arrival_s
+    assert late.arrival_s <= late.first_token_s <= late.finish_s
+
+
 def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
     engine = Engine(model, None, batch_size=4, policy="static")
     members = [engine.make_request(i, [i + 1, 2], greedy(2 + 2 * i)) for i in range(2)]
