@@ -29,7 +29,7 @@ def kv_limit_lines(stats: RunStats) -> list[str]:
             f"kv budget    held {groups} below {plural(stats.batch_size, 'row')} "
             f"(rows: {', '.join(map(str, stats.kv_limited_rows))})"
         ]
-    return [f"kv budget    held the pool to {stats.kv_limited_rows[0]} of {stats.batch_size} rows"]
+    return [f"kv budget    held the pool to {stats.kv_limited_rows[-1]} of {stats.batch_size} rows"]
 
 
 def summary(stats: RunStats, load_seconds: float) -> str:
@@ -43,9 +43,13 @@ def summary(stats: RunStats, load_seconds: float) -> str:
     else:
         rows = plural(stats.batch_size, "row")
         groups = f"policy       continuous batching, up to {rows}"
+    ok = stats.requests - stats.failed - stats.aborted
+    outcomes = f"{ok} ok, {stats.failed} failed"
+    # Only an engine driven by hand aborts: an offline run's line never mentions it.
+    if stats.aborted:
+        outcomes += f", {stats.aborted} aborted"
     lines = [
-        f"requests     {stats.requests} ({stats.requests - stats.failed} ok, "
-        f"{stats.failed} failed)",
+        f"requests     {stats.requests} ({outcomes})",
         groups,
         *kv_limit_lines(stats),
         f"rounds       {stats.rounds}",

@@ -7,8 +7,8 @@ interface online serving needs:
     add_request(request)  queue it, at any time, also while others run; a request no round
                           could ever take fails at once
     step()                run one round and return what it produced (`StepOutput`)
-    abort(request_id)     end a waiting or running request; its row and KV slot are free
-                          before the next round, and its finish_reason is "abort"
+    abort(request_id)     end a waiting or running request, whose finish_reason is "abort":
+                          it leaves the compute before the next round and frees its KV slot
     has_unfinished()      whether any request waits or runs
 
 One step is one round:
@@ -27,7 +27,9 @@ One step is one round:
 
 `serve(requests)`, the offline run that `LLM.generate` and `minirt generate` use, is a loop
 over `step()`: add every request, then step while any is unfinished, handing each step's new
-tokens and finished requests to the caller's callbacks.  Rounds are numbered across a run; a
+tokens and finished requests to the caller's callbacks.  A run ends when `serve` returns (or
+is interrupted), or when a round raises: the engine then starts a new one, with round numbers
+from 1 again.  Rounds are numbered across a run; a
 request that produces L tokens is active in L consecutive rounds, the first being its prefill.
 A finished request costs no compute later and never stops or alters the others.
 
@@ -62,15 +64,16 @@ DEFAULT_ROUND_TOKENS = 2048
 class StepOutput:
     """What one round produced."""
 
-    # The round's number within the run; None when there was nothing to run.
+    # The round's number within the run; None when no round ran (nobody waited or ran).
     round_number: int | None
     # Every request that produced a token this round, in row order: its newest token is
     # `request.token_ids[-1]`.
     new_tokens: list[Request] = field(default_factory=list)
-    # Every request whose record became final this round (it stopped, ran out or failed).
+    # Every request whose record became final since the last step: aborted ones first, then
+    # those that stopped, ran out or failed in this round (in row order).
     finished: list[Request] = field(default_factory=list)
-    # A static group whose last member finished this round.
-    ended_group: GroupRecord | None = None
+    # The static groups that ended: by an abort since the last step, or in this round.
+    ended_groups: list[GroupRecord] = field(default_factory=list)
 
 
 class Engine:
@@ -221,22 +224,38 @@ class Engine:
         # cache no running request holds.
         self.kv_cache: KVCache | None = None
         self.free_slots: list[int] = []
+        # Aborted requests, and static groups their abort ended, for the next step to report.
+        self.aborted_since_step: list[Request] = []
+        self.groups_ended_by_abort: list[GroupRecord] = []
 
     def seconds(self) -> float:
         """Seconds since the run started."""
         return time.perf_counter() - self.run_start
 
-    def add_request(self, request: Request, arrival_s: float | None = None) -> None:
-        """Queue a request, at any time.  One that is already failed, or that no round could
-        ever take (over the KV budget, a prompt over the round's token budget), is final at
-        once: `request.finished` tells the caller, and no step reports it."""
+    def check_new(self, request: Request) -> None:
+        """A request may be added once: made by `make_request` (perhaps failed already), and
+        not yet queued, run or finished by a run."""
         if request.status is Status.RUNNING:
             # Half-served by an interrupted run: its slot is gone.
             raise RequestError(
                 f"request {request.index} has already started running; make it anew to rerun it"
             )
+        if request.finish_s is not None or request.arrival_s is not None:
+            raise RequestError(
+                f"request {request.index} was added to a run already; make it anew to run it again"
+            )
+
+    def add_request(self, request: Request, arrival_s: float | None = None) -> None:
+        """Queue a request, at any time.  One that is already failed, or that no round could
+        ever take (over the KV budget, a prompt over the round's token budget), is final at
+        once: `request.finished` tells the caller, and no step reports it."""
+        self.check_new(request)
         self.stats.requests += 1
-        request.arrival_s = self.seconds() if arrival_s is None else arrival_s
+        if arrival_s is None:
+            arrival_s = self.seconds()
+        request.arrival_s = arrival_s
+        # Rounds that ran before it arrived: it did not wait through those.
+        request.arrival_round = self.round_number
         if not request.finished:
             reason = self.scheduler.refusal(request)
             if reason is None:
@@ -247,29 +266,52 @@ class Engine:
         request.finish_s = self.seconds()
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        """Whether a request waits or runs, or an abort is still to be reported by a step."""
+        return self.scheduler.has_work() or bool(self.aborted_since_step)
 
     def abort(self, request_id: str) -> list[Request]:
-        """End every unfinished request with this id (a prompt's n samples share one): waiting,
-        it never runs; running, its row and slot are free before the next round.  Returns them,
-        finished with finish_reason "abort"; [] when no unfinished request has the id."""
+        """End every unfinished request with this id (a prompt's n samples share one).  Waiting,
+        it never runs; running, it leaves the compute before the next round and frees its slot
+        (under continuous batching the next admission may take it; a static group holds its
+        row until the group ends).  Returns them, finished with finish_reason "abort" ([] when
+        no unfinished request has the id); the next step lists them in its `finished` too, so
+        that a loop over `step()` hears of every final record once."""
         unfinished = [*self.scheduler.waiting, *self.scheduler.running]
         aborted = [r for r in unfinished if r.id == request_id and not r.finished]
         for request in aborted:
             abort_request(request)
             request.finish_s = self.seconds()
+            self.stats.aborted += 1
+            self.aborted_since_step.append(request)
             ended_group = self.scheduler.remove(request)
             if request.slot is not None:
                 self.free_slots = sorted(self.free_slots + [request.slot])
             if ended_group is not None:
                 # Its last member is gone: the group is over, and so is its cache.
                 self.release_kv_cache()
+                self.groups_ended_by_abort.append(ended_group)
         return aborted
 
     def step(self) -> StepOutput:
-        """Run one round: plan, admit, batch metadata, forward, pick tokens, free finished rows."""
+        """Run one round: plan, admit, batch metadata, forward, pick tokens, free finished rows.
+        An exception inside a round abandons the run (`start_run`): a half-run round leaves no
+        state that a next round could trust."""
+        output = StepOutput(round_number=None)
+        output.finished = self.aborted_since_step
+        output.ended_groups = self.groups_ended_by_abort
+        self.aborted_since_step = []
+        self.groups_ended_by_abort = []
         if not self.scheduler.has_work():
-            return StepOutput(round_number=None)
+            return output
+        try:
+            self.run_round(output)
+        except BaseException:
+            self.start_run()
+            raise
+        return output
+
+    def run_round(self, output: StepOutput) -> None:
+        """The round itself, its results added to `output`."""
         self.round_number += 1
         plan = self.scheduler.plan(self.round_number)
         # Someone waits or runs, so someone runs: a round of no rows would loop for ever.
@@ -285,7 +327,10 @@ class Engine:
         if ended_group is not None:
             # Only now may the next group start.
             self.release_kv_cache()
-        return StepOutput(self.round_number, new_tokens, finished, ended_group)
+            output.ended_groups.append(ended_group)
+        output.round_number = self.round_number
+        output.new_tokens = new_tokens
+        output.finished += finished
 
     def serve(
         self,
@@ -297,38 +342,45 @@ class Engine:
     ) -> RunStats:
         """An offline run of these requests, a loop over `step()`.  on_token(request) hears of
         each new token, on_final(request) of each record as it becomes final, on_round(stats)
-        of each round, on_group_end(group, waiting) of each static group's end."""
+        of each round, on_group_end(group, waiting) of each static group's end.  The engine is
+        ready for another run afterwards, however this one ended."""
         if self.has_unfinished():
             raise RequestError("the engine is still serving requests; finish or abort them first")
-        self.start_run()
         for request in requests:
-            # An offline run: every request is there when it starts.
-            self.add_request(request, arrival_s=0.0)
-            if request.finished and on_final is not None:
-                on_final(request)
+            self.check_new(request)
+        self.start_run()
         try:
+            # Those that failed already are final first (in input order), then the rest are
+            # queued in input order, any that no round could take becoming final as it comes.
+            for request in sorted(requests, key=lambda r: not r.finished):
+                # An offline run: every request is there when it starts.
+                self.add_request(request, arrival_s=0.0)
+                if request.finished and on_final is not None:
+                    on_final(request)
             while self.has_unfinished():
                 output = self.step()
-                for request in output.new_tokens:
-                    if on_token is not None:
-                        on_token(request)
-                for request in output.finished:
-                    if on_final is not None:
-                        on_final(request)
-                if on_round is not None:
-                    on_round(self.stats)
-                if output.ended_group is not None and on_group_end is not None:
-                    on_group_end(output.ended_group, list(self.scheduler.waiting))
-        except BaseException:
-            # An interrupted run is abandoned: its half-served requests cannot resume (adding
-            # one again is refused), and the engine is ready for a new run.
-            self.start_run()
-            raise
+                self.report(output, on_final, on_round, on_group_end, on_token)
+            self.stats.wall_seconds = self.seconds()
+            return self.stats
         finally:
-            # After an interrupt too: no KV cache outlives its run.
-            self.release_kv_cache()
-        self.stats.wall_seconds = self.seconds()
-        return self.stats
+            # However it ended (an interrupt too): no KV cache outlives its run, and the
+            # half-served requests of an interrupted run cannot resume (adding one is refused).
+            self.start_run()
+
+    def report(self, output: StepOutput, on_final, on_round, on_group_end, on_token) -> None:
+        """A step's results, to the callbacks of `serve`: tokens, final records, the round, and
+        each static group that ended."""
+        for request in output.new_tokens:
+            if on_token is not None:
+                on_token(request)
+        for request in output.finished:
+            if on_final is not None:
+                on_final(request)
+        if output.round_number is not None and on_round is not None:
+            on_round(self.stats)
+        for group in output.ended_groups:
+            if on_group_end is not None:
+                on_group_end(group, list(self.scheduler.waiting))
 
     # ------------------------------------------------------------------ one round's steps
 
@@ -422,7 +474,9 @@ class Engine:
         self.stats.failed += sum(1 for r in finished if r.error is not None)
         for request in plan.admitted:
             if request.first_token_s is not None:
-                self.stats.first_token_seconds.append(request.first_token_s)
+                # Its time to first token, from when it arrived.
+                arrived = request.arrival_s or 0.0
+                self.stats.first_token_seconds.append(request.first_token_s - arrived)
         self.stats.wall_seconds = self.seconds()
 
     def release_kv_cache(self) -> None:

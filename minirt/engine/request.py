@@ -38,7 +38,9 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+# eq=False: two requests are the same request only if they are the same object, however alike
+# their fields (the scheduler finds and removes requests in its queue by identity).
+@dataclass(eq=False)
 class Request:
     """A request and everything that is its own."""
 
@@ -70,12 +72,14 @@ class Request:
 
     # Where and when it ran.  `group` is the static group that served it (1-based; None under
     # continuous batching); rounds are numbered across the run, the first being its prefill.
-    # Times are seconds from the run's start.
+    # `arrival_round` is how many rounds the run had run when it arrived (0 offline), and
+    # `rounds_waited` how many ran while it waited.  Times are seconds from the run's start.
     group: int | None = None
     slot: int | None = None  # its KV slot while it runs
     first_round: int | None = None
     finish_round: int | None = None
-    rounds_waited: int | None = None  # rounds that ran before its first round
+    arrival_round: int = 0
+    rounds_waited: int | None = None
     arrival_s: float | None = None  # when it was queued (or refused)
     first_token_s: float | None = None
     finish_s: float | None = None  # when its record became final

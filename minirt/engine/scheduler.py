@@ -24,19 +24,22 @@ held, per round: the static group's members, or the continuous pool's rows) and 
                        token budget (a prefill costs its prompt, a decode row one token) and the
                        KV budget allow.
 
-The continuous pool grows.  Requests arrive while it runs (`minirt serve`), so it cannot be
-sized once by the first requests it sees.  It starts as the requests then waiting need: a row
-each (up to max_rows, and as many as the KV budget holds), each row as long as the longest of
-them needs.  When later requests need more rows or longer rows, it grows, in place, as far as
-the KV budget allows (the engine copies the running rows into the larger pool).  When a waiting
-request needs rows longer than the budget lets the pool grow to beside the running requests,
-admission pauses until the pool has drained, and the pool is then made anew at the shape the
-waiting requests need.  Growing beats sizing from the model's context: a pool of max_rows x
-n_positions would reserve memory that short requests never use, and could not honour a KV
-budget smaller than that.
+The continuous pool grows.  Requests may arrive while it runs (`Engine.add_request`), so it
+cannot be sized once by the first requests it sees.  It starts as the requests then waiting
+need: a row each (up to max_rows, and as many as the KV budget holds), each row as long as the
+longest of them needs.  When later requests need more rows or longer rows, the pool is made
+larger (the rows at least twofold, within max_rows and the budget), and the engine copies the
+running requests' slots into it, keeping their numbers; while it does, the old pool and the
+new one are both held.  When the pool's rows, at the length a waiting request needs, would not
+fit the KV budget, admission pauses until the pool has drained, and the pool is then made anew
+at the shape the waiting requests need.  The pool never shrinks while requests run, nor when
+it empties with requests still waiting (an offline run's schedule is fixed by its first pool).
+Growing beats sizing from the model's context: a pool of max_rows x n_positions would reserve
+memory that short requests never use, and could not honour a KV budget smaller than that.
 
 A request reserves its prompt plus every output token but the last (which is never fed back).
-When the KV budget holds a group or the pool below max_rows, the plan says so (`kv_limited`).
+When the KV budget holds a new group, or a new or grown pool, below the rows its requests
+want, the plan says so (`kv_limited`).
 
 Must not know: models, arrays, sampling or text.
 """
@@ -88,7 +91,8 @@ def mark_admitted(request: Request, group: int | None, round_number: int) -> Non
     request.status = Status.RUNNING
     request.group = group
     request.first_round = round_number
-    request.rounds_waited = round_number - 1
+    # The rounds that ran between its arrival and its first round.
+    request.rounds_waited = round_number - 1 - request.arrival_round
 
 
 class Scheduler:
@@ -271,11 +275,17 @@ class ContinuousScheduler(Scheduler):
             if self.draining:
                 return None, False
             return self.shape_for(list(self.waiting))
-        rows = max(self.pool.rows, min(wanted_rows, rows_in_budget))
+        rows = min(wanted_rows, rows_in_budget)
+        if rows > self.pool.rows:
+            # Grow the rows at least twofold (within max_rows and the budget), so that a stream
+            # of arrivals reallocates the pool a few times, not once per request.
+            rows = min(max(rows, 2 * self.pool.rows), self.max_rows, rows_in_budget)
+        # Never fewer rows than it has: running requests hold slots by number.
+        rows = max(rows, self.pool.rows)
         grown = KVShape(rows=rows, capacity=capacity)
         if grown == self.pool:
             return None, False
-        return grown, False
+        return grown, rows_in_budget < wanted_rows
 
     def plan(self, round_number: int) -> RoundPlan:
         shape = None

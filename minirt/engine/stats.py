@@ -23,7 +23,9 @@ class RunStats:
     batch_size: int
     policy: str = "static"
     requests: int = 0
+    # Requests that failed (an error of their own), and that their caller aborted.
     failed: int = 0
+    aborted: int = 0
     rounds: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -35,7 +37,7 @@ class RunStats:
     held_rows_per_round: list[int] = field(default_factory=list)
     # The rows of each group or pool that the KV budget held down.
     kv_limited_rows: list[int] = field(default_factory=list)
-    # Each served request's time to first token, in seconds.
+    # Each served request's time to first token, in seconds from its arrival.
     first_token_seconds: list[float] = field(default_factory=list)
 
     @property

@@ -9,7 +9,9 @@ slot, the capacity).
   * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot; each decode
     step writes one more, at `lengths[slot]`.
   * Nothing is concatenated or reallocated per step: the capacity is chosen up front, so a step
-    costs the attention, not a copy of the history.
+    costs the attention, not a copy of the history.  (A continuous pool that must grow for
+    requests that arrive later is made anew, larger, and takes over the old one's slots:
+    `copy_from`, a rare event, never a per-step cost.)
   * Only real tokens are written.  Positions past a slot's length hold zeros (the pool starts
     zeroed, and a slot is zeroed when a new request takes it), and the attention mask
     (key-is-real) never lets a query see them.

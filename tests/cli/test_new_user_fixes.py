@@ -7,6 +7,7 @@ import pty
 import select
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -147,8 +148,12 @@ def run_generate(argv, capsys):
     return code, captured.out, captured.err
 
 
-def test_a_prompt_that_names_a_file_is_still_text_but_gets_a_hint(tiny_lm, tmp_path, capsys):
-    prompts = tmp_path / "prompts.txt"
+def test_a_prompt_that_names_a_file_is_still_text_but_gets_a_hint(
+    tiny_lm, tmp_path, capsys, monkeypatch
+):
+    # A short relative path: the tiny model's context holds its text whatever tmp_path is.
+    monkeypatch.chdir(tmp_path)
+    prompts = Path("p.txt")
     prompts.write_text("To be\n")
     argv = ["--model", str(tiny_lm), "--prompt", str(prompts), "--max-new-tokens", "2"]
     code, out, err = run_generate(argv, capsys)

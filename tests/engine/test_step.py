@@ -99,7 +99,9 @@ def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(mo
     engine.add_request(late)
     engine.step()
     assert late.first_round == 3
-    assert late.rounds_waited == 2
+    # It arrived after round 2, so it waited through no round.
+    assert late.arrival_round == 2
+    assert late.rounds_waited == 0
     run_to_end(engine)
     assert early.token_ids == greedy_by_recompute(model, [3, 1, 4], 6)
     assert late.token_ids == greedy_by_recompute(model, [1, 5, 9, 2], 5)
@@ -131,7 +133,7 @@ def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
     assert group_end == 4
     assert late.first_round == group_end + 1
     assert late.group == 2
-    assert [o.ended_group.number for o in outputs if o.ended_group] == [1, 2]
+    assert [g.number for o in outputs for g in o.ended_groups] == [1, 2]
     assert late.token_ids == greedy_by_recompute(model, [7, 7, 7], 3)
 
 
@@ -265,7 +267,12 @@ def test_abort_ends_every_sample_of_a_prompt(model):
         llm_engine.add_request(request)
     llm_engine.step()
     assert llm_engine.abort("p") == samples
+    # The aborts are still to be reported: the next step runs no round and lists them.
+    assert llm_engine.has_unfinished()
+    output = llm_engine.step()
+    assert output.round_number is None and output.finished == samples
     assert not llm_engine.has_unfinished()
+    assert llm_engine.stats.aborted == 3
 
 
 # ------------------------------------------------------------------ the invariant, drawn
@@ -341,3 +348,126 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
     assert [o.token_ids for o in outputs] == [r.token_ids for r in by_hand]
     assert [o.first_round for o in outputs] == [r.first_round for r in by_hand]
     assert [o.finish_round for o in outputs] == [r.finish_round for r in by_hand]
+
+
+# ------------------------------------------------------------------ an engine that stays usable
+
+
+def test_after_serve_the_engine_steps_a_new_run(model):
+    engine = Engine(model, None, batch_size=2, policy="continuous")
+    stats = engine.serve([engine.make_request(i, [1 + i, 2], greedy(3)) for i in range(2)])
+    late = engine.make_request(2, [5], greedy(2))
+    engine.add_request(late)
+    run_to_end(engine)
+    # A new run: round numbers from 1, and the first run's counts are left as they were.
+    assert (late.first_round, late.finish_round) == (1, 2)
+    assert stats.requests == 2 and stats.rounds == 3
+    assert late.token_ids == greedy_by_recompute(model, [5], 2)
+
+
+def test_a_request_is_added_once(model):
+    engine = Engine(model, None, batch_size=2)
+    request = engine.make_request(0, [1, 2], greedy(4))
+    engine.add_request(request)
+    with pytest.raises(RequestError, match="added to a run already"):
+        engine.add_request(request)
+    run_to_end(engine)
+    assert request.token_ids == greedy_by_recompute(model, [1, 2], 4)
+    with pytest.raises(RequestError, match="added to a run already"):
+        engine.serve([request])
+
+
+def test_a_serve_refused_for_one_request_leaves_the_engine_ready(model):
+    engine = Engine(model, None, batch_size=2)
+    served = engine.make_request(0, [1], greedy(2))
+    engine.serve([served])
+    fresh = engine.make_request(1, [2], greedy(2))
+    with pytest.raises(RequestError):
+        engine.serve([fresh, served])
+    # Nothing of the refused run stays queued: `fresh` was never added, and serves now.
+    assert not engine.has_unfinished() and fresh.arrival_s is None
+    engine.serve([fresh])
+    assert fresh.token_ids == greedy_by_recompute(model, [2], 2)
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_a_round_that_raises_abandons_the_run_and_the_next_run_is_whole(model, monkeypatch, policy):
+    engine = Engine(model, None, batch_size=2, policy=policy)
+    first = [engine.make_request(i, [1 + i, 2], greedy(4)) for i in range(2)]
+    for request in first:
+        engine.add_request(request)
+    engine.step()
+    real_forward = model.forward
+
+    def failing_forward(batch, kv_cache=None, logits_at=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model, "forward", failing_forward)
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    monkeypatch.setattr(model, "forward", real_forward)
+    assert not engine.has_unfinished() and engine.kv_cache is None
+    with pytest.raises(RequestError, match="already started running"):
+        engine.add_request(first[0])
+    again = engine.make_request(0, [1, 2], greedy(4))
+    engine.add_request(again)
+    run_to_end(engine)
+    assert again.token_ids == greedy_by_recompute(model, [1, 2], 4)
+
+
+def test_an_abort_from_a_callback_is_heard_by_on_final_and_on_group_end(model):
+    engine = Engine(model, None, batch_size=1, policy="static")
+    requests = [engine.make_request(i, [1 + i], greedy(5), request_id=f"r{i}") for i in range(2)]
+    finals = []
+    groups = []
+
+    def on_token(request):
+        if request.id == "r0" and len(request.token_ids) == 2:
+            engine.abort("r0")
+
+    engine.serve(
+        requests,
+        on_final=lambda r: finals.append((r.id, r.finish_reason)),
+        on_group_end=lambda group, waiting: groups.append(group.number),
+        on_token=on_token,
+    )
+    assert finals == [("r0", "abort"), ("r1", "length")]
+    assert groups == [1, 2]
+    assert requests[1].first_round == 3  # the aborted group ended after its second round
+
+
+def test_time_to_first_token_counts_from_arrival(model):
+    engine = Engine(model, None, batch_size=2, policy="continuous")
+    engine.add_request(engine.make_request(0, [1], greedy(30)))
+    for _ in range(20):
+        engine.step()
+    late = engine.make_request(1, [2], greedy(1))
+    engine.add_request(late)
+    engine.step()
+    assert engine.stats.first_token_seconds[-1] == pytest.approx(
+        late.first_token_s - late.arrival_s
+    )
+    assert engine.stats.first_token_seconds[-1] < late.arrival_s
+
+
+def test_a_pool_the_budget_holds_down_as_it_grows_says_so(model):
+    engine = Engine(model, None, batch_size=4, policy="continuous", kv_budget_tokens=12)
+    engine.add_request(engine.make_request(0, [1], greedy(2)))
+    engine.step()
+    assert engine.stats.kv_limited_rows == []
+    for i in range(1, 4):
+        engine.add_request(engine.make_request(i, [1 + i, 2, 3], greedy(3)))
+    engine.step()
+    # Rows of 5 positions: the budget of 12 holds two, though four requests want one each.
+    assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (2, 5)
+    assert engine.stats.kv_limited_rows == [2]
+
+
+def test_a_stream_of_arrivals_grows_the_pool_twofold_not_row_by_row(model):
+    engine = Engine(model, None, batch_size=8, policy="continuous")
+    rows_after_each_arrival = []
+    for i in range(5):
+        engine.add_request(engine.make_request(i, [1 + i], greedy(40)))
+        engine.step()
+        rows_after_each_arrival.append(len(engine.kv_cache.lengths))
+    assert rows_after_each_arrival == [1, 2, 4, 4, 8]

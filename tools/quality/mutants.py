@@ -785,7 +785,7 @@ MUTANTS = [
     Mutant(
         "pool_never_grows",
         "minirt/engine/scheduler.py",
-        "        if grown == self.pool:\n            return None, False\n        return grown, False",
+        "        if grown == self.pool:\n            return None, False\n        return grown, rows_in_budget < wanted_rows",
         "        return None, False",
         "a longer request arriving after the pool started is never served",
     ),
@@ -806,15 +806,15 @@ MUTANTS = [
     Mutant(
         "serve_reports_no_tokens",
         "minirt/engine/engine.py",
-        "                for request in output.new_tokens:",
-        "                for request in output.new_tokens[:0]:",
+        "        for request in output.new_tokens:",
+        "        for request in output.new_tokens[:0]:",
         "streaming hears of no token",
     ),
     Mutant(
         "step_reports_nothing_finished",
         "minirt/engine/engine.py",
-        "        return StepOutput(self.round_number, new_tokens, finished, ended_group)",
-        "        return StepOutput(self.round_number, new_tokens, [], ended_group)",
+        "        output.finished += finished",
+        "        output.finished += []",
         "finished requests are never handed on: their records are lost",
     ),
     Mutant(
@@ -827,8 +827,8 @@ MUTANTS = [
     Mutant(
         "late_arrival_reuses_the_first_round",
         "minirt/engine/engine.py",
-        "        request.arrival_s = self.seconds() if arrival_s is None else arrival_s",
-        "        request.arrival_s = 0.0",
+        "            arrival_s = self.seconds()\n        request.arrival_s = arrival_s",
+        "            arrival_s = 0.0\n        request.arrival_s = arrival_s",
         "a request added mid-run says it arrived at the start",
     ),
     Mutant(
@@ -872,6 +872,64 @@ MUTANTS = [
         "    except BrokenPipeError:\n        mute_stdout()\n        return EXIT_OK",
         "    except KeyError:\n        mute_stdout()\n        return EXIT_OK",
         "minirt -h | head exits 141 with a message",
+    ),
+    # ---- an engine that stays usable: one add per request, aborts reported, a round that raises,
+    # a new run after serve, times and waits from arrival, a pool that grows twofold
+    Mutant(
+        "a_request_added_twice",
+        "minirt/engine/engine.py",
+        "        if request.finish_s is not None or request.arrival_s is not None:",
+        "        if False:",
+        "a request added twice runs in two rows at once",
+    ),
+    Mutant(
+        "aborts_never_reported",
+        "minirt/engine/engine.py",
+        "        output.finished = self.aborted_since_step",
+        "        output.finished = []",
+        "an aborted request's record never reaches on_final",
+    ),
+    Mutant(
+        "a_raising_round_leaves_the_run",
+        "minirt/engine/engine.py",
+        "        except BaseException:\n            self.start_run()\n            raise\n        return output",
+        "        except BaseException:\n            raise\n        return output",
+        "a round that raises leaves half-updated state for the next",
+    ),
+    Mutant(
+        "serve_leaves_the_run_behind",
+        "minirt/engine/engine.py",
+        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n            self.start_run()",
+        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n            self.release_kv_cache()",
+        "after serve, the old pool's shape outlives its cache",
+    ),
+    Mutant(
+        "ttft_from_the_run_start",
+        "minirt/engine/engine.py",
+        "                arrived = request.arrival_s or 0.0",
+        "                arrived = 0.0",
+        "a late request's time to first token counts from the run's start",
+    ),
+    Mutant(
+        "waits_counted_from_the_run_start",
+        "minirt/engine/scheduler.py",
+        "request.rounds_waited = round_number - 1 - request.arrival_round",
+        "request.rounds_waited = round_number - 1",
+        "a late request waited through rounds that ran before it came",
+    ),
+    Mutant(
+        "pool_grows_row_by_row",
+        "minirt/engine/scheduler.py",
+        "            rows = min(max(rows, 2 * self.pool.rows), self.max_rows, rows_in_budget)",
+        "            rows = min(rows, self.max_rows, rows_in_budget)",
+        "a stream of arrivals reallocates the pool once per request",
+    ),
+    Mutant(
+        "grown_pool_never_kv_limited",
+        "minirt/engine/scheduler.py",
+        "        return grown, rows_in_budget < wanted_rows",
+        "        return grown, False",
+        "the summary hides that the budget held a grown pool down",
     ),
 ]
 
