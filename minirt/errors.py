@@ -39,6 +39,11 @@ class InputError(MinirtError, ValueError):
     """Token ids the model cannot take (out of vocabulary, too long, not integers)."""
 
 
+class ReentryError(MinirtError, RuntimeError):
+    """A call that would start or advance a run of an engine (an LLM) already inside one: from
+    one of its own callbacks, or from another thread.  The run in progress goes on untouched."""
+
+
 class OutputError(MinirtError):
     """Writing results failed (a full disk, /dev/full); the records already written are kept
     whole."""

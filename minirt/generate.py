@@ -49,7 +49,12 @@ from .cli.kv_budget import parse_kv_budget
 from .errors import MinirtError, Terminated, require_at_least_one
 from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
 from .cli.prompt_file import FORMATS, PromptEntry, read_prompts
-from .cli.sampling_flags import add_sampling_flags, flag_overrides, sampling_defaults
+from .cli.sampling_flags import (
+    add_sampling_flags,
+    check_flags_for_model,
+    flag_overrides,
+    sampling_defaults,
+)
 from .cli.requests_from_prompts import build_requests
 from .cli.records import OrderedOutput
 from .cli.progress import Progress
@@ -370,12 +375,7 @@ def load(args, folder: Path) -> tuple[LLM, float]:
         round_token_budget=args.max_round_tokens,
     )
     load_seconds = time.perf_counter() - start
-    vocab_size = llm.model.config.vocab_size
-    for token_id in args.stop_token_id or ():
-        if not 0 <= token_id < vocab_size:
-            raise MinirtError(
-                f"--stop-token-id {token_id} is not in the model's vocabulary (0-{vocab_size - 1})"
-            )
+    check_flags_for_model(llm.check_params, args.overrides)
     if llm.backend_note:
         print(llm.backend_note, file=sys.stderr)
     return llm, load_seconds

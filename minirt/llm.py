@@ -232,6 +232,11 @@ class LLM:
                 requests.append(request)
         return requests
 
+    def check_params(self, params: SamplingParams) -> None:
+        """Refuse (a RequestError or InputError) what this model cannot take of `params`: token
+        ids outside its vocabulary, stop strings when it has no tokenizer."""
+        self.engine.check_params(params)
+
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """What the model is fed first for a prompt: its ids, BOS alone when empty; a
         RequestError if bad."""
@@ -248,6 +253,7 @@ class LLM:
         """Serve requests made by `make_request`: this runs `Engine.serve`, a loop over
         `Engine.step()` (one round a step).  The callbacks report as tokens come and records
         become final."""
+        self.engine.refuse_reentry("LLM.serve")
         self.last_stats = self.engine.serve(
             requests,
             on_final=on_final,
@@ -277,6 +283,8 @@ class LLM:
         log-probability.  `on_token(event)` runs as each token is produced, `on_final(output)`
         as each request finishes (in the order they finish); a request refused at once gets
         on_final only."""
+        # Called from one of this run's own callbacks: refused, and the run goes on.
+        self.engine.refuse_reentry("LLM.generate")
         requests = self.make_requests(prompts, params, ids, logprobs)
 
         def tell_final(request: Request) -> None:

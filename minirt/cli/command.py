@@ -49,7 +49,10 @@ def add_version_flag(parser) -> None:
 
 def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None):
     """`parser.parse_args(argv)`; its --help and --version end with exit status 0 even when standard
-    output's reader stops early (`| head`): help is read as far as it was wanted."""
+    output's reader stops early (`| head`): help is read as far as it was wanted.  A flag argparse
+    cannot parse is one line on standard error, as every other error is (`one_line_usage_error`)."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser.error = one_line_usage_error(parser, words)  # type: ignore[method-assign]
     try:
         return parser.parse_args(argv)
     except BrokenPipeError:
@@ -60,6 +63,23 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None):
         if exc.code in (0, None):
             quiet_flush()
         raise
+
+
+def one_line_usage_error(parser: argparse.ArgumentParser, words: list[str]):
+    """argparse's `error` for this parser: one line and exit 2, instead of the whole usage block
+    and then the error.  A flag given a negative number in scientific notation (`-1e308`), which
+    argparse takes for a flag, is told to write it with `=`."""
+
+    def error(message: str):
+        hint = f"; see {parser.prog} --help"
+        if message.endswith("expected one argument"):
+            for flag, value in zip(words, words[1:], strict=False):
+                looks_negative = value.startswith("-") and value[1:2].isdigit()
+                if flag in message and looks_negative:
+                    hint = f"; a negative value is written {flag}={value}"
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {message}{hint}\n")
+
+    return error
 
 
 def print_help_text(text: str) -> int:

@@ -1,9 +1,10 @@
 """The sampling flags of the commands that serve prompts.
 
 Owns: `add_sampling_flags` (with the real defaults in their help), `flag_overrides` (what the
-command line set) and `sampling_defaults` (the model's generation_config.json with the flags
+command line set), `sampling_defaults` (the model's generation_config.json with the flags
 applied: built-in defaults < the model's generation_config.json < flags < a JSONL line's own
-fields).
+fields) and `check_flags_for_model` (a flag value the model refuses stops the run before it
+starts, instead of failing every request).
 
 Must not know: files, output, or how requests are served.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from contextlib import suppress
 
 from ..engine.params import SamplingParams
-from ..errors import MinirtError, RequestError
+from ..errors import InputError, MinirtError, RequestError
 from ..loading.checkpoint import shipped_model_folder
 from ..llm import generation_defaults
 
@@ -194,3 +195,24 @@ def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> Sampli
         return model_defaults.updated(**overrides)
     except RequestError as exc:
         raise MinirtError(f"bad sampling flag: {exc}") from None
+
+
+def flag_name(field: str) -> str:
+    """The command-line flag that sets a sampling field."""
+    if field == "stop_token_ids":
+        # Repeatable, one id each time.
+        return "--stop-token-id"
+    return "--" + field.replace("_", "-")
+
+
+def check_flags_for_model(check_params, overrides: dict) -> None:
+    """Refuse, in one line naming the flag, a flag value that every request would fail on
+    because the model cannot take it (a token id outside its vocabulary, stop strings without a
+    tokenizer): a bad flag is exit 2 before anything runs, not one error record per prompt.
+    Each field the command line set is checked alone, by the model's own request check
+    (`check_params`, which is `LLM.check_params`)."""
+    for field, value in overrides.items():
+        try:
+            check_params(SamplingParams().updated(**{field: value}))
+        except (RequestError, InputError) as exc:
+            raise MinirtError(f"bad sampling flag {flag_name(field)}: {exc}") from None

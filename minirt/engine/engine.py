@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import InputError, RequestError, require_at_least_one
+from ..errors import InputError, ReentryError, RequestError, require_at_least_one
 from ..loading.tokenizer import Tokenizer, special_ids
 from ..model.batch import Batch, check_token_ids
 from ..model.gpt2 import GPT2
@@ -122,6 +122,9 @@ class Engine:
             special = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
             self.eos_token_id = special[0]
             self.bos_token_id = special[1]
+        # True while `serve` runs, so that a callback (or another thread) cannot start a second
+        # run or step this one from inside it.
+        self.serving = False
         self.start_run()
 
     # ------------------------------------------------------------------ making a request
@@ -155,16 +158,7 @@ class Engine:
             if error is not None:
                 raise RequestError(error)
             request.prompt_ids = self.prompt_ids(prompt)
-            if params.stop and self.tokenizer is None:
-                raise RequestError(
-                    "stop strings need a tokenizer, and this model has none; use stop_token_ids"
-                )
-            check_token_ids(params.stop_token_ids, self.model.config.vocab_size, "stop")
-            check_token_ids(
-                [token for token, _ in params.logit_bias],
-                self.model.config.vocab_size,
-                "logit_bias",
-            )
+            self.check_params(params)
         except (RequestError, InputError) as exc:
             fail_request(request, str(exc))
             return request
@@ -174,6 +168,18 @@ class Engine:
             seed = derived_seed(run_seed, index)
         request.rng = request_rng(sample_seed(seed, sample))
         return request
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Refuse (RequestError or InputError) what SamplingParams cannot check alone, since it
+        needs this model: token ids outside its vocabulary, stop strings without a tokenizer."""
+        if params.stop and self.tokenizer is None:
+            raise RequestError(
+                "stop strings need a tokenizer, and this model has none; use stop_token_ids"
+            )
+        vocab_size = self.model.config.vocab_size
+        check_token_ids(params.stop_token_ids, vocab_size, "stop")
+        biased_tokens = [token for token, _ in params.logit_bias]
+        check_token_ids(biased_tokens, vocab_size, "logit_bias")
 
     def prompt_ids(self, prompt) -> list[int]:
         """What the model is fed first: the encoded text or the checked ids; BOS alone for an
@@ -295,7 +301,12 @@ class Engine:
     def step(self) -> StepOutput:
         """Run one round: plan, admit, batch metadata, forward, pick tokens, free finished rows.
         An exception inside a round abandons the run (`start_run`): a half-run round leaves no
-        state that a next round could trust."""
+        state that a next round could trust.  Refused while `serve` runs (it steps itself)."""
+        self.refuse_reentry("Engine.step")
+        return self.take_step()
+
+    def take_step(self) -> StepOutput:
+        """`step`'s work, for `step` and for `serve`'s own loop."""
         output = StepOutput(round_number=None)
         output.finished = self.aborted_since_step
         output.ended_groups = self.groups_ended_by_abort
@@ -344,11 +355,13 @@ class Engine:
         each new token, on_final(request) of each record as it becomes final, on_round(stats)
         of each round, on_group_end(group, waiting) of each static group's end.  The engine is
         ready for another run afterwards, however this one ended."""
+        self.refuse_reentry("Engine.serve")
         if self.has_unfinished():
             raise RequestError("the engine is still serving requests; finish or abort them first")
         for request in requests:
             self.check_new(request)
         self.start_run()
+        self.serving = True
         try:
             # Those that failed already are final first (in input order), then the rest are
             # queued in input order, any that no round could take becoming final as it comes.
@@ -358,14 +371,25 @@ class Engine:
                 if request.finished and on_final is not None:
                     on_final(request)
             while self.has_unfinished():
-                output = self.step()
+                output = self.take_step()
                 self.report(output, on_final, on_round, on_group_end, on_token)
             self.stats.wall_seconds = self.seconds()
             return self.stats
         finally:
             # However it ended (an interrupt too): no KV cache outlives its run, and the
             # half-served requests of an interrupted run cannot resume (adding one is refused).
+            self.serving = False
             self.start_run()
+
+    def refuse_reentry(self, call: str) -> None:
+        """A ReentryError when `serve` is running: `call` came from one of its callbacks (or
+        from another thread), and would start a second run, or step this one behind its back."""
+        if self.serving:
+            raise ReentryError(
+                f"{call}() was called while this engine is serving a run (from one of the "
+                "run's own callbacks, such as on_token, or from another thread); the run goes "
+                "on untouched: call it after the run returns, or use a second LLM"
+            )
 
     def report(self, output: StepOutput, on_final, on_round, on_group_end, on_token) -> None:
         """A step's results, to the callbacks of `serve`: tokens, final records, the round, and

@@ -25,6 +25,19 @@ MAX_TOP_LOGPROBS = 100
 # The most samples (n) one prompt may ask for.
 MAX_SAMPLES = 1000
 
+# The largest logit_bias either way, OpenAI's: +100 makes a token all but certain, -100 all but
+# impossible, and a bias this size cannot overflow the arithmetic that follows.
+MAX_LOGIT_BIAS = 100.0
+
+# The largest presence or frequency penalty either way (OpenAI's and vLLM's bound).  Times a count
+# of at most the context, it stays far inside float64.
+MAX_PRESENCE_OR_FREQUENCY = 2.0
+
+# repetition_penalty lies in [1 / this, this].  transformers takes any positive value, but past
+# these a seen token's logit is pushed so far that dividing it by a small temperature overflows;
+# 100 already all but bans (or forces) every token seen.
+MAX_REPETITION_PENALTY = 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -131,16 +144,27 @@ class SamplingParams:
                 raise RequestError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
 
     def validate_logits(self) -> None:
-        """The penalties, min_p, logprobs and logit_bias."""
-        if not is_number(self.repetition_penalty) or self.repetition_penalty <= 0:
+        """The penalties, min_p, logprobs and logit_bias.  Each value is bounded so that no step
+        of the arithmetic in the sampler can overflow: the logits stay finite, and a token is
+        never drawn from non-finite probabilities."""
+        low_repetition = 1 / MAX_REPETITION_PENALTY
+        repetition_ok = is_number(self.repetition_penalty) and (
+            low_repetition <= self.repetition_penalty <= MAX_REPETITION_PENALTY
+        )
+        if not repetition_ok:
             raise RequestError(
-                f"repetition_penalty must be a number > 0 (1 turns it off), "
-                f"got {self.repetition_penalty!r}"
+                f"repetition_penalty must be a number from {low_repetition:g} to "
+                f"{MAX_REPETITION_PENALTY:g} (1 turns it off), got {self.repetition_penalty!r}"
             )
         for name in ("presence_penalty", "frequency_penalty"):
-            if not is_number(getattr(self, name)):
+            value = getattr(self, name)
+            if (
+                not is_number(value)
+                or not -MAX_PRESENCE_OR_FREQUENCY <= value <= MAX_PRESENCE_OR_FREQUENCY
+            ):
                 raise RequestError(
-                    f"{name} must be a finite number (0 turns it off), got {getattr(self, name)!r}"
+                    f"{name} must be a number from {-MAX_PRESENCE_OR_FREQUENCY:g} to "
+                    f"{MAX_PRESENCE_OR_FREQUENCY:g} (0 turns it off), got {value!r}"
                 )
         if not is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise RequestError(f"min_p must be in [0, 1] (0 turns it off), got {self.min_p!r}")
@@ -150,14 +174,26 @@ class SamplingParams:
             raise RequestError(
                 f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {self.logprobs!r}"
             )
-        bias_ok = isinstance(self.logit_bias, tuple) and all(
+        self.validate_logit_bias()
+
+    def validate_logit_bias(self) -> None:
+        """logit_bias: token ids (>= 0) to numbers in [-100, 100]."""
+        pairs_ok = isinstance(self.logit_bias, tuple) and all(
             isinstance(pair, tuple) and is_int(pair[0]) and pair[0] >= 0 and is_number(pair[1])
             for pair in self.logit_bias
         )
-        if not bias_ok:
+        if not pairs_ok:
             raise RequestError(
-                f"logit_bias must map token ids to finite numbers, got {self.logit_bias!r}"
+                f"logit_bias must map token ids to numbers from {-MAX_LOGIT_BIAS:g} to "
+                f"{MAX_LOGIT_BIAS:g}, got {self.logit_bias!r}"
             )
+        for token, bias in self.logit_bias:
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise RequestError(
+                    f"logit_bias for token {token} must be from {-MAX_LOGIT_BIAS:g} to "
+                    f"{MAX_LOGIT_BIAS:g} (OpenAI's range: 100 all but forces a token, -100 all "
+                    f"but bans it), got {bias!r}"
+                )
 
     def updated(self, **overrides) -> SamplingParams:
         """A copy with some fields replaced (validated again)."""
