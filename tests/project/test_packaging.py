@@ -11,7 +11,8 @@ import pytest
 
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+# The wheel build counts against the first test: it gets more than the suite's per-test limit.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

@@ -935,6 +935,86 @@ MUTANTS = [
         "        return grown, False",
         "the summary hides that the budget held a grown pool down",
     ),
+    # ---- bad input, second pass (#23): sampling bounds, flags the model refuses, re-entry, and the
+    # blind spots (a check pre-empted by an earlier one, logprobs under a bias, the stop rules' order)
+    Mutant(
+        "logit_bias_unbounded",
+        "minirt/engine/params.py",
+        "            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:",
+        "            if False:",
+        "a bias of 1.7e308 overflows logits / T and a token is drawn from NaN",
+    ),
+    Mutant(
+        "penalty_bound_one_sided",
+        "minirt/engine/params.py",
+        "not -MAX_PRESENCE_OR_FREQUENCY <= value <= MAX_PRESENCE_OR_FREQUENCY",
+        "not value <= MAX_PRESENCE_OR_FREQUENCY",
+        "frequency_penalty -1e308 passes, and the penalty times a count overflows",
+    ),
+    Mutant(
+        "sampling_in_float32",
+        "minirt/engine/sampler.py",
+        "    x = np.array(logits, dtype=np.float64)  # [V]",
+        "    x = np.array(logits, dtype=np.float32)  # [V]",
+        "the biases and penalties in float32: a large finite logit / a small temperature overflows",
+    ),
+    Mutant(
+        "flags_not_checked_against_the_model",
+        "minirt/cli/sampling_flags.py",
+        "            check_params(SamplingParams().updated(**{field: value}))",
+        "            SamplingParams().updated(**{field: value})",
+        "--logit-bias 99999999999=1 runs and every request fails, replacing --output with errors",
+    ),
+    Mutant(
+        "reentry_not_refused",
+        "minirt/engine/engine.py",
+        "        if self.serving:\n",
+        "        if False:\n",
+        "generate() from on_token starts a second run inside the first",
+    ),
+    Mutant(
+        "serving_flag_never_set",
+        "minirt/engine/engine.py",
+        "        self.start_run()\n        self.serving = True\n",
+        "        self.start_run()\n",
+        "a run does not say it is running, so its callbacks may start another",
+    ),
+    Mutant(
+        "forward_position_check_off_by_one",
+        "minirt/model/gpt2.py",
+        "if int(batch.positions.max(initial=0)) >= c.n_positions:",
+        "if int(batch.positions.max(initial=0)) > c.n_positions:",
+        "position n_positions reaches the position table (an index error, or the wrong row on a GPU)",
+    ),
+    Mutant(
+        "kv_capacity_check_off_by_one",
+        "minirt/model/kv_cache.py",
+        "if (over := batch.kv_lens > self.capacity).any():",
+        "if (over := batch.kv_lens > self.capacity + 1).any():",
+        "a round may write one key past a slot's capacity",
+    ),
+    Mutant(
+        "logprob_under_the_processed_logits",
+        "minirt/engine/sampler.py",
+        "        logprob = float(log_softmax(logits)[token])",
+        "        logprob = float(log_softmax(chosen_from)[token])",
+        "logprobs under the biased and penalised logits, not the raw model's",
+    ),
+    Mutant(
+        "stop_string_before_stop_token",
+        "minirt/engine/request.py",
+        "    if is_eos or token in params.stop_token_ids:\n"
+        "        # The token is kept in token_ids; its text is not added.\n"
+        '        finish(request, "stop", round_number)\n'
+        "    elif request.decoder is not None and found_stop_string(request, request.decoder.push(token)):\n"
+        '        finish(request, "stop", round_number, text_was_cut=True)\n',
+        "    if request.decoder is not None and found_stop_string(request, request.decoder.push(token)):\n"
+        '        finish(request, "stop", round_number, text_was_cut=True)\n'
+        "    elif is_eos or token in params.stop_token_ids:\n"
+        "        # The token is kept in token_ids; its text is not added.\n"
+        '        finish(request, "stop", round_number)\n',
+        "the stop string is checked first: a stop token's text is added to the kept text",
+    ),
 ]
 
 
