@@ -106,20 +106,20 @@ def add_penalty_flags(g) -> None:
         "--repetition-penalty",
         type=float,
         metavar="R",
-        help="a token already in the prompt or output: "
-        "its logit / R if positive, x R if not (transformers' formula; default 1: off)",
+        help="a token already in the prompt or output: its logit / R if positive, x R if not "
+        "(transformers' formula; 0.01 to 100, default 1: off)",
     )
     g.add_argument(
         "--presence-penalty",
         type=float,
         metavar="P",
-        help="subtract P from the logit of every token the output holds (default 0)",
+        help="subtract P from the logit of every token the output holds (-2 to 2, default 0)",
     )
     g.add_argument(
         "--frequency-penalty",
         type=float,
         metavar="F",
-        help="subtract F x how often the output holds a token from its logit (default 0)",
+        help="subtract F x how often the output holds a token from its logit (-2 to 2, default 0)",
     )
     g.add_argument(
         "--min-p",
@@ -133,7 +133,7 @@ def add_penalty_flags(g) -> None:
         action="append",
         type=parse_bias,
         metavar="ID=BIAS",
-        help="add BIAS to token ID's logit, before everything else (repeatable)",
+        help="add BIAS (-100 to 100) to token ID's logit, before everything else (repeatable)",
     )
     g.add_argument(
         "--prompt-logprobs",

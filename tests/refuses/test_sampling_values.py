@@ -213,3 +213,23 @@ def test_a_line_with_an_overflowing_value_fails_alone(tmp_path):
     assert "frequency_penalty" in records["also-bad"]["error"]
     for good in ("good-1", "good-2"):
         assert records[good]["finish_reason"] == "length" and len(records[good]["token_ids"]) == 4
+
+
+def test_stop_strings_for_a_model_without_a_tokenizer_are_exit_2(tmp_path):
+    """tests/fixtures/base has no tokenizer: every request would fail on --stop, so the flag is refused;
+    token-id prompts and --stop-token-id still run."""
+    model = ROOT / "tests" / "fixtures" / "base"
+    prompts = '{"prompt": [1, 2, 3]}\n'
+    status, stderr, output = run_generate(
+        tmp_path, ["--model", str(model), "--stop", "x"], prompts_text=prompts, suffix="jsonl"
+    )
+    assert status == 2 and len(stderr) == 1
+    assert "--stop" in stderr[0] and "stop strings need a tokenizer" in stderr[0]
+    assert output == b'{"an": "existing record"}\n'
+    status, stderr, output = run_generate(
+        tmp_path,
+        ["--model", str(model), "--stop-token-id", "3"],
+        prompts_text=prompts,
+        suffix="jsonl",
+    )
+    assert status == 0, stderr
