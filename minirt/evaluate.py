@@ -127,6 +127,34 @@ is predicted once.  Loss is in nats per token; perplexity = exp(loss).""",
     return p
 
 
+def check_flags(args) -> None:
+    """The checks that need no model, made before anything is read or loaded.  An empty or zero
+    value is refused, never taken as the flag left out (an unset shell variable gives "")."""
+    if args.text == "":
+        raise MinirtError("--text is empty; give a UTF-8 text file, or - for standard input")
+    if args.model == "":
+        raise MinirtError(
+            "--model is empty; give a model folder or a hub id, or leave --model out for the "
+            "model shipped in weights/"
+        )
+    # A window scores its predictions, so it needs 2 tokens; the windows must overlap.
+    if args.window is not None and args.window < 2:
+        raise MinirtError(
+            f"--window must be at least 2 tokens (leave it out for the model's context), "
+            f"got {args.window}"
+        )
+    if args.stride is not None and args.stride < 1:
+        raise MinirtError(
+            f"--stride must be at least 1 token (leave it out for half the window), "
+            f"got {args.stride}"
+        )
+    if args.window is not None and args.stride is not None and args.stride >= args.window:
+        raise MinirtError(
+            f"--stride must be less than --window, so that the windows overlap; got --stride "
+            f"{args.stride} and --window {args.window}"
+        )
+
+
 def read_text(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
@@ -143,15 +171,28 @@ def read_text(path: str) -> str:
 
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate") -> int:
     args = parse_command_line(build_parser(prog), argv)
+    check_flags(args)
     text = read_text(args.text)
-    llm = LLM(args.model or shipped_model_folder(), backend=args.backend, dtype=args.dtype)
+    # No --model: the one minirt ships.
+    if args.model is None:
+        model = shipped_model_folder()
+    else:
+        model = args.model
+    llm = LLM(model, backend=args.backend, dtype=args.dtype)
     if llm.tokenizer is None:
         raise MinirtError(f"{llm.model.folder} has no tokenizer, so it cannot score text")
     n_positions = llm.model.config.n_positions
-    window = args.window or n_positions
+    # No --window: the model's context; no --stride: half the window.
+    if args.window is None:
+        window = n_positions
+    else:
+        window = args.window
     if window > n_positions:
         raise MinirtError(f"--window {window} is longer than the model's context of {n_positions}")
-    stride = args.stride or max(1, window // 2)
+    if args.stride is None:
+        stride = max(1, window // 2)
+    else:
+        stride = args.stride
     ids = llm.tokenizer.encode(text)
     if len(ids) < 2:
         raise MinirtError(

@@ -345,10 +345,23 @@ def serve(
 def model_folder(args) -> Path:
     """The folder the model is loaded from; --output is refused (before it is opened) if writing it
     could change a file there: a path inside it, a link to one of its files, anywhere in a
-    hub-cache entry's repo folder."""
+    hub-cache entry's repo folder.  An empty --model or --output (an unset shell variable) is
+    refused first: it is not the flag left out."""
+    if args.model == "":
+        raise MinirtError(
+            "--model is empty; give a model folder or a hub id, or leave --model out for the "
+            "model shipped in weights/"
+        )
+    if args.output == "":
+        raise MinirtError(
+            "--output is empty; give a file for the records (out.jsonl), or leave --output out"
+        )
     # No --model: the one minirt ships.
-    folder = resolve_model_folder(args.model or shipped_model_folder())
-    if args.output:
+    if args.model is None:
+        folder = resolve_model_folder(shipped_model_folder())
+    else:
+        folder = resolve_model_folder(args.model)
+    if args.output is not None:
         why = writing_changes(args.output, folder)
     else:
         why = None
@@ -369,7 +382,7 @@ def load(args, folder: Path) -> tuple[LLM, float]:
         dtype=args.dtype,
         batch_size=args.batch_size,
         seed=args.seed,
-        kv_budget_mib=args.kv_budget_mib or DEFAULT_KV_BUDGET_MIB,
+        kv_budget_mib=DEFAULT_KV_BUDGET_MIB if args.kv_budget_mib is None else args.kv_budget_mib,
         kv_budget_tokens=args.kv_budget_tokens,
         policy=args.policy,
         round_token_budget=args.max_round_tokens,

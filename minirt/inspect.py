@@ -39,8 +39,22 @@ generate and evaluate take it.
 
 
 def parse_ids(text: str) -> list[int]:
+    """The token ids of one --ids (5,6,7; a space beside a comma is fine).  Nothing between two
+    commas (5,,6), or nothing at all, is refused in one line (a MinirtError, which argparse lets
+    through), never read as fewer ids; so is a space inside an id (5 6 is not 56)."""
+    parts = [part.strip() for part in text.split(",")]
+    if parts == [""]:
+        raise MinirtError(
+            "--ids is empty; give comma-separated token ids like 5,6,7 (for a prompt of text, "
+            "--prompt TEXT)"
+        )
+    if "" in parts:
+        raise MinirtError(
+            f"--ids: {text!r} has an empty item (two commas in a row, or one at an end); "
+            "give token ids like 5,6,7"
+        )
     try:
-        return [int(part) for part in text.replace(" ", "").split(",") if part]
+        return [int(part) for part in parts]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated token ids like 5,6,7, got {text!r}"
@@ -114,7 +128,14 @@ def describe_token(tokenizer, token_id: int) -> str:
 
 
 def model_argument(args) -> str | None:
-    """The model asked for, as MODEL or as --model (not both); None: the shipped one."""
+    """The model asked for, as MODEL or as --model (not both); None: the shipped one.  An empty
+    one (an unset shell variable) is refused, not taken for the shipped one."""
+    for given, name in ((args.model, "MODEL"), (args.model_flag, "--model")):
+        if given == "":
+            raise MinirtError(
+                f"{name} is empty; give a model folder or a hub id, or leave it out for the "
+                "model shipped with minirt"
+            )
     if args.model is not None and args.model_flag is not None:
         raise MinirtError(
             f"the model is given twice ({args.model} and --model {args.model_flag}); "
@@ -131,7 +152,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") 
     model = model_argument(args)
     dtype = resolve_dtype(args.dtype)
     start = time.perf_counter()
-    checkpoint = load_checkpoint(model or shipped_model_folder())
+    # No model given: the one minirt ships.
+    if model is None:
+        checkpoint = load_checkpoint(shipped_model_folder())
+    else:
+        checkpoint = load_checkpoint(model)
     llm = LLM(checkpoint, backend=args.backend, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
     describe(checkpoint, llm, dtype, load_seconds)

@@ -48,7 +48,8 @@ def parse_lengths(
             return argparse.ArgumentTypeError(message)
         return MinirtError(f"{flag}: {message}")
 
-    items = text.replace(" ", "").split(",")
+    # A space beside a comma is fine; one inside a number is not (2 5 is not 25).
+    items = [item.strip() for item in text.split(",")]
     try:
         values = [int(v) for v in items if v]
     except ValueError:
@@ -154,6 +155,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -
         require_at_least_one(getattr(args, flag[2:].replace("-", "_")), flag)
     if args.seed < 0:
         raise MinirtError(f"--seed must be an integer >= 0, got {args.seed}")
+    # An empty name (an unset shell variable) is no file, and not --svg left out either.
+    if args.svg == "":
+        raise MinirtError(
+            "--svg is empty; give a file for the drawing (rounds.svg), or leave --svg out"
+        )
     report = report_lengths if args.lengths is not None else report_workload
     report(args, {"kv_budget": args.kv_budget, "round_tokens": args.max_round_tokens})
     return EXIT_OK
@@ -165,7 +171,7 @@ def report_lengths(args, budgets: dict) -> None:
         simulate(args.lengths, policy, args.batch_size, args.prompt_lengths, **budgets)
         for policy in POLICIES
     ]
-    if args.svg:
+    if args.svg is not None:
         title = f"{plural(len(args.lengths), 'request')}, {plural(args.batch_size, 'row')}"
         write_svg(args.svg, sims, title)
     if args.json:
@@ -195,7 +201,7 @@ def report_workload(args, budgets: dict) -> None:
         rows: [simulate(outputs, policy, rows, prompts, **budgets) for policy in POLICIES]
         for rows in args.batch_sizes
     }
-    if args.svg:
+    if args.svg is not None:
         title = (
             f"workload of {plural(args.workload, 'request')} (seed {args.seed}), "
             f"{plural(args.batch_sizes[0], 'row')}"

@@ -33,6 +33,11 @@ class OutputFile:
     part-way cannot be cut back either)."""
 
     def __init__(self, path: str):
+        # An empty name (an unset shell variable) would otherwise name the current folder.
+        if path == "":
+            raise MinirtError(
+                "--output is empty; give a file for the records (out.jsonl), or leave --output out"
+            )
         self.path = path
         self.target = path
         # None: written directly.
@@ -56,17 +61,17 @@ class OutputFile:
                 return os.open(self.path, os.O_WRONLY | os.O_APPEND)
             # Through a symlink, the file it names is replaced.
             self.target = os.path.realpath(self.path)
-            # Refused as writing it in place would be.
-            if st is not None and not os.access(self.target, os.W_OK):
-                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+            # Refused as writing it in place would be, and for the same reason (permission
+            # denied, a read-only file system): opened for writing, neither created nor cut.
+            if st is not None:
+                os.close(os.open(self.target, os.O_WRONLY))
             fd, self.partial = tempfile.mkstemp(
                 prefix=".minirt-", suffix=".partial", dir=os.path.dirname(self.target)
             )
             return fd
         except OSError as exc:
             raise MinirtError(
-                f"cannot write --output {self.path} ({exc.strerror}); "
-                "check the folder exists and is writable"
+                f"cannot write --output {self.path}{why_not_written(exc)}; {what_to_do(exc)}"
             ) from None
 
     def write(self, line: str) -> None:
@@ -84,7 +89,7 @@ class OutputFile:
             else:
                 kept = f"the {self.records} records before it are kept, each a whole line"
             raise OutputError(
-                f"cannot write --output {self.path} ({exc.strerror}); {kept}"
+                f"cannot write --output {self.path}{why_not_written(exc)}; {kept}"
             ) from None
         self.records += 1
         self.size += len(data)
@@ -110,7 +115,7 @@ class OutputFile:
                 os.replace(self.partial, self.target)
         except OSError as exc:
             raise OutputError(
-                f"cannot write --output {self.path} ({exc.strerror}); the records are in "
+                f"cannot write --output {self.path}{why_not_written(exc)}; the records are in "
                 f"{self.partial}"
             ) from None
 
@@ -130,6 +135,25 @@ class OutputFile:
         if self.partial is not None:
             with suppress(OSError):
                 os.unlink(self.partial)
+
+
+def why_not_written(exc: OSError) -> str:
+    """What follows "cannot write --output PATH" in a message: the system's reason, in words that
+    say what it means where they do not ("Read-only file system" alone reads like a permission)."""
+    if exc.errno == errno.EROFS:
+        return ": it is on a read-only file system"
+    if exc.errno == errno.ENOSPC:
+        return f" ({exc.strerror}): the disk is full"
+    return f" ({exc.strerror})"
+
+
+def what_to_do(exc: OSError) -> str:
+    """What to do about an --output that cannot be opened, for the reason `exc` gives."""
+    if exc.errno == errno.EROFS:
+        return "write the records somewhere else"
+    if exc.errno == errno.ENOSPC:
+        return "free some space, or write the records somewhere else"
+    return "check the folder exists and is writable"
 
 
 def stat_or_none(path: str) -> os.stat_result | None:

@@ -11,6 +11,12 @@ nothing runs) from a bad line (that request alone gets an error).
        temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,
        repetition_penalty, presence_penalty, frequency_penalty, min_p, logit_bias,
        logprobs, prompt_logprobs, n.
+       "prompt" is a string (an empty one starts from BOS) or a list of token ids;
+       "id" is a string or an integer, which the record writes in decimal ("id": 0
+       is "0", "id": "" stays ""); without one, a request's id is its index.  Either
+       of another JSON type (null, true, 1.5, a list, an object) fails its line, as
+       a sampling field of a type it does not take does; the message shows the value
+       as JSON, never as Python writes it (`{"a": 1}`, not `{'a': 1}`).
        Blank lines are skipped.
 -      Standard input, in either format: JSONL if the first non-blank line
        starts with "{", text otherwise.
@@ -190,6 +196,9 @@ def prompt_text_hint(path: str) -> str:
 def read_file_lines(path: str) -> list[Line]:
     """The lines of a prompts file; a file that is missing, unreadable or not UTF-8 at all is a
     MinirtError."""
+    # Path("") is the current folder: an empty name (an unset shell variable) names no file.
+    if path == "":
+        raise MinirtError("--prompts is empty; give a .txt or .jsonl file, or - for standard input")
     file = Path(path)
     if not file.exists():
         raise MinirtError(
@@ -258,6 +267,46 @@ def lone_surrogate_field(obj: dict) -> str | None:
     return None
 
 
+# The longest value an error message shows whole; a longer one is cut, ending in "...".
+SHOWN_VALUE_CHARS = 60
+
+
+def json_kind(value) -> str:
+    """What JSON calls the type of a value json.loads made: 'null', 'a boolean', 'a number',
+    'a string', 'a list' or 'an object'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def json_text(value) -> str:
+    """A value of a JSONL line as the line could have written it (`{"a": 1}`, `true`, `null`),
+    for a message: never Python's spelling of it (`{'a': 1}`, `True`, `None`).  Past
+    SHOWN_VALUE_CHARS characters it is cut, ending in "..."."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (RecursionError, ValueError):
+        # Too deep to write back (json.loads stops a little deeper than json.dumps).
+        return json_kind(value)
+    if len(text) > SHOWN_VALUE_CHARS:
+        return text[:SHOWN_VALUE_CHARS] + "..."
+    return text
+
+
+def is_json_integer(value) -> bool:
+    """A JSON integer: json.loads makes it a Python int, as it makes true a bool (which Python
+    counts as an int too)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_jsonl_line(number: int, line: str) -> PromptEntry:
     try:
         obj = json.loads(line)
@@ -267,22 +316,60 @@ def parse_jsonl_line(number: int, line: str) -> PromptEntry:
         )
     except RecursionError:
         return PromptEntry(number, None, error=f"line {number}: not valid JSON (nested too deeply)")
+    except ValueError:
+        # Python reads no integer of more digits than its limit (4300 by default).
+        return PromptEntry(
+            number,
+            None,
+            error=f"line {number}: an integer too long to read (thousands of digits); "
+            "no field takes one",
+        )
     if not isinstance(obj, dict):
         return PromptEntry(
             number,
             None,
-            error=f'line {number}: expected a JSON object with a "prompt", '
-            f"got {type(obj).__name__}",
+            error=f'line {number}: expected a JSON object with a "prompt", got {json_kind(obj)}',
         )
     return parse_jsonl_object(number, obj)
 
 
 def jsonl_id(obj: dict) -> str | None:
-    """A JSONL line's own "id", as a string; None when it has none (or one that is not Unicode)."""
+    """A JSONL line's own "id", as its record writes it: a string as it is ("" too), an integer
+    in decimal (0 is "0").  None when the line has none, or one the record cannot carry (of
+    another type, or not valid Unicode): the record then gets the default, its index."""
     request_id = obj.get("id")
-    if request_id is None or has_lone_surrogate(request_id):
+    if isinstance(request_id, str) and not has_lone_surrogate(request_id):
+        return request_id
+    if is_json_integer(request_id):
+        return str(request_id)
+    return None
+
+
+def id_error(obj: dict) -> str | None:
+    """What is wrong with a JSONL line's "id", or None: a string or an integer, as OpenAI's and
+    vLLM's batch files name a request; never null, a boolean, a fraction, a list or an object,
+    which the record could only write as something the line did not say."""
+    if "id" not in obj:
         return None
-    return str(request_id)
+    request_id = obj["id"]
+    if isinstance(request_id, str) or is_json_integer(request_id):
+        return None
+    return (
+        f'"id" must be a string or an integer (leave it out and the request is named by its '
+        f"index), got {json_text(request_id)}"
+    )
+
+
+def prompt_error(obj: dict) -> str | None:
+    """What is wrong with a JSONL line's "prompt", or None: a string, or a list of token ids."""
+    if "prompt" not in obj:
+        return 'no "prompt" field'
+    prompt = obj["prompt"]
+    if isinstance(prompt, str):
+        return None
+    if isinstance(prompt, list) and all(is_json_integer(token) for token in prompt):
+        return None
+    return f'"prompt" must be a string (or a list of token ids), got {json_text(prompt)}'
 
 
 def parse_jsonl_object(number: int, obj: dict) -> PromptEntry:
@@ -297,19 +384,14 @@ def parse_jsonl_object(number: int, obj: dict) -> PromptEntry:
             request_id,
             error=f"line {number}: {bad_field} is not valid Unicode (a lone surrogate)",
         )
-    if "prompt" not in obj:
-        return PromptEntry(number, None, request_id, error=f'line {number}: no "prompt" field')
+    wrong_prompt = prompt_error(obj)
+    if wrong_prompt is not None:
+        return PromptEntry(number, None, request_id, error=f"line {number}: {wrong_prompt}")
     prompt = obj["prompt"]
-    is_id_list = isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    )
-    if not isinstance(prompt, str) and not is_id_list:
-        return PromptEntry(
-            number,
-            None,
-            request_id,
-            error=f'line {number}: "prompt" must be a string (or a list of token ids)',
-        )
+    # A good prompt stays in the record of a line that fails for another field.
+    wrong_id = id_error(obj)
+    if wrong_id is not None:
+        return PromptEntry(number, prompt, None, error=f"line {number}: {wrong_id}")
     known = set(FIELD_NAMES)
     unknown = sorted(set(obj) - known - {"prompt", "id"})
     if unknown:

@@ -11,7 +11,7 @@ Must not know: files, output, or how requests are served.
 from __future__ import annotations
 
 
-from .prompt_file import PromptEntry
+from .prompt_file import PromptEntry, json_text
 from ..engine.params import SamplingParams
 from ..engine.request import Request
 from ..errors import RequestError
@@ -29,14 +29,16 @@ def build_requests(
     one `indexes` gives, as rows spread over workers keep theirs; n samples: n requests, one after
     another); a bad line becomes a request with its own error, and its peers still run."""
     requests: list[Request] = []
-    for index, entry in zip(indexes or range(len(entries)), entries, strict=True):
+    if indexes is None:
+        indexes = list(range(len(entries)))
+    for index, entry in zip(indexes, entries, strict=True):
         error = entry.error
         params = run_defaults
         if error is None:
             try:
                 params = run_defaults.updated(**entry.overrides)
             except RequestError as exc:
-                error = f"line {entry.line}: {exc}"
+                error = f"line {entry.line}: {override_refusal(run_defaults, entry.overrides, exc)}"
         for sample in range(params.n if error is None else 1):
             requests.append(
                 llm.make_request(
@@ -51,3 +53,20 @@ def build_requests(
                 )
             )
     return requests
+
+
+def override_refusal(run_defaults: SamplingParams, overrides: dict, refusal: RequestError) -> str:
+    """Why a line's own sampling fields were refused, naming the field and showing its value as
+    the line wrote it, in JSON: 'temperature must be a number >= 0 (0 is greedy), got "hot"',
+    never Python's 'hot' (nor True for true, None for null, {'a': 1} for {"a": 1}).
+
+    SamplingParams checks each field on its own, so the field to blame is the first of the
+    line's that it refuses alone; its rule is the refusal's words before ", got "."""
+    for name, value in overrides.items():
+        try:
+            run_defaults.updated(**{name: value})
+        except RequestError as alone:
+            rule = str(alone).partition(", got ")[0]
+            return f"{rule}, got {json_text(value)}"
+    # Each field passes alone: the refusal is of the fields together, in its own words.
+    return str(refusal)

@@ -43,7 +43,7 @@ from minirt.cli.command import (
 )
 from minirt.cli.output_file import OutputFile
 from minirt.cli.signals import StopSignals
-from minirt.errors import OutputError, Terminated
+from minirt.errors import MinirtError, OutputError, Terminated
 from minirt.engine.engine import Engine
 from minirt.generate import main
 from minirt.model.gpt2 import GPT2
@@ -60,8 +60,19 @@ def run_in_process(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def popen(argv: list[str], fsize: int | None = None) -> subprocess.Popen:
-    """`python -m minirt.generate ARGV`, with pipes; `fsize` limits the size of any file it writes."""
+# `python -m minirt.generate` with a clock that stands still: every timing field of every record is 0.0, so two
+# runs of the same input write the same bytes (with a running clock a record's length varies from run to run
+# with how wide its timings happen to be).
+STILL_CLOCK = """
+import runpy, time
+time.perf_counter = lambda: 0.0
+runpy.run_module("minirt.generate", run_name="__main__", alter_sys=True)
+"""
+
+
+def popen(argv: list[str], fsize: int | None = None, still_clock: bool = False) -> subprocess.Popen:
+    """`python -m minirt.generate ARGV`, with pipes; `fsize` limits the size of any file it writes, and
+    `still_clock` stops the clock (STILL_CLOCK)."""
 
     def child_setup():
         signal.signal(
@@ -71,8 +82,12 @@ def popen(argv: list[str], fsize: int | None = None) -> subprocess.Popen:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
+    if still_clock:
+        command = [sys.executable, "-c", STILL_CLOCK]
+    else:
+        command = [sys.executable, "-m", "minirt.generate"]
     return subprocess.Popen(
-        [sys.executable, "-m", "minirt.generate", "--backend", "numpy", "--no-progress", *argv],
+        [*command, "--backend", "numpy", "--no-progress", *argv],
         cwd=ROOT,
         preexec_fn=child_setup,
         stdout=subprocess.PIPE,
@@ -86,11 +101,6 @@ def one_error_line(err: str) -> str:
     assert len(lines) == 1, err
     assert "Traceback" not in err and "Exception ignored" not in err
     return lines[0]
-
-
-def untimed(record: dict) -> dict:
-    """A record without its timing fields (seconds from the run's start: no two runs agree on them)."""
-    return {k: v for k, v in record.items() if k not in ("arrival_s", "first_token_s", "finish_s")}
 
 
 def whole_jsonl(path: Path) -> list[dict]:
@@ -259,62 +269,70 @@ def test_a_write_that_fails_part_way_is_cut_back_to_the_last_whole_record(
     assert not list(folder.glob(".*partial"))
 
 
-def full_run(tiny_lm, folder: Path, prompts: Path) -> bytes:
-    out = folder / "full.jsonl"
-    code, _, _ = run_in_process(
-        [
-            "--model",
-            str(tiny_lm),
-            "--prompts",
-            str(prompts),
-            "--output",
-            str(out),
-            "--max-new-tokens",
-            "3",
-            "--quiet",
-        ]
-    )
-    assert code == EXIT_OK
-    return out.read_bytes()
-
-
-@pytest.mark.parametrize("limit", [1, 300, 700])
-def test_a_file_size_limit_exits_74_with_whole_records(tiny_lm, tmp_path, limit):
-    prompts = prompts_file(tmp_path, 6)
-    full = full_run(tiny_lm, tmp_path, prompts)
-    # The limit must fall inside a record.  The timing fields vary in width from run to run, so a
-    # record may happen to end exactly at it: then the limit moves one byte into the next record.
-    if full[:limit].endswith(b"\n"):
-        limit += 1
-    assert len(full) > limit and not full[:limit].endswith(b"\n")
-    out = tmp_path / "out.jsonl"
+@pytest.fixture(scope="module")
+def unlimited_run(tiny_lm, tmp_path_factory) -> tuple[list[str], bytes, list[int]]:
+    """A still-clock run of 6 prompts with no size limit: its arguments but --output, the bytes it wrote, and
+    where each record ends in them (the boundaries every limited run of the same input has too)."""
+    folder = tmp_path_factory.mktemp("unlimited")
     argv = [
         "--model",
         str(tiny_lm),
         "--prompts",
-        str(prompts),
-        "--output",
-        str(out),
+        str(prompts_file(folder, 6)),
         "--max-new-tokens",
         "3",
         "--quiet",
     ]
-    proc = popen(argv, fsize=limit)
+    out = folder / "full.jsonl"
+    proc = popen([*argv, "--output", str(out)], still_clock=True)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_OUTPUT_FAILED
-    assert "cannot write --output" in one_error_line(err) and "File too large" in err
+    assert proc.returncode == EXIT_OK, err
+    records = whole_jsonl(out)
+    # The clock stood still: no record's length depends on when it was written.
+    timings = {
+        record[name] for record in records for name in ("arrival_s", "first_token_s", "finish_s")
+    }
+    assert len(records) == 6 and timings == {0.0}, timings
+    full = out.read_bytes()
+    ends = [index + 1 for index, byte in enumerate(full) if byte == ord("\n")]
+    return argv, full, ends
+
+
+# Where the size limit falls, from the unlimited run's record ends: (ends) -> limit in bytes.
+LIMITS = {
+    "one byte": lambda ends: 1,
+    "one byte short of the first record's end": lambda ends: ends[0] - 1,
+    "exactly at the first record's end": lambda ends: ends[0],
+    "one byte past the first record's end": lambda ends: ends[0] + 1,
+    "exactly at the third record's end": lambda ends: ends[2],
+    "halfway through the fourth record": lambda ends: (ends[2] + ends[3]) // 2,
+    "one byte short of the last record's end": lambda ends: ends[-1] - 1,
+    "exactly at the last record's end": lambda ends: ends[-1],
+}
+
+
+@pytest.mark.parametrize("where", LIMITS)
+def test_a_file_size_limit_exits_74_with_whole_records(unlimited_run, tmp_path, where):
+    """A record that would pass the file size limit (RLIMIT_FSIZE: the write fails with EFBIG) is cut back, and
+    every record before it is kept whole: exactly those that end at or before the limit."""
+    argv, full, ends = unlimited_run
+    limit = LIMITS[where](ends)
+    # Those that fit: a record ending exactly at the limit fits, one a byte past it does not.
+    fitting = sum(end <= limit for end in ends)
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(OLD)
+    proc = popen([*argv, "--output", str(out)], fsize=limit, still_clock=True)
+    _, err = proc.communicate(timeout=60)
     kept = out.read_bytes()
-    assert len(kept) <= limit and (kept == b"" or kept.endswith(b"\n"))
-    got, want = whole_jsonl(out), [json.loads(line) for line in full.split(b"\n")[:-1]]
-    assert [untimed(r) for r in got] == [
-        untimed(r) for r in want[: len(got)]
-    ]  # each the full run's record
-    # every record that fitted whole is there (a record's timings may take up to ~20 bytes more or less)
-    ends = [
-        len(b"".join(line + b"\n" for line in full.split(b"\n")[: i + 1])) for i in range(len(want))
-    ]
-    assert sum(end + 20 * (i + 1) <= limit for i, end in enumerate(ends)) <= len(got)
-    assert len(got) <= sum(end - 20 * (i + 1) <= limit for i, end in enumerate(ends))
+    assert kept == full[: ends[fitting - 1] if fitting else 0]
+    assert not list(tmp_path.glob(".*partial"))
+    if fitting == len(ends):
+        # Every record fitted: nothing failed.
+        assert proc.returncode == EXIT_OK, err
+        return
+    assert proc.returncode == EXIT_OUTPUT_FAILED
+    line = one_error_line(err)
+    assert f"cannot write --output {out} (File too large); the {fitting} record" in line
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
@@ -335,6 +353,100 @@ def test_dev_full_exits_74_in_one_line(tiny_lm, tmp_path):
     assert proc.returncode == EXIT_OUTPUT_FAILED
     assert "cannot write --output /dev/full (No space left on device)" in one_error_line(err)
     assert stdout.startswith("### [0]")  # the completion was shown before its record failed
+
+
+# ---------------------------------------------------------------- a read-only file system, no permission, a full disk
+
+# What a system gives when --output cannot be opened, and the one line that must say so: the reason in words
+# that say what it means, and what to do.
+OPEN_REFUSALS = {
+    errno.EROFS: ": it is on a read-only file system; write the records somewhere else",
+    errno.EACCES: " (Permission denied); check the folder exists and is writable",
+    errno.ENOSPC: (
+        " (No space left on device): the disk is full; free some space, or write the records somewhere else"
+    ),
+}
+
+
+def failing_opens(error: int):
+    """os.open and os.access as a file system gives them when it refuses writes with `error`: read-only
+    (EROFS) or unwritable (EACCES), neither a file nor a folder can be written; full (ENOSPC), an existing file
+    opens for writing but no new file can be made.  Reading still works."""
+    real_open, real_access = os.open, os.access
+    if error == errno.ENOSPC:
+        refused_flags = os.O_CREAT
+    else:
+        refused_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def fake_open(path, flags, *args, **kwargs):
+        if flags & refused_flags:
+            raise OSError(error, os.strerror(error), path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_access(path, mode, *args, **kwargs):
+        # A read-only or unwritable file is not writable, as access(2) says (root included, on a read-only one).
+        if mode & os.W_OK and error != errno.ENOSPC:
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    return mock.patch.multiple(os, open=fake_open, access=fake_access)
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["existing file", "new file"])
+@pytest.mark.parametrize("error", list(OPEN_REFUSALS), ids=errno.errorcode.get)
+def test_an_output_that_cannot_be_opened_says_why_in_one_line_before_anything_runs(
+    tiny_lm, tmp_path, error, existing
+):
+    prompts = prompts_file(tmp_path, 2)
+    out = tmp_path / "out.jsonl"
+    if existing:
+        out.write_bytes(OLD)
+    before = folder_state(tmp_path)
+    with failing_opens(error):
+        code, stdout, err = run_in_process(
+            ["--model", str(tiny_lm), "--prompts", str(prompts), "--output", str(out)]
+        )
+    assert code == EXIT_USAGE and stdout == ""
+    assert (
+        one_error_line(err)
+        == f"minirt.generate: error: cannot write --output {out}{OPEN_REFUSALS[error]}"
+    )
+    assert folder_state(tmp_path) == before and not list(tmp_path.glob(".*partial"))
+
+
+# What follows "cannot write --output PATH" when a write fails part-way through a run.
+WRITE_REASONS = {
+    errno.EROFS: ": it is on a read-only file system",
+    errno.ENOSPC: " (No space left on device): the disk is full",
+    errno.EFBIG: " (File too large)",
+    errno.EIO: " (Input/output error)",
+}
+
+
+@pytest.mark.parametrize("error", list(WRITE_REASONS), ids=errno.errorcode.get)
+def test_a_write_that_fails_says_why_and_keeps_the_records_before_it(tmp_path, error):
+    target = tmp_path / "out.jsonl"
+    file = OutputFile(str(target))
+    file.write('{"first": 1}\n')
+    with mock.patch(
+        "minirt.cli.output_file.os.write", side_effect=OSError(error, os.strerror(error))
+    ):
+        with pytest.raises(OutputError) as refusal:
+            file.write('{"second": 2}\n')
+    file.keep()
+    assert refusal.value.exit_code == EXIT_OUTPUT_FAILED
+    assert str(refusal.value) == (
+        f"cannot write --output {target}{WRITE_REASONS[error]}; the 1 record before it is kept, a whole line"
+    )
+    assert target.read_bytes() == b'{"first": 1}\n'
+
+
+def test_an_empty_output_path_is_refused_and_nothing_is_made(tmp_path, monkeypatch):
+    """OutputFile(""): not the current folder's parent's partial file renamed over the current folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MinirtError, match="^--output is empty; "):
+        OutputFile("")
+    assert list(tmp_path.iterdir()) == [] and list(tmp_path.parent.glob(".minirt-*")) == []
 
 
 # ---------------------------------------------------------------- a closed standard output

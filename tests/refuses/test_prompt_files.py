@@ -27,7 +27,7 @@ from minirt.errors import RequestError
 from minirt.generate import main
 import minirt.cli.prompt_file as prompt_file
 from minirt.cli.prompt_file import MAX_LINE_BYTES, numbered_lines, read_prompts
-from minirt.engine.params import SamplingParams
+from minirt.engine.params import FIELD_NAMES, SamplingParams
 
 GOOD = [
     "To be",
@@ -54,9 +54,12 @@ class BytesStdin:
         self.buffer = io.BytesIO(data)
 
 
-def generate(model: Path, prompts: bytes, suffix: str = ".jsonl", stdin: bool = False):
-    """Run `python -m minirt.generate` in-process on these bytes (a file, or standard input): (exit status, the
-    records, stderr).  Standard output and error encode strictly, as a real UTF-8 terminal or pipe does."""
+def generate(
+    model: Path, prompts: bytes, suffix: str = ".jsonl", stdin: bool = False, flags: tuple = ()
+):
+    """Run `python -m minirt.generate` in-process on these bytes (a file, or standard input), with any more
+    `flags`: (exit status, the records, stderr).  Standard output and error encode strictly, as a real UTF-8
+    terminal or pipe does."""
     with tempfile.TemporaryDirectory() as tmp:
         source, out = Path(tmp) / f"prompts{suffix}", Path(tmp) / "out.jsonl"
         source.write_bytes(prompts)
@@ -71,6 +74,7 @@ def generate(model: Path, prompts: bytes, suffix: str = ".jsonl", stdin: bool = 
             str(out),
             "--prompts",
             "-" if stdin else str(source),
+            *flags,
         ]
         stdout, stderr = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8") for _ in range(2))
         with (
@@ -103,7 +107,8 @@ def good_tokens(tiny_lm):
 def check_bad_line_alone(
     model: Path, good_tokens, lines: list[bytes], bad_at: int, error_start: str, **kw
 ):
-    """Insert lines[...] as they are; the line at `bad_at` is the bad one: it alone fails, with `error_start`."""
+    """Insert lines[...] as they are; the line at `bad_at` is the bad one: it alone fails, with `error_start`.
+    Returns its record."""
     code, records, err = generate(model, b"\n".join(lines) + b"\n", **kw)
     assert code == EXIT_REQUEST_FAILED and "Traceback" not in err, err
     assert len(records) == len(GOOD) + 1
@@ -112,7 +117,10 @@ def check_bad_line_alone(
     assert bad["token_ids"] == []
     good = [r for i, r in enumerate(records) if i != bad_at]
     assert [r["error"] for r in good] == [None] * len(GOOD)
+    # The good lines give no id: each record's is its index.
+    assert [r["id"] for r in good] == [str(r["index"]) for r in good]
     assert [r["token_ids"] for r in good] == good_tokens  # exactly as in a run without the bad line
+    return bad
 
 
 # ----------------------------------------------------------------------------- stop, stop_token_ids
@@ -171,6 +179,186 @@ def test_a_wrong_typed_stop_fails_its_line_alone(tiny_lm, good_tokens, field, da
     lines.insert(at, json.dumps({"prompt": "To be", field: value}).encode())
     check_bad_line_alone(
         tiny_lm, good_tokens, lines, at, f"line {at + 1}: {field} must be a list of "
+    )
+
+
+# ----------------------------------------------------------------------------- fields of the wrong JSON type
+
+
+def is_integer(value) -> bool:
+    return type(value) is int  # a JSON integer; true and false are no numbers
+
+
+def is_number(value) -> bool:
+    return type(value) in (int, float)
+
+
+def is_token_id_list(value) -> bool:
+    return isinstance(value, list) and all(is_integer(t) for t in value)
+
+
+# The JSON types each field of a line takes, written out here from docs/generate.md and the fields' meanings (not
+# read from minirt): "prompt" a string or token ids, "id" a string or an integer, each sampling field its own.
+# A value of any other type is a wrong type; a right type with a bad value (an empty stop string, a temperature
+# of -1) is a bad value, tested elsewhere.
+ACCEPTS = {
+    "prompt": lambda v: isinstance(v, str) or is_token_id_list(v),
+    "id": lambda v: isinstance(v, str) or is_integer(v),
+    "max_new_tokens": is_integer,
+    "top_k": is_integer,
+    "n": is_integer,
+    "seed": lambda v: v is None or is_integer(v),
+    "logprobs": lambda v: v is None or is_integer(v),
+    "temperature": is_number,
+    "top_p": is_number,
+    "min_p": is_number,
+    "repetition_penalty": is_number,
+    "presence_penalty": is_number,
+    "frequency_penalty": is_number,
+    "ignore_eos": lambda v: isinstance(v, bool),
+    "prompt_logprobs": lambda v: isinstance(v, bool),
+    "stop": lambda v: (
+        v is None
+        or isinstance(v, str)
+        or isinstance(v, list)
+        and all(isinstance(x, str) for x in v)
+    ),
+    "stop_token_ids": lambda v: v is None or is_token_id_list(v),
+    "logit_bias": lambda v: v is None or isinstance(v, (dict, list)),
+}
+
+
+def test_the_table_of_types_covers_every_field_a_line_may_set():
+    assert set(ACCEPTS) == {"prompt", "id", *FIELD_NAMES}
+
+
+def strings_of(value) -> list[str]:
+    """Every string inside a record's value (the record is JSON: strings, numbers, lists, objects)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for key, item in value.items() for s in [key, *strings_of(item)]]
+    if isinstance(value, list):
+        return [s for item in value for s in strings_of(item)]
+    return []
+
+
+def check_a_wrong_typed_field_fails_alone(tiny_lm, good_tokens, field: str, value, at: int) -> None:
+    """A line whose `field` holds `value`, of a type the field never takes, inserted at `at` among the good
+    lines: it alone fails, naming the field and showing the value in JSON, and no Python spelling of the value
+    appears anywhere in its record."""
+    bad_line = {"prompt": "To be", "id": "bad", field: value}
+    lines = jsonl({"prompt": p} for p in GOOD)
+    lines.insert(at, json.dumps(bad_line).encode())
+    bad = check_bad_line_alone(tiny_lm, good_tokens, lines, at, f"line {at + 1}: ")
+    said = bad["error"].removeprefix(f"line {at + 1}: ")
+    # It names the field first, as the line spells it.
+    assert said.startswith((f'"{field}" ', f"{field} ")), said
+    # It shows the value as the line wrote it, in JSON (a long one cut short, ending in "...").
+    shown = said.partition(", got ")[2]
+    written = json.dumps(value, ensure_ascii=False)
+    assert shown == written or (shown.endswith("...") and written.startswith(shown[:-3])), said
+    # The record's id: the line's own, unless the id is what is wrong; then the default, its index.
+    assert bad["id"] == (str(at) if field == "id" else "bad")
+    # Python's spelling of the value ({'a': 1}, True, None, 'text') appears nowhere in the record.
+    python_spelling = repr(value)
+    if python_spelling != written:
+        assert not [s for s in strings_of(bad) if python_spelling in s], (python_spelling, bad)
+
+
+# One value of each JSON type, and lists and objects holding each: every field is tried with every type it
+# does not take, whatever the random draws below happen to try.
+EVERY_TYPE = [None, True, 7, 1.5, "text", ["a"], [True], {"a": 1}]
+WRONG_TYPED = [
+    (field, value) for field in sorted(ACCEPTS) for value in EVERY_TYPE if not ACCEPTS[field](value)
+]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    WRONG_TYPED,
+    ids=[f"{field}={json.dumps(value)}" for field, value in WRONG_TYPED],
+)
+def test_each_wrong_json_type_of_each_field_fails_its_line_alone(
+    tiny_lm, good_tokens, field, value
+):
+    check_a_wrong_typed_field_fails_alone(tiny_lm, good_tokens, field, value, at=1)
+
+
+# Nested and odd values too, for every field: 10 draws each (the values above already try every type).
+@pytest.mark.parametrize("field", sorted(ACCEPTS))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), at=st.integers(0, len(GOOD)))
+def test_a_field_of_the_wrong_json_type_fails_its_line_alone_and_no_record_holds_a_python_repr(
+    tiny_lm, good_tokens, field, data, at
+):
+    value = data.draw(json_values.filter(lambda v: not ACCEPTS[field](v)), label="value")
+    check_a_wrong_typed_field_fails_alone(tiny_lm, good_tokens, field, value, at)
+
+
+@settings(max_examples=300, deadline=None)
+@given(request_id=json_values)
+def test_an_id_is_kept_exactly_as_a_string_or_an_integer_and_refused_as_anything_else(request_id):
+    entry = prompt_file.parse_jsonl_object(4, {"prompt": "To be", "id": request_id})
+    if isinstance(request_id, str):
+        assert (entry.id, entry.error) == (request_id, None)  # "" too
+    elif is_integer(request_id):
+        assert (entry.id, entry.error) == (f"{request_id:d}", None)  # 0 too: "0"
+    else:
+        assert entry.id is None  # the record takes its index, never a repr of the value
+        assert entry.error == (
+            'line 4: "id" must be a string or an integer (leave it out and the request is named by '
+            f"its index), got {prompt_file.json_text(request_id)}"
+        )
+        assert entry.prompt == "To be"  # the good prompt stays in the record
+
+
+def test_falsy_but_valid_ids_and_an_empty_prompt_are_kept_as_given(tiny_lm):
+    """`"id": 0` and `"id": ""` are ids, not "no id": a record keeps them, never its index instead; and an empty
+    prompt is a prompt (it starts from BOS, as the token-id prompt [BOS] does), not a missing one."""
+    bos = json.loads((tiny_lm / "config.json").read_text())["bos_token_id"]
+    lines = [
+        {"prompt": "To be", "id": "x"},
+        {"prompt": "To be", "id": ""},
+        {"prompt": "To be", "id": 0},
+        {"prompt": "To be", "id": -7},
+        {"prompt": "To be"},
+        {"prompt": "", "id": "empty"},
+        {"prompt": [bos], "id": "bos"},
+    ]
+    code, records, err = generate(tiny_lm, b"\n".join(jsonl(lines)) + b"\n")
+    assert code == 0, err
+    assert [r["id"] for r in records] == ["x", "", "0", "-7", "4", "empty", "bos"]
+    assert [r["error"] for r in records] == [None] * len(lines)
+    assert records[5]["prompt"] == "" and records[5]["token_ids"] == records[6]["token_ids"]
+
+
+def test_a_falsy_sampling_field_of_a_line_overrides_the_flags(tiny_lm, good_tokens):
+    """`"temperature": 0` is greedy, not "no temperature given": under --temperature 1.5 such lines give the
+    greedy run's tokens, and the same lines without it give other tokens (the flag does change them)."""
+    flags = ("--temperature", "1.5", "--seed", "3")
+    hot_lines = b"\n".join(jsonl({"prompt": p} for p in GOOD)) + b"\n"
+    _, hot, _ = generate(tiny_lm, hot_lines, flags=flags)
+    greedy_lines = b"\n".join(jsonl({"prompt": p, "temperature": 0} for p in GOOD)) + b"\n"
+    code, greedy, err = generate(tiny_lm, greedy_lines, flags=flags)
+    assert code == 0, err
+    assert [r["token_ids"] for r in greedy] == good_tokens
+    assert [r["token_ids"] for r in hot] != good_tokens
+
+
+def test_an_integer_too_long_to_read_fails_its_line_alone(tiny_lm, good_tokens):
+    lines = jsonl({"prompt": p} for p in GOOD)
+    lines.insert(1, b'{"prompt": "To be", "seed": ' + b"7" * 5000 + b"}")
+    check_bad_line_alone(
+        tiny_lm, good_tokens, lines, 1, "line 2: an integer too long to read (thousands of digits)"
+    )
+
+
+def test_a_line_that_is_no_object_is_told_in_json_words(tiny_lm, good_tokens):
+    lines = jsonl({"prompt": p} for p in GOOD)
+    lines.insert(2, b"null")
+    check_bad_line_alone(
+        tiny_lm, good_tokens, lines, 2, 'line 3: expected a JSON object with a "prompt", got null'
     )
 
 
@@ -402,7 +590,7 @@ def test_a_prompt_holding_u2028_runs_as_one_request_and_later_lines_keep_their_n
         ("q0", prompts[0], None),
         ("q1", prompts[1], None),
         ("q2", prompts[2], None),
-        ("3", None, 'line 4: "prompt" must be a string (or a list of token ids)'),
+        ("3", None, 'line 4: "prompt" must be a string (or a list of token ids), got 5'),
     ]  # a record's id: its index
     code, records, _ = generate(tiny_lm, "\n".join(prompts).encode(), suffix=".txt")
     assert code == 0 and [r["prompt"] for r in records] == prompts
