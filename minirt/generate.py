@@ -253,6 +253,7 @@ def add_output_flags(o) -> None:
 
 def check_flags(args) -> None:
     """The checks that need no model and that argparse cannot make."""
+    refuse_empty_values(args)
     require_at_least_one(args.batch_size, "--batch-size")
     require_at_least_one(args.max_round_tokens, "--max-round-tokens")
     # Memory, or a number of tokens.
@@ -272,19 +273,37 @@ def check_flags(args) -> None:
     require_at_least_one(args.workers, "--workers")
     if args.worker_cpus is not None:
         require_at_least_one(args.worker_cpus, "--worker-cpus")
-    if args.ray and (args.prompts == "-" or args.trace or args.stream):
+    if args.ray is not None and (args.prompts == "-" or args.trace or args.stream):
         raise MinirtError(
             "--ray reads prompts from files (a file, a folder or a glob), not -, and has no "
             "--trace or --stream: those show one process's rounds"
         )
     if (
-        args.output
+        args.output is not None
         and args.prompts not in (None, "-")
         and os.path.realpath(args.output) == os.path.realpath(args.prompts)
     ):
         raise MinirtError(
             f"--output {args.output} is the prompts file; write the records somewhere else"
         )
+
+
+# What to give instead of an empty value, for each flag that names a file, a model or a cluster.
+INSTEAD_OF_EMPTY = {
+    "--model": "give a model folder or a hub id, or leave --model out for the model shipped in "
+    "weights/",
+    "--output": "give a file for the records (out.jsonl), or leave --output out",
+    "--prompts": "give a .txt or .jsonl file, or - for standard input",
+    "--ray": "give local, auto or ray://HOST:PORT, or leave --ray out to serve in this process",
+}
+
+
+def refuse_empty_values(args) -> None:
+    """An empty value (an unset shell variable: --model "$MODEL") is a bad value, never the flag
+    left out: one line, before anything is read or loaded."""
+    for flag, instead in INSTEAD_OF_EMPTY.items():
+        if getattr(args, flag[2:]) == "":
+            raise MinirtError(f"{flag} is empty; {instead}")
 
 
 def note_prompt_files(args, prog: str) -> None:
@@ -345,17 +364,8 @@ def serve(
 def model_folder(args) -> Path:
     """The folder the model is loaded from; --output is refused (before it is opened) if writing it
     could change a file there: a path inside it, a link to one of its files, anywhere in a
-    hub-cache entry's repo folder.  An empty --model or --output (an unset shell variable) is
-    refused first: it is not the flag left out."""
-    if args.model == "":
-        raise MinirtError(
-            "--model is empty; give a model folder or a hub id, or leave --model out for the "
-            "model shipped in weights/"
-        )
-    if args.output == "":
-        raise MinirtError(
-            "--output is empty; give a file for the records (out.jsonl), or leave --output out"
-        )
+    hub-cache entry's repo folder.  (An empty --model or --output was refused by
+    `refuse_empty_values`.)"""
     # No --model: the one minirt ships.
     if args.model is None:
         folder = resolve_model_folder(shipped_model_folder())
@@ -397,7 +407,7 @@ def load(args, folder: Path) -> tuple[LLM, float]:
 def prompt_entries(args) -> list[PromptEntry]:
     """The prompts as given (--prompt), or read from the prompts file (a bad one stops here,
     before loading)."""
-    if args.prompt:
+    if args.prompt is not None:
         return [PromptEntry(n, text) for n, text in enumerate(args.prompt, 1)]
     return read_prompts(args.prompts, args.format)
 
@@ -407,7 +417,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
     with StopSignals() as signals:
         args = parse_args(argv, prog)
         # The same records, from worker processes on Ray.
-        if args.ray:
+        if args.ray is not None:
             # Imported here: ray is imported only with --ray.
             from .distributed.serve_on_ray import serve_on_ray  # noqa: PLC0415 (see above)
 
@@ -415,7 +425,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
         entries = prompt_entries(args)
         # And an --output in the model folder, and a bad --output path, stop here.
         folder = model_folder(args)
-        records = OutputFile(args.output) if args.output else None
+        records = OutputFile(args.output) if args.output is not None else None
         try:
             llm, load_seconds = load(args, folder)
             defaults = sampling_defaults(llm.defaults, args.overrides)

@@ -44,7 +44,7 @@ from ray.data.datasource import Datasource, ReadTask
 from ..errors import MinirtError
 from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prompt_files
 from ..cli.plural import plural
-from ..cli.prompt_file import PromptEntry
+from ..cli.prompt_file import PromptEntry, parse_jsonl_object
 
 DEFAULT_WORKERS = 2
 # A worker serves rows in batches of this many static groups (batch_size rows each).
@@ -125,17 +125,29 @@ def entries_dataset(prompts, fmt: str = "auto") -> tuple[Dataset, int | None]:
 
 def entry_row(row: dict[str, Any]) -> dict[str, Any]:
     """A user's Dataset row ({"index", "prompt", optional "id" and sampling fields}) as an entry
-    row."""
-    fields = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in row.items()}
-    index = int(fields.pop("index"))
-    request_id = fields.pop("id", None)
-    entry = PromptEntry(
-        index + 1,
-        fields.pop("prompt"),
-        None if request_id is None else str(request_id),
-        {k: v for k, v in fields.items() if v is not None},
-    )
+    row.  The row is read as a JSONL line is (`parse_jsonl_object`), so a field of the wrong type
+    fails that row alone, naming the field.  A null, as an Arrow table holds for a value one row
+    lacks, is a field left out: that row gets the default (a null prompt: no prompt, its error)."""
+    fields = {name: plain_value(value) for name, value in row.items()}
+    index = fields.pop("index", None)
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise MinirtError(
+            f"a Dataset row's index must be an integer >= 0 (its place in the input), got "
+            f"{index!r}; give every row its index"
+        )
+    given = {name: value for name, value in fields.items() if value is not None}
+    entry = parse_jsonl_object(index + 1, given)
     return {"index": index, "entry": json.dumps(asdict(entry), ensure_ascii=False)}
+
+
+def plain_value(value):
+    """A Dataset value as json.loads would have made it: lists for arrays, Python numbers for
+    NumPy's."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 
 # ----------------------------------------------------------------------------- serving

@@ -283,14 +283,14 @@ def checked_source(args, model_folder: Path):
     # The workers run on this machine: it must have their backend.
     if args.ray == "local":
         get_backend(args.backend)
-    if args.prompts:
+    if args.prompts is not None:
         return PromptsDatasource(args.prompts, args.format)
     return args.prompt
 
 
 def worker_cpus(args) -> int:
     """CPUs per worker: --worker-cpus, else this machine's share (local), else 1."""
-    if args.worker_cpus:
+    if args.worker_cpus is not None:
         return args.worker_cpus
     if args.ray == "local":
         return max(1, (os.cpu_count() or 1) // args.workers)

@@ -27,6 +27,7 @@ ray = pytest.importorskip("ray", reason="needs ray (pip install -e .[ray])")
 pytestmark = pytest.mark.ray
 
 from minirt.cli.command import EXIT_OK, EXIT_REQUEST_FAILED, EXIT_USAGE, run_command  # noqa: E402
+from minirt.errors import MinirtError  # noqa: E402
 from minirt.distributed import ray_data as distributed  # noqa: E402 (after the importorskip above)
 from minirt.distributed import serve_on_ray as scale_out  # noqa: E402
 from minirt.generate import main as generate_main  # noqa: E402
@@ -420,3 +421,69 @@ def test_ok_exit_without_failures(local_ray, tiny_lm, tmp_path):
     )
     assert code == EXIT_OK and out.count("### [") == 2, err
     assert time.perf_counter() - start < 120
+
+
+def test_dataset_rows_with_nulls_are_rows_with_those_fields_left_out(local_ray, tiny_lm):
+    """An Arrow table holds a null wherever a row lacks a value its column has elsewhere.  Each null is a
+    field left out (the row gets the default, as a JSONL line without it does); a null prompt fails its
+    row alone; a value of the wrong type fails its row naming the field.  The reference is LLM.generate
+    in this process on each row's non-null fields."""
+    import pyarrow as pa
+
+    from minirt import LLM, SamplingParams
+
+    table = pa.table(
+        {
+            "index": [0, 1, 2, 3, 4],
+            "prompt": ["To be", None, "ROMEO.", "All the world", "O"],
+            "id": ["first", "second", None, None, "fifth"],
+            "seed": [5, None, 7, None, 3],
+            "temperature": [0.9, 1.0, None, 1.2, 0.0],
+            "stop": [None, None, ["."], None, None],
+            "max_new_tokens": [4, 4, 5, None, 3],
+        }
+    )
+    got, _ = distributed.generate_dataset(
+        ray.data.from_arrow(table), str(tiny_lm), overrides={"max_new_tokens": 6}, seed=9
+    )
+    records = sorted((json.loads(r["record"]) for r in got.iter_rows()), key=lambda r: r["index"])
+    assert [r["index"] for r in records] == [0, 1, 2, 3, 4]
+    llm = LLM(tiny_lm, seed=9)
+    rows = table.to_pylist()
+    for row, record in zip(rows, records, strict=True):
+        given = {
+            k: v for k, v in row.items() if v is not None and k not in ("index", "prompt", "id")
+        }
+        want_id = row["id"] if row["id"] is not None else str(row["index"])
+        assert record["id"] == want_id
+        if row["prompt"] is None:
+            assert record["finish_reason"] == "error" and 'no "prompt" field' in record["error"]
+            continue
+        params = SamplingParams(**{"max_new_tokens": 6, **given})
+        # The row's own index, as in one process: its derived seed depends on it.
+        requests = llm.make_requests([row["prompt"]] * (row["index"] + 1), params, None, False)
+        llm.serve(requests)
+        expected = requests[row["index"]]
+        assert record["error"] is None
+        assert (record["token_ids"], record["text"]) == (expected.token_ids, expected.text)
+
+
+def test_a_dataset_row_of_the_wrong_type_fails_alone_and_a_row_without_an_index_is_one_line(
+    local_ray, tiny_lm
+):
+    rows = [
+        {"index": 0, "prompt": "To be", "id": "ok", "seed": 1},
+        {"index": 1, "prompt": "To be", "id": "bad", "seed": "one"},
+    ]
+    got, _ = distributed.generate_dataset(ray.data.from_items(rows), str(tiny_lm), seed=9)
+    records = {r["id"]: r for r in map(json.loads, (row["record"] for row in got.iter_rows()))}
+    assert records["ok"]["error"] is None
+    assert records["bad"]["finish_reason"] == "error"
+    assert (
+        records["bad"]["error"].startswith("line 2: seed must be")
+        and "'one'" not in records["bad"]["error"]
+    )
+    no_index = ray.data.from_items([{"index": None, "prompt": "To be"}])
+    got, _ = distributed.generate_dataset(no_index, str(tiny_lm), seed=9)
+    with pytest.raises(MinirtError, match="index must be an integer >= 0"):
+        list(distributed.worker_errors_as_one_line(got.iter_rows()))

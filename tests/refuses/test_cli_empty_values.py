@@ -34,6 +34,7 @@ REFUSED = [
     ("generate", ["--model", "", "--prompts", "{prompts}"], "error: --model is empty; "),
     ("generate", ["--model", "{missing}", "--prompts", ""], "error: --prompts is empty; "),
     ("generate", ["--model", "{missing}", "--prompt", "hi", "--output", ""], "--output is empty; "),
+    ("generate", [*GENERATE, "--ray", ""], "error: --ray is empty; "),
     ("generate", [*GENERATE, "--kv-budget", "0"], "error: --kv-budget: a number of tokens must be"),
     ("generate", [*GENERATE, "--kv-budget", "0MiB"], "error: --kv-budget: a memory size must be"),
     ("generate", [*GENERATE, "--kv-budget", ""], "error: --kv-budget: expected a number of tokens"),
