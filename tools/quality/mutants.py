@@ -256,7 +256,7 @@ MUTANTS = [
     Mutant(
         "prompt_flags_ignored",
         "minirt/generate.py",
-        "    if args.prompt:\n        return [PromptEntry(n, text)",
+        "    if args.prompt is not None:\n        return [PromptEntry(n, text)",
         "    if False:\n        return [PromptEntry(n, text)",
         "--prompt texts are dropped for a prompts file that is not there",
     ),
@@ -903,8 +903,8 @@ MUTANTS = [
     Mutant(
         "serve_leaves_the_run_behind",
         "minirt/engine/engine.py",
-        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n            self.start_run()",
-        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n            self.release_kv_cache()",
+        "            self.serving = False\n            self.start_run()",
+        "            self.serving = False\n            self.release_kv_cache()",
         "after serve, the old pool's shape outlives its cache",
     ),
     Mutant(
@@ -1014,6 +1014,64 @@ MUTANTS = [
         "        # The token is kept in token_ids; its text is not added.\n"
         '        finish(request, "stop", round_number)\n',
         "the stop string is checked first: a stop token's text is added to the kept text",
+    ),
+    Mutant(
+        "jsonl_id_of_a_wrong_type_served",
+        "minirt/cli/prompt_file.py",
+        "    wrong_id = id_error(obj)\n",
+        "    wrong_id = None\n",
+        "an id that is null, true, 1.5, a list or an object is served instead of failing its line",
+    ),
+    Mutant(
+        "sampling_refusal_shows_a_python_repr",
+        "minirt/cli/requests_from_prompts.py",
+        '            rule = str(alone).partition(", got ")[0]\n'
+        '            return f"{rule}, got {json_text(value)}"',
+        "            return str(alone)",
+        "a wrong-typed sampling field's record says got 'hot' / True / {'a': 1}",
+    ),
+    Mutant(
+        "jsonl_id_zero_taken_as_none",
+        "minirt/cli/prompt_file.py",
+        "    if is_json_integer(request_id):\n        return str(request_id)",
+        "    if is_json_integer(request_id) and request_id:\n        return str(request_id)",
+        '"id": 0 becomes the request\'s index',
+    ),
+    Mutant(
+        "evaluate_window_of_one_passes_the_flag_check",
+        "minirt/evaluate.py",
+        "    if args.window is not None and args.window < 2:",
+        "    if args.window is not None and args.window < 1:",
+        "--window 1 is refused only after the model loads",
+    ),
+    Mutant(
+        "read_only_output_told_as_permission_denied",
+        "minirt/cli/output_file.py",
+        "            if st is not None:\n                os.close(os.open(self.target, os.O_WRONLY))",
+        "            if st is not None and not os.access(self.target, os.W_OK):\n"
+        "                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))",
+        "an existing --output on a read-only file system is reported as Permission denied",
+    ),
+    Mutant(
+        "inspect_ids_trailing_comma_dropped",
+        "minirt/inspect.py",
+        '    if "" in parts:',
+        '    if "" in parts[:-1]:',
+        "--ids 5,6, is not told it has an empty item",
+    ),
+    Mutant(
+        "empty_ray_address_runs_locally",
+        "minirt/generate.py",
+        '    "--ray": "give local, auto or ray://HOST:PORT, or leave --ray out to serve in this process",\n',
+        "",
+        '--ray "" (an unset variable) quietly serves in this process',
+    ),
+    Mutant(
+        "dataset_nulls_kept_as_values",
+        "minirt/distributed/ray_data.py",
+        "    given = {name: value for name, value in fields.items() if value is not None}",
+        "    given = fields",
+        "an Arrow null (a value another row has) fails the row instead of meaning the field left out",
     ),
 ]
 
