@@ -169,11 +169,8 @@ def read_text(path: str) -> str:
         raise MinirtError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate") -> int:
-    args = parse_command_line(build_parser(prog), argv)
-    check_flags(args)
-    text = read_text(args.text)
-    # No --model: the one minirt ships.
+def load_scorer(args) -> LLM:
+    """The model to score with (no --model: the one minirt ships); it must have a tokenizer."""
     if args.model is None:
         model = shipped_model_folder()
     else:
@@ -181,8 +178,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
     llm = LLM(model, backend=args.backend, dtype=args.dtype)
     if llm.tokenizer is None:
         raise MinirtError(f"{llm.model.folder} has no tokenizer, so it cannot score text")
-    n_positions = llm.model.config.n_positions
-    # No --window: the model's context; no --stride: half the window.
+    return llm
+
+
+def window_and_stride(args, n_positions: int) -> tuple[int, int]:
+    """--window (no --window: the model's context) and --stride (none: half the window)."""
     if args.window is None:
         window = n_positions
     else:
@@ -193,6 +193,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate")
         stride = max(1, window // 2)
     else:
         stride = args.stride
+    return window, stride
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m minirt.evaluate") -> int:
+    args = parse_command_line(build_parser(prog), argv)
+    check_flags(args)
+    text = read_text(args.text)
+    llm = load_scorer(args)
+    window, stride = window_and_stride(args, llm.model.config.n_positions)
+    assert llm.tokenizer is not None  # load_scorer refused a model without one
     ids = llm.tokenizer.encode(text)
     if len(ids) < 2:
         raise MinirtError(
