@@ -46,7 +46,7 @@ from .engine.scheduler import GroupRecord
 from .engine.stats import RunStats
 from .errors import CheckpointError, RequestError
 from .loading.checkpoint import Checkpoint, load_checkpoint, shipped_model_folder
-from .loading.json_file import read_json_file
+from .loading.json_file import broken_link, read_json_file
 from .loading.tokenizer import load_tokenizer
 from .model.backend import get_backend, resolve_dtype
 from .model.gpt2 import GPT2
@@ -68,6 +68,10 @@ def generation_defaults(folder: Path) -> SamplingParams:
     to 1.0, 50 and 1.0).  A file that is not JSON, or a value minirt cannot use, is refused in
     one line naming the file."""
     path = Path(folder) / "generation_config.json"
+    # A link to nothing (or a loop) is a broken file, not an absent one.
+    link_problem = broken_link(path)
+    if link_problem:
+        raise CheckpointError(f"{link_problem}; fix the link, or remove it")
     try:
         raw = read_json_file(path) if path.exists() else {}
         if not isinstance(raw, dict) or not isinstance(raw.get("do_sample"), (bool, type(None))):

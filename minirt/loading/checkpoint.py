@@ -2,13 +2,18 @@
 
 Owns:
   * where a model name points: a folder, or a hub id looked up in the local
-    Hugging Face cache (never the network);
+    Hugging Face cache (never the network); an empty name, a cache entry with
+    several snapshots and no refs/main, and a folder, weights file, index or
+    shard that is a link to nothing or a symlink loop are each refused naming
+    that thing;
   * reading safetensors files (single or sharded) by memory-mapping them, so an
-    fp32 checkpoint used in fp32 is never copied into memory by us;
+    fp32 checkpoint used in fp32 is never copied into memory by us, and a shard
+    index's weight_map (an object of file names, not empty), blamed by name;
   * the canonical tensor names (`wte.weight`, `h.0.attn.c_attn.weight`, ...,
     without the `transformer.` prefix) and the shape every one must have;
   * checking every tensor against the config: missing, unexpected, wrong shape,
-    wrong dtype, each reported in one line.
+    wrong dtype, in two shards, each reported in one line (tensor names quoted,
+    so that a name such as '' shows).
 
 Must not know: backends, compute dtypes or layers.  It hands back NumPy arrays in the file's own
 precision (bf16 widened to fp32, since NumPy has no bf16); converting to the compute dtype is the
@@ -24,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.config import GPT2Config
-from .json_file import read_config, read_json_file
+from .json_file import broken_link, read_config, read_json_file
 from ..errors import CheckpointError
 from .safetensors_header import TensorEntry, read_safetensors_header
 
@@ -70,8 +75,11 @@ def hub_cache_roots() -> list[Path]:
 
 
 def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
-    """Return (snapshot folder or None, every place looked at, for the error message)."""
+    """Return (snapshot folder or None, every place looked at, for the error message).  A cache
+    entry with several snapshots and no refs/main is skipped like a missing one, but when nothing
+    else is found it is the refusal: the model is there, and the user must say which snapshot."""
     looked: list[str] = []
+    ambiguous: list[str] = []
     short_names = {long: short for short, long in HUB_ALIASES.items()}
     other_name = HUB_ALIASES.get(hub_id) or short_names.get(hub_id)
     # Both 'gpt2' and 'openai-community/gpt2'.
@@ -94,7 +102,16 @@ def find_in_hub_cache(hub_id: str) -> tuple[Path | None, list[str]]:
             # No refs/main, but only one snapshot: it is the one.
             if len(snapshots) == 1:
                 return snapshots[0], looked
+            # Several, and nothing to say which is current: guessing could load an old model.
+            if len(snapshots) > 1:
+                ambiguous.append(
+                    f"{repo_dir} has {len(snapshots)} snapshots "
+                    f"({describe_names([p.name for p in snapshots])}) and no refs/main to say "
+                    f"which is current; pass the snapshot folder you mean, such as {snapshots[-1]}"
+                )
             looked.append(str(repo_dir))
+    if ambiguous:
+        raise CheckpointError(ambiguous[0])
     return None, looked
 
 
@@ -120,6 +137,11 @@ def shipped_model_folder() -> Path:
 def resolve_model_folder(model: str | os.PathLike) -> Path:
     """A folder path or a hub id -> the folder holding config.json and the weights."""
     text = str(model)
+    # Path("") is the current folder: an empty name must not load whatever lies there.
+    if not text:
+        raise CheckpointError(
+            "the model name is empty; pass a model folder or a hub id such as gpt2"
+        )
     path = Path(text).expanduser()
     if path.is_dir():
         return path
@@ -127,6 +149,13 @@ def resolve_model_folder(model: str | os.PathLike) -> Path:
         raise CheckpointError(
             f"{path} is a file; --model takes a folder with config.json and model.safetensors, "
             "or a hub id"
+        )
+    # A link to a folder that is gone (or a loop) is not a folder that "does not exist".
+    link_problem = broken_link(path)
+    if link_problem:
+        raise CheckpointError(
+            f"model folder {link_problem}; point the link at the model folder, or pass the "
+            "folder itself"
         )
     # Hub ids are "name" or "org/name".
     looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1
@@ -198,7 +227,9 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 
 def describe_names(names: list[str], limit: int = 4) -> str:
-    shown = ", ".join(name if name.isprintable() else repr(name) for name in sorted(names)[:limit])
+    """The first few names, each quoted (so that '' and a name with a line break show as
+    what they are), and how many more."""
+    shown = ", ".join(repr(name) for name in sorted(names)[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
@@ -216,21 +247,59 @@ class Checkpoint:
     head_is_tied: bool
 
 
+def read_shard_names(index: Path) -> list[str]:
+    """The shard files a shard index names, once each, or a one-line CheckpointError naming the
+    index: its weight_map must be an object mapping tensor names to file names, and not empty."""
+    try:
+        raw = read_json_file(index)
+    # ValueError: JSON and UTF-8 errors too.
+    except (OSError, ValueError, RecursionError):
+        raw = None
+    if not isinstance(raw, dict) or "weight_map" not in raw:
+        raise CheckpointError(
+            f"{index}: not a valid shard index (expected a JSON object with a 'weight_map')"
+        )
+    weight_map = raw["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(
+            f"{index}: not a valid shard index (its weight_map is {type(weight_map).__name__}, "
+            "not an object mapping tensor names to shard files)"
+        )
+    # Else the config would be blamed: its weights are "not in the files", which hold none.
+    if not weight_map:
+        raise CheckpointError(
+            f"{index}: its weight_map is empty, so it names no shard; re-download the model "
+            "(its index and shards)"
+        )
+    for tensor, name in weight_map.items():
+        if not isinstance(name, str):
+            raise CheckpointError(
+                f"{index}: refused shard name {name!r} for tensor {tensor!r}; a weight_map maps "
+                "each tensor to the name of a file inside the model folder"
+            )
+    return sorted(set(weight_map.values()))
+
+
+def refuse_broken_link(path: Path) -> None:
+    """A weights file or index that is a link to nothing, or a loop, refused naming the link (else
+    it would read as "not here")."""
+    link_problem = broken_link(path)
+    if link_problem:
+        raise CheckpointError(f"{link_problem}; fix the link, or re-download the model")
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a folder: one file, or the shards its index names."""
     single = folder / SINGLE_FILE
     index = folder / SHARD_INDEX
+    refuse_broken_link(single)
     if single.is_file():
         return [single]
+    refuse_broken_link(index)
     if index.is_file():
-        try:
-            shard_names = set(read_json_file(index)["weight_map"].values())
-        # ValueError: JSON and UTF-8 errors too.
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise CheckpointError(
-                f"{index}: not a valid shard index (expected a JSON object with a 'weight_map')"
-            ) from None
-        shards = [shard_inside(folder, name, index) for name in sorted(shard_names, key=str)]
+        shards = [shard_inside(folder, name, index) for name in read_shard_names(index)]
+        for shard in shards:
+            refuse_broken_link(shard)
         missing = [p.name for p in shards if not p.is_file()]
         if missing:
             raise CheckpointError(
@@ -262,12 +331,12 @@ def model_boundary(folder: Path) -> Path:
     return next(repos, folder)
 
 
-def shard_inside(folder: Path, name, index: Path) -> Path:
+def shard_inside(folder: Path, name: str, index: Path) -> Path:
     """A shard the index names, refused before anything is opened unless it is a plain name inside
     the model."""
     if (
-        not isinstance(name, str)
-        or not name
+        not name
+        # A path that starts somewhere else, or climbs out of the folder.
         or Path(name).is_absolute()
         or ".." in Path(name).parts
     ):
@@ -281,6 +350,9 @@ def shard_inside(folder: Path, name, index: Path) -> Path:
         (folder / name).is_file()
     # A NUL byte, a symlink loop, a name too long.
     except (OSError, ValueError, RuntimeError):
+        link_problem = broken_link(folder / name)
+        if link_problem:
+            raise CheckpointError(f"{index}: refused shard {name!r}: {link_problem}") from None
         outside = True
     if outside:
         raise CheckpointError(
@@ -311,6 +383,8 @@ def read_tensors(
     tensors: dict[str, np.ndarray] = {}
     file_dtypes: dict[str, str] = {}
     unexpected: list[str] = []
+    # Canonical name -> (the file, the name as written there) of each tensor read so far.
+    seen_in: dict[str, tuple[Path, str]] = {}
     for path, entries, data_offset in headers:
         file_map = np.memmap(path, dtype=np.uint8, mode="r") if entries else None  # [file bytes]
         for raw_name, entry in entries.items():
@@ -321,11 +395,18 @@ def read_tensors(
             if name not in allowed:
                 unexpected.append(raw_name)
                 continue
-            if name in tensors:
+            if name in seen_in:
+                first_path, first_name = seen_in[name]
+                if first_path == path:
+                    raise CheckpointError(
+                        f"{path}: tensor {name!r} appears twice, as {first_name!r} and "
+                        f"{raw_name!r} (with and without the 'transformer.' prefix)"
+                    )
                 raise CheckpointError(
-                    f"{path}: tensor {name!r} appears twice "
-                    "(with and without the 'transformer.' prefix?)"
+                    f"{path}: tensor {raw_name!r} is also in {first_path} (as {first_name!r}); "
+                    "a tensor belongs in one shard: re-download the model"
                 )
+            seen_in[name] = (path, raw_name)
             want = allowed[name]
             if entry.shape != want:
                 raise CheckpointError(

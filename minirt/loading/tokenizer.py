@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import RequestError, TokenizerError
+from .json_file import broken_link
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -184,6 +185,12 @@ def read_tokenizer_files(folder: Path):
         (folder / "vocab.json", folder / "merges.txt"),
         (folder / "encoder.json", folder / "vocab.bpe"),
     ]
+    # A tokenizer file that is a link to nothing (or a loop) is broken, not absent: said so, never
+    # taken for a folder without a tokenizer.
+    for path in [tokenizer_json, *(name for pair in pairs for name in pair)]:
+        link_problem = broken_link(path)
+        if link_problem:
+            raise TokenizerError(f"{link_problem}; fix the link, or remove it")
     if tokenizer_json.is_file():
         from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 

@@ -265,7 +265,7 @@ def test_missing_tensor(model_dir):
     rewrite(model_dir, lambda t: [t.pop("transformer.ln_f.bias"), None][1])
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(model_dir)
-    assert_one_line_error(exc, "missing tensors ln_f.bias")
+    assert_one_line_error(exc, "missing tensors 'ln_f.bias'")
 
 
 def test_unexpected_tensor(model_dir):
@@ -275,7 +275,7 @@ def test_unexpected_tensor(model_dir):
     )
     with pytest.raises(CheckpointError) as exc:
         load_checkpoint(model_dir)
-    assert_one_line_error(exc, "unexpected tensors multiple_choice_head.summary.weight")
+    assert_one_line_error(exc, "unexpected tensors 'multiple_choice_head.summary.weight'")
 
 
 def test_wrong_dtype(model_dir):

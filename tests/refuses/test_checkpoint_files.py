@@ -3,13 +3,15 @@
 A safetensors header is untrusted input.  Each of these is refused with one line naming the file (and the
 tensor), through the API and through `minirt.generate`: header fields of the wrong type (offsets that are
 strings, a dtype that is a list, shape entries that are strings, floats, bools, negative or past 2**63),
-tensors whose byte ranges alias or overlap, a shard index whose weight_map does not map names to file names,
-and a config.json whose sizes imply billions of weights, refused in well under a second with the memory it
-asks for, before anything is allocated by it.  The positive controls load: adjacent tensors, and zero-size
-tensors anywhere, share no bytes; a config whose weights fit the files at 2 bytes each passes the size check.
-The last section holds what fuzzing found: a tensor name with a line break, an integer too long for Python to
-parse, a config whose size does not fit a float, a shape of half a million dimensions; each must still be one
-line, and quick.  test_fuzz_loader.py fuzzes the same readers with random files.
+tensors whose byte ranges alias or overlap, a shard index whose weight_map does not map names to file names or
+is empty (each blamed on the index), and a config.json whose sizes imply billions of weights, refused in well
+under a second with the memory it asks for, before anything is allocated by it.  The positive controls load:
+adjacent tensors, and zero-size tensors at any boundary between them, share no bytes and leave no hole (read
+as the safetensors library reads them); a config whose weights fit the files at 2 bytes each passes the size
+check.  The last section holds what fuzzing found: a tensor name with a line break, an integer too long for
+Python to parse, a config whose size does not fit a float, a shape of half a million dimensions; each must
+still be one line, and quick.  test_fuzz_loader.py fuzzes the same readers with random files, and
+test_loading_header_rules.py holds the format's other rules (names given twice, holes, padding, metadata).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors import safe_open
 
 from conftest import FIXTURES, ROOT, bounded
 from minirt import LLM
@@ -262,7 +265,7 @@ def test_each_wrong_field_is_named(model_dir, field, value, fragment):
     "prefix, header_text, fragment",
     [
         (2**64 - 1, b"{}", "header claims 18446744073709551615 bytes"),
-        (100 * 1024 * 1024 + 1, b"{}", "truncated or not a safetensors file"),
+        (100_000_001, b"{}", "truncated or not a safetensors file"),
         (None, b"[1, 2]", "not a JSON object"),
         (None, b'"text"', "not a JSON object"),
         (None, b'{"a": ', "its header is not JSON"),
@@ -319,6 +322,9 @@ def overlapping_pair(draw) -> tuple[dict, dict]:
 def test_tensors_whose_bytes_overlap_are_refused(tmp_path, pair, dtype, others, names, order):
     a, b = ({**t, "dtype": dtype} for t in pair)
     entries = [(names[0], a), (names[1], b)]
+    first = min(a["data_offsets"][0], b["data_offsets"][0])
+    if first:  # the bytes before the pair belong to a tensor, so that no hole is refused first
+        entries.append(("filler", u8_tensor(0, first)))
     end = max(a["data_offsets"][1], b["data_offsets"][1])
     for i, length in enumerate(others):  # bystanders after them, adjacent: not part of the overlap
         entries.append((f"other{i}", u8_tensor(end, length)))
@@ -332,22 +338,25 @@ def test_tensors_whose_bytes_overlap_are_refused(tmp_path, pair, dtype, others, 
 @examples(100)
 @given(
     lengths=st.lists(st.one_of(st.just(0), st.integers(1, 40)), max_size=8),
-    gaps=st.data(),
+    empties=st.data(),
     order=st.randoms(use_true_random=False),
 )
-def test_adjacent_and_zero_size_tensors_share_no_bytes_and_load(tmp_path, lengths, gaps, order):
-    """The positive control: tensors back to back (with gaps or without), and empty ones anywhere, even at
-    an offset inside another tensor's bytes or at the very end of the file, are accepted as written."""
-    entries, end = {}, 0
+def test_adjacent_and_zero_size_tensors_share_no_bytes_and_load(tmp_path, lengths, empties, order):
+    """The positive control: tensors back to back, and empty ones at any boundary between them (the very start
+    and the very end of the data included), in any order in the header, are accepted as written, and read as
+    the safetensors library reads them."""
+    entries = {}
+    end = 0
+    boundaries = [0]
     for i, length in enumerate(lengths):
-        end += gaps.draw(st.sampled_from([0, 0, 0, 1, 7]))
         entries[f"t{i}"] = u8_tensor(end, length)
         end += length
-    for j in range(gaps.draw(st.integers(0, 3))):
-        at = gaps.draw(st.integers(0, end))
+        boundaries.append(end)
+    for j in range(empties.draw(st.integers(0, 3))):
+        at = empties.draw(st.sampled_from(boundaries))
         entries[f"empty{j}"] = {
-            "dtype": gaps.draw(st.sampled_from(sorted(DTYPE_BYTES))),
-            "shape": gaps.draw(st.sampled_from([[0], [3, 0], [0, 5, 2]])),
+            "dtype": empties.draw(st.sampled_from(sorted(DTYPE_BYTES))),
+            "shape": empties.draw(st.sampled_from([[0], [3, 0], [0, 5, 2]])),
             "data_offsets": [at, at],
         }
     items = list(entries.items())
@@ -358,6 +367,10 @@ def test_adjacent_and_zero_size_tensors_share_no_bytes_and_load(tmp_path, length
     assert {name: (e.dtype, list(e.shape), [e.start, e.end]) for name, e in got.items()} == {
         name: (info["dtype"], info["shape"], info["data_offsets"]) for name, info in entries.items()
     }
+    with safe_open(str(tmp_path / WEIGHTS), "numpy") as f:  # the reference reads the same
+        assert {n: (f.get_slice(n).get_dtype(), f.get_slice(n).get_shape()) for n in f.keys()} == {
+            name: (e.dtype, list(e.shape)) for name, e in got.items()
+        }
 
 
 def test_a_zero_size_tensor_past_the_end_of_the_file_is_refused(tmp_path):
@@ -373,7 +386,7 @@ def test_a_zero_size_tensor_past_the_end_of_the_file_is_refused(tmp_path):
     [
         (
             {"weight_map": {"transformer.wte.weight": ["model-00001-of-00003.safetensors"]}},
-            "not a valid shard index",
+            "refused shard name ['model-00001-of-00003.safetensors'] for tensor 'transformer.wte.weight'",
         ),
         (
             {
@@ -381,27 +394,31 @@ def test_a_zero_size_tensor_past_the_end_of_the_file_is_refused(tmp_path):
                     "transformer.wte.weight": {"file": "model-00001-of-00003.safetensors"}
                 }
             },
-            "not a valid shard index",
+            "refused shard name {'file': 'model-00001-of-00003.safetensors'} for tensor",
         ),
         (
             {"weight_map": {"transformer.wte.weight": 2**70}},
             "refused shard name 1180591620717411303424",
         ),
         ({"weight_map": {"transformer.wte.weight": 1.5e300}}, "refused shard name 1.5e+300"),
-        ({"weight_map": ["model-00001-of-00003.safetensors"]}, "not a valid shard index"),
-        ({"weight_map": "model-00001-of-00003.safetensors"}, "not a valid shard index"),
-        ({"weight_map": None}, "not a valid shard index"),
         (
-            {"weight_map": {}},
-            "implies",
-        ),  # no shards at all: the files hold none of the config's weights
+            {"weight_map": ["model-00001-of-00003.safetensors"]},
+            "not a valid shard index (its weight_map is list, not an object",
+        ),
+        (
+            {"weight_map": "model-00001-of-00003.safetensors"},
+            "not a valid shard index (its weight_map is str, not an object",
+        ),
+        ({"weight_map": None}, "not a valid shard index (its weight_map is NoneType"),
+        # No shards at all: the index is to blame, not config.json (whose weights the files lack).
+        ({"weight_map": {}}, "model.safetensors.index.json: its weight_map is empty"),
         ({"metadata": {}}, "not a valid shard index"),
         ([{"weight_map": {}}], "not a valid shard index"),
     ],
 )
 def test_a_weight_map_that_does_not_map_names_to_file_names_is_refused(tmp_path, index, fragment):
-    """Beyond test_refuses_model_folder.py's scalar names: unhashable names, and a weight_map or index of the
-    wrong type.  Every non-string value is refused, none is used as a path."""
+    """Beyond test_model_folder.py's scalar names: unhashable names, and a weight_map or index of the wrong type
+    or empty.  Every non-string value is refused, none is used as a path, and each refusal names the index."""
     folder = tmp_path / "m"
     shutil.copytree(FIXTURES / "sharded", folder)
     real = json.loads((folder / INDEX).read_text())
@@ -414,7 +431,8 @@ def test_a_weight_map_that_does_not_map_names_to_file_names_is_refused(tmp_path,
             "weight_map": {**real["weight_map"], **index["weight_map"]}
         }  # one bad value among good ones
     (folder / INDEX).write_text(json.dumps(index))
-    assert fragment in refusal(load_checkpoint, folder)
+    message = refusal(load_checkpoint, folder)
+    assert fragment in message and message.startswith(f"{folder / INDEX}: "), message
 
 
 # ---------------------------------------------------------------- configs that imply billions of weights
@@ -708,7 +726,7 @@ def test_a_shape_with_half_a_million_dimensions_is_read_quickly(tmp_path, last, 
     zero among them the tensor is empty, and fine."""
     dims = ",".join(["2"] * 500_000 + [str(last)])
     text = '{"a": {"dtype": "U8", "shape": [' + dims + '], "data_offsets": [0, %d]}}' % end
-    (tmp_path / WEIGHTS).write_bytes(struct.pack("<Q", len(text)) + text.encode() + b"\0")
+    (tmp_path / WEIGHTS).write_bytes(struct.pack("<Q", len(text)) + text.encode() + b"\0" * end)
     start = time.perf_counter()
     with bounded(seconds=30):
         if last:

@@ -92,10 +92,6 @@ def test_hostile_shard_names_are_refused_before_anything_is_opened(tmp_path_fact
     )  # a real file, to tempt a read
     point_first_shard_at(folder, index, name)
     opened.clear()
-    if isinstance(name, dict):  # an unhashable value: the whole index is invalid
-        with pytest.raises(CheckpointError, match="not a valid shard index"):
-            minirt.load_checkpoint(folder)
-        return
     refused_without_reading_outside(folder, opened)
 
 

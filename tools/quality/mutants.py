@@ -542,8 +542,8 @@ MUTANTS = [
     Mutant(
         "overlapping_tensors_accepted",
         "minirt/loading/safetensors_header.py",
-        "if previous is not None and entry.start < previous[1].end and entry.end > entry.start:",
-        "if False:",
+        "        if entry.start < covered:",
+        "        if False:",
         "two tensors may share bytes",
     ),
     Mutant(
@@ -1072,6 +1072,55 @@ MUTANTS = [
         "    given = {name: value for name, value in fields.items() if value is not None}",
         "    given = fields",
         "an Arrow null (a value another row has) fails the row instead of meaning the field left out",
+    ),
+    Mutant(
+        "tensor_named_twice_accepted",
+        "minirt/loading/safetensors_header.py",
+        "    if repeated_keys(header):",
+        "    if False:",
+        "a header naming a tensor twice silently loads the last entry (an all-zero embedding)",
+    ),
+    Mutant(
+        "hole_in_data_accepted",
+        "minirt/loading/safetensors_header.py",
+        "        if entry.start > covered:",
+        "        if False:",
+        "bytes that belong to no tensor (a polyglot file) are accepted",
+    ),
+    Mutant(
+        "header_limit_in_mib",
+        "minirt/loading/safetensors_header.py",
+        "MAX_HEADER_BYTES = 100_000_000",
+        "MAX_HEADER_BYTES = 100 * 1024 * 1024",
+        "a header the format's own reader refuses is read",
+    ),
+    Mutant(
+        "empty_weight_map_blamed_on_config",
+        "minirt/loading/checkpoint.py",
+        "    if not weight_map:",
+        "    if False:",
+        "an empty shard index is reported as config.json implying too many weights",
+    ),
+    Mutant(
+        "ambiguous_snapshots_not_named",
+        "minirt/loading/checkpoint.py",
+        "    if ambiguous:",
+        "    if False:",
+        "two snapshots without refs/main read as 'not in the cache'",
+    ),
+    Mutant(
+        "loop_called_a_dangling_link",
+        "minirt/loading/json_file.py",
+        "    if reason.errno == errno.ELOOP:",
+        "    if False:",
+        "a symlink loop is reported as a link to a missing file",
+    ),
+    Mutant(
+        "dangling_generation_config_taken_as_absent",
+        "minirt/llm.py",
+        "    link_problem = broken_link(path)\n    if link_problem:\n        raise CheckpointError",
+        "    link_problem = None\n    if link_problem:\n        raise CheckpointError",
+        "a generation_config.json that links to nothing is silently greedy defaults",
     ),
 ]
 
