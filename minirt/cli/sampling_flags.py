@@ -11,6 +11,7 @@ Must not know: files, output, or how requests are served.
 
 from __future__ import annotations
 
+import json
 from contextlib import suppress
 
 from ..engine.params import SamplingParams
@@ -194,7 +195,33 @@ def sampling_defaults(model_defaults: SamplingParams, overrides: dict) -> Sampli
     try:
         return model_defaults.updated(**overrides)
     except RequestError as exc:
-        raise MinirtError(f"bad sampling flag: {exc}") from None
+        raise MinirtError(
+            f"bad sampling flag {flag_blamed(model_defaults, overrides, exc)}"
+        ) from None
+
+
+def flag_blamed(model_defaults: SamplingParams, overrides: dict, refusal: RequestError) -> str:
+    """'--FLAG VALUE: the rule' for the first flag SamplingParams refuses on its own, its value
+    as the command line gave it (`--logit-bias 5=nan`), not as Python writes the field
+    (`((5, nan),)`)."""
+    for field, value in overrides.items():
+        try:
+            model_defaults.updated(**{field: value})
+        except RequestError as alone:
+            rule = str(alone).partition(", got ")[0]
+            return f"{flag_name(field)} {flag_text(field, value)}: {rule}"
+    # Each flag passes alone: the refusal is of the flags together, in its own words.
+    return f": {refusal}"
+
+
+def flag_text(field: str, value) -> str:
+    """A sampling field's value as its flag takes it, for a message."""
+    if field == "logit_bias":
+        return " ".join(f"{token}={bias}" for token, bias in value)
+    if isinstance(value, tuple):
+        # Repeated flags (--stop, --stop-token-id): each value, strings quoted (one may be "").
+        return " ".join(json.dumps(item) if isinstance(item, str) else str(item) for item in value)
+    return str(value)
 
 
 def flag_name(field: str) -> str:

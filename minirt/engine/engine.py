@@ -38,9 +38,11 @@ Must not know: the layers' arithmetic, files, command-line flags or output forma
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -122,10 +124,11 @@ class Engine:
             special = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
             self.eos_token_id = special[0]
             self.bos_token_id = special[1]
-        # True while `serve` runs, so that a callback (or another thread) cannot start a second
-        # run or step this one from inside it.
-        self.serving = False
-        self.start_run()
+        # Held while `serve` runs or `step` runs a round (and while `start_run` starts one), so
+        # that a callback or another thread cannot start a second run, or step this one behind
+        # its back: taken without waiting, or a ReentryError.
+        self.busy = threading.Lock()
+        self.reset_run()
 
     # ------------------------------------------------------------------ making a request
 
@@ -208,6 +211,12 @@ class Engine:
     # ------------------------------------------------------------------ a run
 
     def start_run(self) -> None:
+        """A new run, for a caller that steps the engine itself: see `reset_run`.  Refused while
+        the engine serves a run or a round."""
+        with self.held_for("Engine.start_run"):
+            self.reset_run()
+
+    def reset_run(self) -> None:
         """A new run: a fresh queue, round numbers from 1, counts from 0, times from now."""
         self.scheduler: Scheduler = SCHEDULERS[self.policy](
             self.batch_size,
@@ -301,9 +310,10 @@ class Engine:
     def step(self) -> StepOutput:
         """Run one round: plan, admit, batch metadata, forward, pick tokens, free finished rows.
         An exception inside a round abandons the run (`start_run`): a half-run round leaves no
-        state that a next round could trust.  Refused while `serve` runs (it steps itself)."""
-        self.refuse_reentry("Engine.step")
-        return self.take_step()
+        state that a next round could trust.  Refused while `serve` runs (it steps itself), or
+        while another thread steps."""
+        with self.held_for("Engine.step"):
+            return self.take_step()
 
     def take_step(self) -> StepOutput:
         """`step`'s work, for `step` and for `serve`'s own loop."""
@@ -317,7 +327,7 @@ class Engine:
         try:
             self.run_round(output)
         except BaseException:
-            self.start_run()
+            self.reset_run()
             raise
         return output
 
@@ -355,13 +365,16 @@ class Engine:
         each new token, on_final(request) of each record as it becomes final, on_round(stats)
         of each round, on_group_end(group, waiting) of each static group's end.  The engine is
         ready for another run afterwards, however this one ended."""
-        self.refuse_reentry("Engine.serve")
+        with self.held_for("Engine.serve"):
+            return self.serve_held(requests, on_final, on_round, on_group_end, on_token)
+
+    def serve_held(self, requests, on_final, on_round, on_group_end, on_token) -> RunStats:
+        """`serve`'s run, with the engine held."""
         if self.has_unfinished():
             raise RequestError("the engine is still serving requests; finish or abort them first")
         for request in requests:
             self.check_new(request)
-        self.start_run()
-        self.serving = True
+        self.reset_run()
         try:
             # Those that failed already are final first (in input order), then the rest are
             # queued in input order, any that no round could take becoming final as it comes.
@@ -378,18 +391,31 @@ class Engine:
         finally:
             # However it ended (an interrupt too): no KV cache outlives its run, and the
             # half-served requests of an interrupted run cannot resume (adding one is refused).
-            self.serving = False
-            self.start_run()
+            self.reset_run()
+
+    @contextmanager
+    def held_for(self, call: str) -> Iterator[None]:
+        """Hold the engine for `call` (serve, step, start_run), taking it without waiting: a
+        ReentryError if it is held already, by this run's own callback or by another thread."""
+        if not self.busy.acquire(blocking=False):
+            raise self.reentry_error(call)
+        try:
+            yield
+        finally:
+            self.busy.release()
 
     def refuse_reentry(self, call: str) -> None:
-        """A ReentryError when `serve` is running: `call` came from one of its callbacks (or
-        from another thread), and would start a second run, or step this one behind its back."""
-        if self.serving:
-            raise ReentryError(
-                f"{call}() was called while this engine is serving a run (from one of the "
-                "run's own callbacks, such as on_token, or from another thread); the run goes "
-                "on untouched: call it after the run returns, or use a second LLM"
-            )
+        """The same refusal, early, for a caller about to serve (LLM.generate)."""
+        if self.busy.locked():
+            raise self.reentry_error(call)
+
+    def reentry_error(self, call: str) -> ReentryError:
+        """What a refused call is told."""
+        return ReentryError(
+            f"{call}() was called while this engine is serving a run or a round (from one of "
+            "the run's own callbacks, such as on_token, or from another thread); the run goes on "
+            "untouched: call it after the run returns, or use a second LLM"
+        )
 
     def report(self, output: StepOutput, on_final, on_round, on_group_end, on_token) -> None:
         """A step's results, to the callbacks of `serve`: tokens, final records, the round, and

@@ -187,6 +187,14 @@ class SamplingParams:
                 f"logit_bias must map token ids to numbers from {-MAX_LOGIT_BIAS:g} to "
                 f"{MAX_LOGIT_BIAS:g}, got {self.logit_bias!r}"
             )
+        # "38" and "038" (or 38 twice in pairs) name one token: adding the two biases would pass
+        # the range, and keeping one would pick; refused.
+        tokens = [token for token, _ in self.logit_bias]
+        for token in tokens:
+            if tokens.count(token) > 1:
+                raise RequestError(
+                    f"logit_bias names token {token} twice; give each token one bias"
+                )
         for token, bias in self.logit_bias:
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise RequestError(
@@ -235,7 +243,9 @@ def bias_pairs(raw):
         pairs_from_dict = []
         try:
             for key, bias in raw.items():
-                if isinstance(key, str) and key.strip().isdigit():
+                # JSON's keys are strings: "50256", in ASCII digits alone (not " 5", "+5" or a
+                # digit of another script); anything else stays a string, for validate to refuse.
+                if isinstance(key, str) and key.isascii() and key.isdigit():
                     key = int(key)
                 pairs_from_dict.append((key, bias))
         except ValueError:
@@ -259,8 +269,11 @@ def is_int(value) -> bool:
 
 
 def is_number(value) -> bool:
-    """A finite number (an int, a float or a NumPy number), but not a bool."""
+    """A finite real number (an int, a float or a NumPy number), but not a bool or a complex."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return False
+    # np.complex128 is an np.number too; float() of it would drop the imaginary part.
+    if isinstance(value, np.complexfloating):
         return False
     try:
         return bool(np.isfinite(float(value)))

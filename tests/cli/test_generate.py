@@ -194,7 +194,10 @@ def test_flags_are_defaults_and_jsonl_fields_override_them(tiny_lm, tmp_path, ca
     [
         (["--prompts", "/no/such/file.txt"], "does not exist"),
         (["--prompts", "{prompts}", "--model", "/no/such/model"], "does not exist"),
-        (["--prompts", "{prompts}", "--temperature", "-1"], "bad sampling flag: temperature"),
+        (
+            ["--prompts", "{prompts}", "--temperature", "-1"],
+            "bad sampling flag --temperature -1.0: temperature must be",
+        ),
         (["--prompts", "{prompts}", "--top-p", "2"], "top_p"),
         (["--prompts", "{prompts}", "--batch-size", "0"], "--batch-size"),
         (["--prompts", "{prompts}", "--output", "/no/such/dir/out.jsonl"], "cannot write --output"),

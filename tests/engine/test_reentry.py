@@ -126,3 +126,60 @@ def test_aborting_from_a_callback_is_allowed(llm):
     outputs = llm.generate(PROMPTS, params, on_token=on_token)
     assert outputs[0].finish_reason == "abort" and len(outputs[0].token_ids) == 1
     assert [(o.token_ids, o.finish_reason) for o in outputs[1:]] == expected[1:]
+
+
+def test_threads_racing_into_one_llm_each_get_a_result_or_a_reentry_error(llm):
+    """Three threads released at once into the same LLM, many times, with Python switching threads as often
+    as it can: each call either gives exactly what a lone call gives, or is refused with a ReentryError.
+    Never an internal error, and never a mixed-up result (the engine is taken without waiting, so two runs
+    never interleave)."""
+    import sys
+
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, seed=3)
+    expected, _ = plain_run(llm, params)
+    outcomes = []
+    barrier = threading.Barrier(3)
+
+    def call():
+        barrier.wait()
+        try:
+            outputs = llm.generate(PROMPTS, params)
+            outcomes.append([(o.token_ids, o.finish_reason) for o in outputs])
+        except ReentryError:
+            outcomes.append("refused")
+        except Exception as exc:  # noqa: BLE001 (any other error is the failure this test looks for)
+            outcomes.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(25):
+            threads = [threading.Thread(target=call) for _ in range(3)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(outcomes) == 75
+    errors = [o for o in outcomes if isinstance(o, Exception)]
+    assert not errors, errors[:3]
+    served = [o for o in outcomes if o != "refused"]
+    assert served and all(o == expected for o in served)
+    # And the LLM serves normally afterwards.
+    assert plain_run(llm, params)[0] == expected
+
+
+def test_start_run_from_a_callback_is_refused_and_the_run_goes_on(llm):
+    params = SamplingParams(max_new_tokens=3)
+    expected, _ = plain_run(llm, params)
+    refused = []
+
+    def on_token(_event):
+        try:
+            llm.engine.start_run()
+        except ReentryError as exc:
+            refused.append(exc)
+
+    outputs = llm.generate(PROMPTS, params, on_token=on_token)
+    assert refused and [(o.token_ids, o.finish_reason) for o in outputs] == expected

@@ -155,9 +155,10 @@ def test_a_stop_token_id_outside_the_vocabulary_is_refused_before_serving(
     flags = [f"--stop-token-id={t}" for t in [*good, token_id]]
     line = refused(files, str(tiny_lm), flags)
     if token_id < 0:
+        # Refused before loading, as any sampling flag, naming the flag and the id as given.
         assert (
-            "bad sampling flag: stop_token_ids" in line
-        )  # refused before loading, as any sampling flag
+            "bad sampling flag --stop-token-id " in line and f" {token_id}: stop_token_ids" in line
+        )
     else:
         # The id as the user wrote it (past 12 digits, its first 12 and "..."), and the range.
         shown = str(token_id) if token_id < 10**12 else f"{str(token_id)[:12]}..."

@@ -233,3 +233,54 @@ def test_stop_strings_for_a_model_without_a_tokenizer_are_exit_2(tmp_path):
         suffix="jsonl",
     )
     assert status == 0, stderr
+
+
+@pytest.mark.parametrize(
+    "field", ["temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty"]
+)
+@pytest.mark.parametrize("value", [np.complex128(1j), np.complex64(0.5 + 0j), 1j])
+def test_a_complex_number_is_refused_naming_the_field(field, value):
+    """np.complex128 is an np.number, and float() of it drops the imaginary part with a ComplexWarning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RequestError, match=f"^{field} must be"):
+            SamplingParams(**{field: value})
+    with pytest.raises(RequestError, match="^logit_bias"):
+        SamplingParams(logit_bias={5: value})
+
+
+@pytest.mark.parametrize(
+    "bias",
+    [{"38": -100, "038": 100}, {5: 100, "05": 100}, [[5, 1], [5, 2]], {38: -100, "38": 100}],
+)
+def test_a_token_given_two_biases_is_refused_not_summed(bias):
+    """Two keys that name one token would add up past the range (or cancel a ban): ambiguous, refused."""
+    with pytest.raises(RequestError, match="names token (38|5) twice"):
+        SamplingParams(logit_bias=bias)
+
+
+@pytest.mark.parametrize("key", ["\u0663", " 5", "5 ", "+5", "5.0", "1e3", "-1", ""])
+def test_a_logit_bias_key_is_ascii_digits_alone(key):
+    with pytest.raises(RequestError, match="^logit_bias must map token ids"):
+        SamplingParams(logit_bias={key: 1})
+
+
+@pytest.mark.parametrize(
+    "flags, shown",
+    [
+        (["--logit-bias", "5=nan"], "--logit-bias 5=nan: logit_bias"),
+        (["--stop-token-id=-1"], "--stop-token-id -1: stop_token_ids"),
+        (["--stop", ""], '--stop "": stop must be'),
+        (
+            ["--logit-bias", "5=1", "--logit-bias", "5=2"],
+            "--logit-bias 5=1.0 5=2.0: logit_bias names token 5",
+        ),
+    ],
+)
+def test_a_bad_sampling_flag_is_shown_as_it_was_given(tmp_path, flags, shown):
+    status, stderr, output = run_generate(tmp_path, flags)
+    assert status == 2 and len(stderr) == 1
+    assert f"bad sampling flag {shown}" in stderr[0]
+    # Never Python's spelling of the field: ((5, nan),), (-1,), [''].
+    assert "((" not in stderr[0] and "(-1,)" not in stderr[0] and "['']" not in stderr[0]
+    assert output == b'{"an": "existing record"}\n'
