@@ -5,7 +5,8 @@ Owns:
     Hugging Face cache (never the network); an empty name, a cache entry with
     several snapshots and no refs/main, and a folder, weights file, index or
     shard that is a link to nothing or a symlink loop are each refused naming
-    that thing;
+    that thing, as is a weights file, index or shard that is a folder, a FIFO,
+    a device or a socket (said so, never "missing", never opened);
   * reading safetensors files (single or sharded) by memory-mapping them, so an
     fp32 checkpoint used in fp32 is never copied into memory by us, and a shard
     index's weight_map (an object of file names, not empty), blamed by name;
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.config import GPT2Config
-from .json_file import broken_link, read_config, read_json_file
+from .json_file import broken_link, not_a_regular_file, read_config, read_json_file
 from ..errors import CheckpointError
 from .safetensors_header import TensorEntry, read_safetensors_header
 
@@ -280,26 +281,32 @@ def read_shard_names(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def refuse_broken_link(path: Path) -> None:
-    """A weights file or index that is a link to nothing, or a loop, refused naming the link (else
-    it would read as "not here")."""
+def refuse_unreadable(path: Path, what: str) -> None:
+    """A weights file, index or shard (`what`: "a safetensors file", "a shard index") that is a
+    link to nothing, a loop, a folder, a FIFO, a device or a socket, refused naming the path and
+    what it is (else it would read as "not here").  Only looked at, never opened: a FIFO would
+    block."""
     link_problem = broken_link(path)
     if link_problem:
         raise CheckpointError(f"{link_problem}; fix the link, or re-download the model")
+    kind = not_a_regular_file(path)
+    if kind:
+        raise CheckpointError(f"{path} is {kind}, not {what}; remove it, or re-download the model")
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a folder: one file, or the shards its index names."""
+    """The safetensors files of a folder: one file, or the shards its index names.  Each is a
+    regular file once it is returned."""
     single = folder / SINGLE_FILE
     index = folder / SHARD_INDEX
-    refuse_broken_link(single)
+    refuse_unreadable(single, "a safetensors file")
     if single.is_file():
         return [single]
-    refuse_broken_link(index)
+    refuse_unreadable(index, "a shard index")
     if index.is_file():
         shards = [shard_inside(folder, name, index) for name in read_shard_names(index)]
         for shard in shards:
-            refuse_broken_link(shard)
+            refuse_unreadable(shard, "a safetensors file")
         missing = [p.name for p in shards if not p.is_file()]
         if missing:
             raise CheckpointError(

@@ -2,10 +2,12 @@
 
 Owns: `read_json_file`, the one reader of a model folder's JSON (config.json,
 generation_config.json, a shard index): a regular file of at most MAX_JSON_BYTES, so a FIFO or
-/dev/zero is never read forever; `read_config`, config.json as a checked `GPT2Config` or a
-one-line CheckpointError; and `broken_link`, the one wording of a path that is a symlink to
-nothing or a symlink loop, which checkpoint.py uses for the folder, the weights and the shards, so
-that such a link is never reported as a file that "does not exist".
+/dev/zero is never read forever, and refused with `NotAJsonFile`, whose message says what the path
+is instead; `read_config`, config.json as a checked `GPT2Config` or a one-line CheckpointError;
+`broken_link`, the one wording of a path that is a symlink to nothing or a symlink loop, and
+`not_a_regular_file`, the one wording of a path that is a folder, a FIFO, a device or a socket.
+checkpoint.py (the folder, the weights, the shards) and tokenizer.py use both, so that such a path
+is never reported as a file that "does not exist", nor opened (a FIFO would block).
 
 Must not know: weights, backends, tokenizers or requests.
 """
@@ -23,14 +25,57 @@ from ..model.config import GPT2Config
 
 # A model's JSON files are kilobytes; nothing bigger (or a FIFO, /dev/zero) is read.
 MAX_JSON_BYTES = 16 * 2**20
+# What such a file must be, the end of every NotAJsonFile message.
+WANTED = f"not a regular file of at most {MAX_JSON_BYTES // 2**20} MiB"
+
+
+class NotAJsonFile(OSError):
+    """`read_json_file`'s refusal of a path that is no regular file, or too big to be a model's
+    JSON.  Its message is the reason alone ("a FIFO, not a regular file of at most 16 MiB"), with no
+    "[Errno ...]" before it, and it is its `strerror` too, so that a caller may print either; the
+    caller puts the path in front."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.strerror = reason
 
 
 def read_json_file(path: Path):
-    """A small regular file's parsed JSON.  OSError (FileNotFoundError if missing), or ValueError
-    for bad text."""
-    if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > MAX_JSON_BYTES:
-        raise OSError(0, f"not a regular file of at most {MAX_JSON_BYTES // 2**20} MiB")
+    """A small regular file's parsed JSON.  OSError (FileNotFoundError if missing, NotAJsonFile
+    for a folder, a FIFO, a device or a file over MAX_JSON_BYTES), or ValueError for bad text."""
+    # Looked at, never opened, before it is known to be a regular file: a FIFO would block.
+    kind = not_a_regular_file(path)
+    if kind:
+        raise NotAJsonFile(f"{kind}, {WANTED}")
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise NotAJsonFile(f"{size:,} bytes long, {WANTED}")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What `path` (followed through its links) is when it exists but is no regular file: "a
+    folder", "a FIFO", "a character device", "a block device", "a socket" (or "a special file",
+    for a kind the system has added).  None for a regular file, and for a path that cannot
+    be looked at (absent, a broken link, a NUL byte): `broken_link` and the callers' own "missing"
+    say those.  Nothing is opened."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
 
 
 def broken_link(path: Path) -> str | None:

@@ -13,7 +13,8 @@ OverflowError:
     entry, a key twice in `__metadata__`: Python's json would silently keep the last), a name with
     a lone surrogate, which is no Unicode text;
   * `__metadata__`: anything but a map of strings to strings (so NaN and Infinity, which Python
-    reads and JSON has not, are refused there as they are in every field: none takes a float);
+    reads and JSON has not, are refused there as they are in every field: none takes a float),
+    the offending value written as JSON (null, NaN), as the file holds it;
   * each entry: anything but exactly dtype, shape and data_offsets; a dtype that is not a known
     code (one the format added since, such as F4 or C64, is named as valid but unreadable); a
     shape that is not a list of integers or whose size overflows 64 bits; offsets that are not two
@@ -137,11 +138,27 @@ def is_unicode(text: str) -> bool:
     return True
 
 
-def shown(value) -> str:
-    """A value for a one-line message: its repr, cut short (a header may hold a million-entry
-    shape)."""
-    text = repr(value)
+def cut_short(text: str) -> str:
+    """A value's text cut to 60 characters (a header may hold a million-entry shape)."""
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def shown(value) -> str:
+    """A name (or a piece of the header's text) for a one-line message: its repr, quoted so that
+    '' and a name with a line break show, cut short."""
+    return cut_short(repr(value))
+
+
+def shown_as_json(value) -> str:
+    """A JSON value of the header for a one-line message, written as JSON, since that is what the
+    file holds: null, {"a": "b"}, NaN, not Python's None, {'a': 'b'}, nan.  Non-ASCII characters
+    are escaped (a lone surrogate could not be printed otherwise), and the text is cut short."""
+    try:
+        text = json.dumps(value)
+    # Nesting that only just parsed: Python's repr still shows what the value is.
+    except (ValueError, RecursionError):
+        text = repr(value)
+    return cut_short(text)
 
 
 def not_safetensors(path: Path, why: str) -> CheckpointError:
@@ -224,14 +241,17 @@ def read_header_json(path: Path) -> tuple[HeaderObject, int, int]:
 def check_metadata(path: Path, metadata) -> None:
     """`__metadata__`, when there is one: a map of strings to strings, as the format says."""
     if not isinstance(metadata, dict):
-        raise damaged(path, f"{METADATA} is {shown(metadata)}, not a map of strings to strings")
+        raise damaged(
+            path, f"{METADATA} is {shown_as_json(metadata)}, not a map of strings to strings"
+        )
     if repeated_keys(metadata):
         twice = repeated_keys(metadata)[0]
         raise damaged(path, f"{METADATA} holds the key {shown(twice)} twice")
     for key, value in metadata.items():
         if not isinstance(value, str):
             raise damaged(
-                path, f"{METADATA} maps {shown(key)} to {shown(value)}, which is not a string"
+                path,
+                f"{METADATA} maps {shown(key)} to {shown_as_json(value)}, which is not a string",
             )
         if not is_unicode(key) or not is_unicode(value):
             raise damaged(

@@ -3,7 +3,9 @@
 Owns:
   * loading a tokenizer from a model folder: `tokenizer.json` through the `tokenizers` library, or
     GPT-2's byte-level BPE from `vocab.json` + `merges.txt` (or OpenAI's original names,
-    `encoder.json` + `vocab.bpe`);
+    `encoder.json` + `vocab.bpe`).  A folder with none of these has no tokenizer; one of these
+    files that is a broken link, a folder, a FIFO, a device or a socket, or one half of a pair
+    without the other, is refused naming it, never taken for "no tokenizer";
   * the special ids a runtime needs: EOS (where generation stops) and BOS (what an empty prompt
     starts from);
   * decoding token ids to bytes and then to text, both all at once and as a stream.  GPT-2's tokens
@@ -21,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import RequestError, TokenizerError
-from .json_file import broken_link
+from .json_file import broken_link, not_a_regular_file
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -177,20 +179,46 @@ def _byte_level_bpe(vocab_path: Path, merges_path: Path):
     return hf
 
 
+def refuse_unreadable_tokenizer_files(paths: list[Path]) -> None:
+    """A tokenizer file that is a link to nothing (or a loop), a folder, a FIFO, a device or a
+    socket is broken, not absent: refused naming it, never taken for a folder without a tokenizer.
+    Each is only looked at, never opened (a FIFO would block)."""
+    for path in paths:
+        link_problem = broken_link(path)
+        if link_problem:
+            raise TokenizerError(f"{link_problem}; fix the link, or remove it")
+        kind = not_a_regular_file(path)
+        if kind:
+            raise TokenizerError(
+                f"{path} is {kind}, not a tokenizer file; remove it, or put the model's "
+                f"{path.name} there"
+            )
+
+
+def refuse_half_pairs(folder: Path, pairs: list[tuple[Path, Path]]) -> None:
+    """With no tokenizer.json and no whole pair, one file of a pair alone (vocab.json without
+    merges.txt, vocab.bpe without encoder.json, ...) is a tokenizer cut in half, not no tokenizer:
+    refused naming the file that is there and the one that is not."""
+    for first, second in pairs:
+        for present, absent in ((first, second), (second, first)):
+            if present.is_file() and not absent.is_file():
+                raise TokenizerError(
+                    f"{folder} has {present.name} but no {absent.name} beside it; a GPT-2 "
+                    "byte-level BPE needs both (or a tokenizer.json)"
+                )
+
+
 def read_tokenizer_files(folder: Path):
     """(the library's tokenizer, the file(s) it came from), or None when tokenizer.json,
-    vocab.json + merges.txt and encoder.json + vocab.bpe are all absent."""
+    vocab.json + merges.txt and encoder.json + vocab.bpe are all absent.  A file of these that is
+    there but cannot be read, or one half of a pair, is a TokenizerError."""
     tokenizer_json = folder / "tokenizer.json"
     pairs = [
         (folder / "vocab.json", folder / "merges.txt"),
         (folder / "encoder.json", folder / "vocab.bpe"),
     ]
-    # A tokenizer file that is a link to nothing (or a loop) is broken, not absent: said so, never
-    # taken for a folder without a tokenizer.
-    for path in [tokenizer_json, *(name for pair in pairs for name in pair)]:
-        link_problem = broken_link(path)
-        if link_problem:
-            raise TokenizerError(f"{link_problem}; fix the link, or remove it")
+    refuse_unreadable_tokenizer_files([tokenizer_json, *(name for pair in pairs for name in pair)])
+    # From here on, each of these paths is a regular file or absent.
     if tokenizer_json.is_file():
         from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
 
@@ -207,6 +235,7 @@ def read_tokenizer_files(folder: Path):
         if vocab_path.is_file() and merges_path.is_file():
             hf = _byte_level_bpe(vocab_path, merges_path)
             return hf, f"{vocab_path} + {merges_path.name}"
+    refuse_half_pairs(folder, pairs)
     return None
 
 

@@ -418,3 +418,170 @@ def test_an_optional_file_that_is_a_broken_link_is_named_not_taken_as_absent(mod
         LLM(model_dir, backend="numpy")
     message = str(refused.value)
     assert "\n" not in message and message.startswith(words), message
+
+
+# ---------------------------------------------------------------- folders, FIFOs and devices where a file belongs
+
+
+def make_not_a_file(path: Path, kind: str) -> str:
+    """Put something that is no regular file at `path` (replacing what is there); the words that say what it
+    is.  A FIFO is never opened by the code under test, else these tests would hang."""
+    if path.is_file():
+        path.unlink()
+    if kind == "folder":
+        path.mkdir()
+        return "is a folder"
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "is a FIFO"
+    # A link to a folder: followed, it is a folder.
+    (path.parent / "elsewhere").mkdir()
+    path.symlink_to(path.parent / "elsewhere")
+    return "is a folder"
+
+
+NOT_A_FILE_KINDS = ["folder", "fifo", "link_to_folder"]
+
+
+@pytest.mark.parametrize("kind", NOT_A_FILE_KINDS)
+@pytest.mark.parametrize(
+    "name", ["tokenizer.json", "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"]
+)
+def test_a_tokenizer_file_that_is_no_regular_file_is_named_not_taken_as_absent(
+    model_dir, name, kind
+):
+    """Before, is_file() was false for each of these and the folder read as one without a tokenizer."""
+    from minirt.errors import TokenizerError
+    from minirt.loading.tokenizer import read_tokenizer_files
+
+    words = make_not_a_file(model_dir / name, kind)
+    with pytest.raises(TokenizerError) as refused:
+        read_tokenizer_files(model_dir)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"{model_dir / name} {words}, not a tokenizer file; "
+    ), message
+
+
+@pytest.mark.parametrize(
+    "present, absent",
+    [
+        ("vocab.json", "merges.txt"),
+        ("merges.txt", "vocab.json"),
+        ("encoder.json", "vocab.bpe"),
+        ("vocab.bpe", "encoder.json"),
+    ],
+)
+def test_one_half_of_a_bpe_pair_is_named_not_taken_as_no_tokenizer(model_dir, present, absent):
+    from minirt.errors import TokenizerError
+    from minirt.loading.tokenizer import read_tokenizer_files
+
+    (model_dir / present).write_text("{}")
+    with pytest.raises(TokenizerError) as refused:
+        read_tokenizer_files(model_dir)
+    assert str(refused.value) == (
+        f"{model_dir} has {present} but no {absent} beside it; a GPT-2 byte-level BPE needs both "
+        "(or a tokenizer.json)"
+    )
+
+
+def test_a_folder_with_no_tokenizer_file_at_all_still_has_none(model_dir):
+    """The control for the two tests above: nothing there is still "no tokenizer", not an error."""
+    from minirt.loading.tokenizer import read_tokenizer_files
+
+    assert read_tokenizer_files(model_dir) is None
+
+
+@pytest.mark.parametrize("kind", NOT_A_FILE_KINDS)
+def test_weights_that_are_no_regular_file_are_named_not_reported_absent(model_dir, kind):
+    words = make_not_a_file(model_dir / WEIGHTS, kind)
+    message = refusal(load_checkpoint, model_dir)
+    assert message.startswith(f"{model_dir / WEIGHTS} {words}, not a safetensors file; "), message
+    assert "has no model.safetensors" not in message, message
+
+
+@pytest.mark.parametrize("kind", NOT_A_FILE_KINDS)
+def test_an_index_that_is_no_regular_file_is_named_not_reported_absent(sharded_dir, kind):
+    words = make_not_a_file(sharded_dir / INDEX, kind)
+    message = refusal(load_checkpoint, sharded_dir)
+    assert message.startswith(f"{sharded_dir / INDEX} {words}, not a shard index; "), message
+    assert "has no model.safetensors" not in message, message
+
+
+@pytest.mark.parametrize("kind", NOT_A_FILE_KINDS)
+def test_a_shard_that_is_no_regular_file_is_named_not_reported_missing(sharded_dir, kind):
+    words = make_not_a_file(sharded_dir / SHARD_2, kind)
+    message = refusal(load_checkpoint, sharded_dir)
+    assert message.startswith(f"{sharded_dir / SHARD_2} {words}, not a safetensors file; "), message
+    assert "missing" not in message, message
+
+
+def test_generate_names_weights_that_are_a_fifo(model_dir):
+    make_not_a_file(model_dir / WEIGHTS, "fifo")
+    assert generate(str(model_dir)) == (
+        f"minirt.generate: error: {model_dir / WEIGHTS} is a FIFO, not a safetensors file; "
+        "remove it, or re-download the model"
+    )
+
+
+@pytest.mark.parametrize("kind", [*NOT_A_FILE_KINDS, "link_to_dev_zero"])
+def test_a_generation_config_that_is_no_regular_file_says_what_it_is(model_dir, kind):
+    """Before: "[Errno 0] not a regular file of at most 16 MiB", the same for a folder, a FIFO and /dev/zero."""
+    from minirt import LLM
+
+    path = model_dir / "generation_config.json"
+    if kind == "link_to_dev_zero":
+        path.symlink_to("/dev/zero")
+        words = "a character device"
+    else:
+        words = make_not_a_file(path, kind).removeprefix("is ")
+    message = refusal(LLM, model_dir)
+    assert (
+        message == f"{path}: {words}, not a regular file of at most 16 MiB; fix or remove the file"
+    ), message
+    assert "Errno" not in message
+
+
+def test_a_config_json_that_is_a_fifo_says_what_it_is(model_dir):
+    make_not_a_file(model_dir / "config.json", "fifo")
+    assert refusal(load_checkpoint, model_dir) == (
+        f"{model_dir / 'config.json'}: cannot read config (a FIFO, not a regular file of at most 16 MiB)"
+    )
+
+
+def with_metadata(folder: Path, metadata_json: str) -> Path:
+    """The base model's weights file with its header's __metadata__ replaced by this JSON text."""
+    path = folder / WEIGHTS
+    data = path.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    header.pop("__metadata__", None)
+    text = '{"__metadata__": ' + metadata_json + ", " + json.dumps(header)[1:]
+    # Padded with spaces to a multiple of 8, as the format's writers do.
+    text += " " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text.encode() + data[8 + header_len :])
+    return path
+
+
+@pytest.mark.parametrize(
+    "metadata, words",
+    [
+        ("null", "__metadata__ is null, not a map of strings to strings"),
+        (
+            '{"format": {"a": "b"}}',
+            """__metadata__ maps 'format' to {"a": "b"}, which is not a string""",
+        ),
+        ('{"format": NaN}', "__metadata__ maps 'format' to NaN, which is not a string"),
+        (
+            '{"format": ["pt", true]}',
+            """__metadata__ maps 'format' to ["pt", true], which is not a string""",
+        ),
+    ],
+    ids=["null", "object", "nan", "list"],
+)
+def test_a_bad_metadata_value_is_shown_as_json(model_dir, metadata, words):
+    """Before: None, {'a': 'b'}, nan, ['pt', True]: Python's repr of what the file writes as JSON."""
+    path = with_metadata(model_dir, metadata)
+    assert refusal(load_checkpoint, model_dir) == (
+        f"{path}: {words}; the file is damaged or not safetensors"
+    )
