@@ -56,6 +56,7 @@ from .cli.sampling_flags import (
     sampling_defaults,
 )
 from .cli.requests_from_prompts import build_requests
+from .cli.run_refusals import refuse_budgets_no_request_fits, refuse_text_without_a_tokenizer
 from .cli.records import OrderedOutput
 from .cli.progress import Progress
 from .cli.grids import continuous_grid, group_grid
@@ -399,8 +400,6 @@ def load(args, folder: Path) -> tuple[LLM, float]:
     )
     load_seconds = time.perf_counter() - start
     check_flags_for_model(llm.check_params, args.overrides)
-    if llm.backend_note:
-        print(llm.backend_note, file=sys.stderr)
     return llm, load_seconds
 
 
@@ -428,8 +427,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.generate")
         records = OutputFile(args.output) if args.output is not None else None
         try:
             llm, load_seconds = load(args, folder)
+            refuse_text_without_a_tokenizer(llm, entries)
             defaults = sampling_defaults(llm.defaults, args.overrides)
             requests = build_requests(llm, entries, defaults, args.logprobs is not None)
+            refuse_budgets_no_request_fits(llm, requests)
+            # Said once nothing can refuse the run any more, so that a refusal is one line.
+            if llm.backend_note:
+                print(llm.backend_note, file=sys.stderr)
         except BaseException:
             # The run never started: an existing --output stays as it was.
             if records is not None:

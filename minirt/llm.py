@@ -241,6 +241,11 @@ class LLM:
         ids outside its vocabulary, stop strings when it has no tokenizer."""
         self.engine.check_params(params)
 
+    def refusal(self, request: Request) -> str | None:
+        """Why no round could ever take this request under this LLM's budgets (its KV budget,
+        and under continuous batching its round token budget), or None when one could."""
+        return self.engine.scheduler.refusal(request)
+
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """What the model is fed first for a prompt: its ids, BOS alone when empty; a
         RequestError if bad."""

@@ -338,10 +338,19 @@ def test_a_folder_without_tokenizer_files_serves_token_ids_and_fails_only_text_p
     assert text.finish_reason == "error" and "no tokenizer" in text.error and text.token_ids == []
 
 
-def test_the_command_line_without_tokenizer_files_fails_text_prompts_one_by_one(model, run_dir):
+def test_the_command_line_without_tokenizer_files_serves_token_ids_and_refuses_text(model, run_dir):
+    """Token-id prompts run; a file of text prompts alone would fail every request, so it is refused
+    (exit 2, no records: docs/refusals.md), while text lines beside token-id ones fail one by one."""
     (model / "tokenizer.json").unlink()
     (run_dir / "ids.jsonl").write_text('{"prompt": [1, 2, 3], "max_new_tokens": 2}\n')
-    for prompts, want in (("ids.jsonl", EXIT_OK), ("p.txt", EXIT_REQUEST_FAILED)):
+    (run_dir / "mixed.jsonl").write_text(
+        '{"prompt": [1, 2, 3], "max_new_tokens": 2}\n{"prompt": "To be"}\n'
+    )
+    for prompts, want in (
+        ("ids.jsonl", EXIT_OK),
+        ("mixed.jsonl", EXIT_REQUEST_FAILED),
+        ("p.txt", EXIT_USAGE),
+    ):
         output = run_dir / f"{prompts}.out"
         with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
             code = run_command(
@@ -360,11 +369,16 @@ def test_the_command_line_without_tokenizer_files_fails_text_prompts_one_by_one(
                 prog="minirt.generate",
             )
         assert code == want and "Traceback" not in err.getvalue(), err.getvalue()
+        if want == EXIT_USAGE:
+            assert "every prompt is text" in err.getvalue() and not output.exists()
+            continue
         records = [json.loads(line) for line in output.read_text().splitlines()]
         assert len(records) == len((run_dir / prompts).read_text().splitlines())
-        assert all(
-            (r["finish_reason"] == "error") == (want == EXIT_REQUEST_FAILED) for r in records
-        ), records
+        # The token-id prompt runs; a text prompt fails alone.
+        assert [r["finish_reason"] == "error" for r in records] == [
+            not isinstance(json.loads(line)["prompt"], list)
+            for line in (run_dir / prompts).read_text().splitlines()
+        ], records
 
 
 # --- generation_config.json ------------------------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""Runs in which every request would fail the same way are refused before anything is served.
+
+Exit 2 and one line, and an existing --output stays as it was (instead of exit 1 and a file of error
+records): text prompts for a model without a tokenizer, and budgets that no request fits.  The boundary is
+tested too: a run in which one request fits still runs, and only the others fail, each alone.  The
+positions a request needs are computed here by hand: its prompt plus every new token but the last.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT
+
+BASE = ROOT / "tests" / "fixtures" / "base"  # no tokenizer; context 64
+OLD = b'{"an": "existing record"}\n'
+
+
+def run(tmp_path, lines: list, flags: list[str], suffix: str = "jsonl"):
+    """generate on the base fixture: (exit status, stderr lines, the --output file's bytes)."""
+    prompts = tmp_path / f"p.{suffix}"
+    if suffix == "jsonl":
+        prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in lines))
+    else:
+        prompts.write_text("".join(p + "\n" for p in lines))
+    output = tmp_path / "out.jsonl"
+    output.write_bytes(OLD)
+    done = subprocess.run(
+        [sys.executable, "-m", "minirt.generate", "--model", str(BASE), "--prompts", str(prompts)]
+        + ["--output", str(output), "--quiet", *flags],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    return done.returncode, done.stderr.splitlines(), output.read_bytes()
+
+
+def needs(prompt_len: int, max_new_tokens: int) -> int:
+    """KV positions a request reserves, by hand: prompt + max_new_tokens - 1, at least the prompt."""
+    return min(max(prompt_len + max_new_tokens - 1, prompt_len), 64)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+    max_new_tokens=st.integers(1, 6),
+    data=st.data(),
+)
+def test_a_kv_budget_that_no_request_fits_is_exit_2_and_one_that_one_fits_runs(
+    tmp_path_factory, lengths, max_new_tokens, data
+):
+    tmp_path = tmp_path_factory.mktemp("budget")
+    smallest = min(needs(n, max_new_tokens) for n in lengths)
+    budget = data.draw(st.integers(1, smallest + 2), label="budget")
+    lines = [list(range(1, n + 1)) for n in lengths]
+    flags = ["--kv-budget", str(budget), "--max-new-tokens", str(max_new_tokens)]
+    status, stderr, output = run(tmp_path, lines, flags)
+    if budget < smallest:
+        assert status == 2 and len(stderr) == 1, stderr
+        assert "no request of this run fits its budgets" in stderr[0]
+        assert f"over the budget of {budget}" in stderr[0] and "Traceback" not in stderr[0]
+        assert output == OLD
+        return
+    records = [json.loads(line) for line in output.splitlines()]
+    fits = [needs(n, max_new_tokens) <= budget for n in lengths]
+    assert [r["error"] is None for r in records] == fits
+    assert status == (0 if all(fits) else 1)
+
+
+def test_a_round_token_budget_under_every_prompt_is_exit_2(tmp_path):
+    lines = [[1, 2, 3], [4, 5, 6, 7]]
+    status, stderr, output = run(
+        tmp_path, lines, ["--policy", "continuous", "--max-round-tokens", "2"]
+    )
+    assert status == 2 and len(stderr) == 1 and "exceeds the round token budget of 2" in stderr[0]
+    assert output == OLD
+
+
+@pytest.mark.parametrize("suffix", ["txt", "jsonl"])
+def test_text_prompts_for_a_model_without_a_tokenizer_are_exit_2(tmp_path, suffix):
+    status, stderr, output = run(tmp_path, ["To be", "or not"], ["--max-new-tokens", "2"], suffix)
+    assert status == 2 and len(stderr) == 1
+    assert "has no tokenizer, and every prompt is text" in stderr[0]
+    assert output == OLD
+
+
+def test_one_token_id_prompt_among_text_ones_runs_and_the_text_ones_fail_alone(tmp_path):
+    status, stderr, output = run(
+        tmp_path, ["To be", [1, 2, 3], "or not"], ["--max-new-tokens", "2"]
+    )
+    assert status == 1
+    records = [json.loads(line) for line in output.splitlines()]
+    assert [r["error"] is None for r in records] == [False, True, False]
+    assert "no tokenizer" in records[0]["error"]
