@@ -584,8 +584,8 @@ MUTANTS = [
     Mutant(
         "json_files_read_whatever_they_are",
         "minirt/loading/json_file.py",
-        "if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > MAX_JSON_BYTES:",
-        "if not stat.S_ISREG(path.stat().st_mode) and False:",
+        "    kind = not_a_regular_file(path)\n    if kind:\n        raise NotAJsonFile",
+        "    kind = None\n    if kind:\n        raise NotAJsonFile",
         "a FIFO config.json hangs the loader, /dev/zero eats memory",
     ),
     Mutant(
@@ -896,15 +896,17 @@ MUTANTS = [
     Mutant(
         "a_raising_round_leaves_the_run",
         "minirt/engine/engine.py",
-        "        except BaseException:\n            self.start_run()\n            raise\n        return output",
+        "        except BaseException:\n            self.reset_run()\n            raise\n        return output",
         "        except BaseException:\n            raise\n        return output",
         "a round that raises leaves half-updated state for the next",
     ),
     Mutant(
         "serve_leaves_the_run_behind",
         "minirt/engine/engine.py",
-        "            self.serving = False\n            self.start_run()",
-        "            self.serving = False\n            self.release_kv_cache()",
+        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n"
+        "            self.reset_run()",
+        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n"
+        "            self.release_kv_cache()",
         "after serve, the old pool's shape outlives its cache",
     ),
     Mutant(
@@ -968,16 +970,17 @@ MUTANTS = [
     Mutant(
         "reentry_not_refused",
         "minirt/engine/engine.py",
-        "        if self.serving:\n",
-        "        if False:\n",
-        "generate() from on_token starts a second run inside the first",
+        "        if not self.busy.acquire(blocking=False):\n            raise self.reentry_error(call)\n"
+        "        try:\n            yield\n        finally:\n            self.busy.release()",
+        "        if self.busy.locked():\n            raise self.reentry_error(call)\n        yield",
+        "the engine is never held: generate() from on_token starts a second run inside the first",
     ),
     Mutant(
-        "serving_flag_never_set",
-        "minirt/engine/engine.py",
-        "        self.start_run()\n        self.serving = True\n",
-        "        self.start_run()\n",
-        "a run does not say it is running, so its callbacks may start another",
+        "generate_not_refused_early",
+        "minirt/llm.py",
+        '        self.engine.refuse_reentry("LLM.generate")\n',
+        "",
+        "a generate() from a callback is refused only by the engine, naming Engine.serve",
     ),
     Mutant(
         "forward_position_check_off_by_one",
@@ -1121,6 +1124,62 @@ MUTANTS = [
         "    link_problem = broken_link(path)\n    if link_problem:\n        raise CheckpointError",
         "    link_problem = None\n    if link_problem:\n        raise CheckpointError",
         "a generation_config.json that links to nothing is silently greedy defaults",
+    ),
+    Mutant(
+        "complex_taken_for_a_number",
+        "minirt/engine/params.py",
+        "    if isinstance(value, np.complexfloating):\n        return False",
+        "    if False:\n        return False",
+        "np.complex128 passes as a penalty, warns, and then kills the whole run",
+    ),
+    Mutant(
+        "bias_token_twice_summed",
+        "minirt/engine/params.py",
+        "            if tokens.count(token) > 1:",
+        "            if tokens.count(token) > 2:",
+        '"38" and "038" add their biases, past the range, or cancel a ban',
+    ),
+    Mutant(
+        "flag_shown_as_python",
+        "minirt/cli/sampling_flags.py",
+        '            return f"{flag_name(field)} {flag_text(field, value)}: {rule}"',
+        '            return f": {alone}"',
+        "a bad sampling flag is shown as ((5, nan),), without its flag",
+    ),
+    Mutant(
+        "text_for_no_tokenizer_runs",
+        "minirt/cli/run_refusals.py",
+        "    if all_text:\n",
+        "    if False:\n",
+        "text prompts for a model without a tokenizer fail every request, and --output is replaced",
+    ),
+    Mutant(
+        "budget_no_request_fits_runs",
+        "minirt/cli/run_refusals.py",
+        "    if waiting and all(reason is not None for reason in reasons):",
+        "    if waiting and all(reason is not None for reason in reasons[1:]) and False:",
+        "a --kv-budget no request fits runs, every request fails, --output is replaced",
+    ),
+    Mutant(
+        "budget_refused_when_one_fits",
+        "minirt/cli/run_refusals.py",
+        "    if waiting and all(reason is not None for reason in reasons):",
+        "    if waiting and any(reason is not None for reason in reasons):",
+        "a run is refused although one request fits the budget",
+    ),
+    Mutant(
+        "weights_kind_not_checked",
+        "minirt/loading/checkpoint.py",
+        "    kind = not_a_regular_file(path)",
+        "    kind = None",
+        "a model.safetensors, index or shard that is a folder or FIFO is reported absent or missing",
+    ),
+    Mutant(
+        "half_pair_checked_one_way",
+        "minirt/loading/tokenizer.py",
+        "for present, absent in ((first, second), (second, first)):",
+        "for present, absent in ((first, second),):",
+        "merges.txt without vocab.json is taken for no tokenizer",
     ),
 ]
 
