@@ -74,6 +74,17 @@ def test_a_kv_budget_that_no_request_fits_is_exit_2_and_one_that_one_fits_runs(
     assert status == (0 if all(fits) else 1)
 
 
+def test_a_budget_that_one_request_fits_runs_and_the_other_fails_alone(tmp_path):
+    """The boundary by hand: a 2-token prompt with 3 new tokens needs 2 + 3 - 1 = 4 positions, a 12-token one
+    14; with a budget of 4 the first runs and only the second fails."""
+    lines = [[1, 2], list(range(1, 13))]
+    status, stderr, output = run(tmp_path, lines, ["--kv-budget", "4", "--max-new-tokens", "3"])
+    assert status == 1, stderr
+    records = [json.loads(line) for line in output.splitlines()]
+    assert records[0]["error"] is None and len(records[0]["token_ids"]) == 3
+    assert "needs 14 KV cache positions, over the budget of 4" in records[1]["error"]
+
+
 def test_a_round_token_budget_under_every_prompt_is_exit_2(tmp_path):
     lines = [[1, 2, 3], [4, 5, 6, 7]]
     status, stderr, output = run(

@@ -950,7 +950,7 @@ MUTANTS = [
         "penalty_bound_one_sided",
         "minirt/engine/params.py",
         "not -MAX_PRESENCE_OR_FREQUENCY <= value <= MAX_PRESENCE_OR_FREQUENCY",
-        "not value <= MAX_PRESENCE_OR_FREQUENCY",
+        "not -MAX_PRESENCE_OR_FREQUENCY * 1e308 <= value <= MAX_PRESENCE_OR_FREQUENCY",
         "frequency_penalty -1e308 passes, and the penalty times a count overflows",
     ),
     Mutant(
@@ -1122,7 +1122,7 @@ MUTANTS = [
         "dangling_generation_config_taken_as_absent",
         "minirt/llm.py",
         "    link_problem = broken_link(path)\n    if link_problem:\n        raise CheckpointError",
-        "    link_problem = None\n    if link_problem:\n        raise CheckpointError",
+        "    link_problem = broken_link(path) and None\n    if link_problem:\n        raise CheckpointError",
         "a generation_config.json that links to nothing is silently greedy defaults",
     ),
     Mutant(
@@ -1150,7 +1150,7 @@ MUTANTS = [
         "text_for_no_tokenizer_runs",
         "minirt/cli/run_refusals.py",
         "    if all_text:\n",
-        "    if False:\n",
+        "    if all_text and False:\n",
         "text prompts for a model without a tokenizer fail every request, and --output is replaced",
     ),
     Mutant(
@@ -1170,8 +1170,8 @@ MUTANTS = [
     Mutant(
         "weights_kind_not_checked",
         "minirt/loading/checkpoint.py",
-        "    kind = not_a_regular_file(path)",
-        "    kind = None",
+        "    kind = not_a_regular_file(path)\n    if kind:\n        raise CheckpointError",
+        "    kind = not_a_regular_file(path) and None\n    if kind:\n        raise CheckpointError",
         "a model.safetensors, index or shard that is a folder or FIFO is reported absent or missing",
     ),
     Mutant(
