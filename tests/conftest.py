@@ -36,6 +36,25 @@ if os.environ.get("CI"):
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 DATA = ROOT / "tests" / "data"
+# The safetensors format's dtype codes and their sizes in bytes, written out here rather than imported, so that
+# the loader tests check minirt's own table (minirt/loading/safetensors_header.py) against the format.
+DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+}
 # The tools the tests import: tools/fixtures/ (reference.py with transformers, tiny_random_model.py, train_tiny.py)
 # and tools/bench/ (device_check.py).
 sys.path.insert(0, str(ROOT / "tools" / "bench"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 from .prompt_file import PromptEntry, json_text
-from ..engine.params import SamplingParams
+from ..engine.params import SamplingParams, first_refused_field
 from ..engine.request import Request
 from ..errors import RequestError
 from ..llm import LLM
@@ -58,15 +58,10 @@ def build_requests(
 def override_refusal(run_defaults: SamplingParams, overrides: dict, refusal: RequestError) -> str:
     """Why a line's own sampling fields were refused, naming the field and showing its value as
     the line wrote it, in JSON: 'temperature must be a number >= 0 (0 is greedy), got "hot"',
-    never Python's 'hot' (nor True for true, None for null, {'a': 1} for {"a": 1}).
-
-    SamplingParams checks each field on its own, so the field to blame is the first of the
-    line's that it refuses alone; its rule is the refusal's words before ", got "."""
-    for name, value in overrides.items():
-        try:
-            run_defaults.updated(**{name: value})
-        except RequestError as alone:
-            rule = str(alone).partition(", got ")[0]
-            return f"{rule}, got {json_text(value)}"
-    # Each field passes alone: the refusal is of the fields together, in its own words.
-    return str(refusal)
+    never Python's 'hot' (nor True for true, None for null, {'a': 1} for {"a": 1})."""
+    refused = first_refused_field(run_defaults, overrides)
+    if refused is None:
+        # Each field passes alone: the refusal is of the fields together, in its own words.
+        return str(refusal)
+    name, rule = refused
+    return f"{rule}, got {json_text(overrides[name])}"

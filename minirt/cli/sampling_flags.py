@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from contextlib import suppress
 
-from ..engine.params import SamplingParams
+from ..engine.params import SamplingParams, first_refused_field
 from ..errors import InputError, MinirtError, RequestError
 from ..loading.checkpoint import shipped_model_folder
 from ..llm import generation_defaults
@@ -204,14 +204,12 @@ def flag_blamed(model_defaults: SamplingParams, overrides: dict, refusal: Reques
     """'--FLAG VALUE: the rule' for the first flag SamplingParams refuses on its own, its value
     as the command line gave it (`--logit-bias 5=nan`), not as Python writes the field
     (`((5, nan),)`)."""
-    for field, value in overrides.items():
-        try:
-            model_defaults.updated(**{field: value})
-        except RequestError as alone:
-            rule = str(alone).partition(", got ")[0]
-            return f"{flag_name(field)} {flag_text(field, value)}: {rule}"
-    # Each flag passes alone: the refusal is of the flags together, in its own words.
-    return f": {refusal}"
+    refused = first_refused_field(model_defaults, overrides)
+    if refused is None:
+        # Each flag passes alone: the refusal is of the flags together, in its own words.
+        return f": {refusal}"
+    field, rule = refused
+    return f"{flag_name(field)} {flag_text(field, overrides[field])}: {rule}"
 
 
 def flag_text(field: str, value) -> str:

@@ -234,6 +234,19 @@ class SamplingParams:
 FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))
 
 
+def first_refused_field(base: SamplingParams, overrides: dict) -> tuple[str, str] | None:
+    """(the first field of `overrides` that `base.updated` refuses on its own, the rule it breaks),
+    or None when each passes alone.  The rule is the refusal without its ", got VALUE" end, which
+    every message here has, so that a caller can show the value as its user wrote it: in JSON
+    for a prompts-file line, in the flag's own words on a command line."""
+    for name, value in overrides.items():
+        try:
+            base.updated(**{name: value})
+        except RequestError as refusal:
+            return name, str(refusal).partition(", got ")[0]
+    return None
+
+
 def bias_pairs(raw):
     """A logit_bias as sorted (token id, bias) pairs: from a dict (JSON's keys are strings of
     digits), pairs or None; anything else is left for `validate` to refuse."""

@@ -44,7 +44,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from conftest import FIXTURES, bounded
+from conftest import DTYPE_BYTES, FIXTURES, bounded
 from minirt.loading.checkpoint import load_checkpoint
 from minirt.errors import MinirtError
 from minirt.loading.safetensors_header import read_safetensors_header
@@ -52,24 +52,6 @@ from minirt.loading.safetensors_header import read_safetensors_header
 
 MODEL = FIXTURES / "tiny_vocab_short_ctx"
 WEIGHTS = "model.safetensors"
-# The format's dtype codes and sizes, written out here rather than imported, so that minirt's table is checked.
-DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-}
 ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
 # The safetensors library's limit on the header (it refuses one byte more).
 MAX_HEADER_BYTES = 100_000_000

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from conftest import FIXTURES, ROOT, bounded
+from conftest import DTYPE_BYTES, FIXTURES, ROOT, bounded
 from minirt import LLM
 from minirt.loading.checkpoint import load_checkpoint
 from minirt.cli.command import EXIT_USAGE, run_command
@@ -47,24 +47,6 @@ BASE = FIXTURES / "base"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 OLD = b'{"an": "existing record"}\n'
-# The format's dtype codes, written out here rather than imported, so that the tests check minirt's table.
-DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E5M2": 1,
-    "F8_E4M3": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-}
 
 
 def examples(n: int) -> settings:

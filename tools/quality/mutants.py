@@ -1028,9 +1028,8 @@ MUTANTS = [
     Mutant(
         "sampling_refusal_shows_a_python_repr",
         "minirt/cli/requests_from_prompts.py",
-        '            rule = str(alone).partition(", got ")[0]\n'
-        '            return f"{rule}, got {json_text(value)}"',
-        "            return str(alone)",
+        '    return f"{rule}, got {json_text(overrides[name])}"',
+        '    return f"{rule}, got {json_text(repr(overrides[name]))}"',
         "a wrong-typed sampling field's record says got 'hot' / True / {'a': 1}",
     ),
     Mutant(
@@ -1142,8 +1141,8 @@ MUTANTS = [
     Mutant(
         "flag_shown_as_python",
         "minirt/cli/sampling_flags.py",
-        '            return f"{flag_name(field)} {flag_text(field, value)}: {rule}"',
-        '            return f": {alone}"',
+        '    return f"{flag_name(field)} {flag_text(field, overrides[field])}: {rule}"',
+        '    return f": {refusal}"',
         "a bad sampling flag is shown as ((5, nan),), without its flag",
     ),
     Mutant(
