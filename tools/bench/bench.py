@@ -13,21 +13,29 @@ min_new_tokens for transformers, so both sides do exactly the same work):
 
 Every measurement runs in a fresh Python process (this script, `--child SIDE WORKLOAD`), which loads the
 model, warms up once on a small piece of the workload, times the workload once, and reports its peak RSS
-(`ru_maxrss`: load, warm-up and run together).  The parent runs the two sides alternately, `--repeats`
+(VmHWM, /proc/self/status: load, warm-up and run together; not `ru_maxrss`, which on Linux keeps the
+high-water mark of the parent's image that the child was forked from, across exec).  The parent runs the two sides alternately, `--repeats`
 times each, and prints medians, the min-max range of each side, and the ratio's range over the pairs
 run back to back.  The minirt child never imports torch, so its RSS is minirt's own.  The greedy tokens
 (for scoring: the argmax at every position) of the two sides are compared as a sanity check.
 
 `--decode-floor` measures, in one minirt process, a decode step (`model.forward` of one token per row
 after 40 cached positions, Batch metadata included; sampling is not) against the time of that step's weight GEMMs
-alone (4 per layer and the head, on random inputs of the same shapes), alternating, at batch 1, 8, 32;
-and the same step with the head multiplied as the file's [V, C] transposed, against the [C, V] copy minirt keeps.
+alone (4 per layer and the head, on random inputs of the same shapes, the way round minirt runs them),
+alternating, at batch 1, 8, 32; and the same step two other ways: with the Conv1D weights stored as the
+file's [in, out] and multiplied `x @ weight` (minirt before it stored them [out, in]), and with the head
+multiplied as the file's [V, C] transposed, against the [C, V] copy minirt keeps.
+
+The BLAS kernel: by default every timed process runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, so
+that NumPy's OpenBLAS picks its kernel as on a user's machine (`--blas-env keep`: as this machine sets
+them; tools/bench/blas_env.py).  The kernel, as threadpoolctl reports it, is printed above every table.
 
 Usage (needs the `reference` extra; the default model is a random gpt2-124M made once in /tmp):
 
     python tools/bench/bench.py                                  # the whole matrix, 3 repeats
     python tools/bench/bench.py --workloads long-b8 score-8x1024 --repeats 5
     python tools/bench/bench.py --decode-floor                   # decode step against its GEMMs
+    python tools/bench/bench.py --decode-floor --blas-env keep   # ... under the machine's OPENBLAS_*
     python tools/bench/bench.py --model gpt2                     # a real checkpoint from the local HF cache
 
 Other work on the machine skews every figure: run it alone (or under `flock /tmp/bench.lock`).
@@ -37,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -48,6 +55,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures"))  # reference.py
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py
+
+import blas_env
 
 # name -> (prompts, (min, max) prompt length, new tokens, batch size)
 WORKLOADS = {
@@ -69,7 +79,11 @@ def workload_prompts(name: str, vocab_size: int, seed: int) -> list[list[int]]:
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """This process's own peak RSS (VmHWM), in MB (MiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024  # kB
+    raise SystemExit("bench: /proc/self/status has no VmHWM line (peak RSS needs Linux)")
 
 
 # ---------------------------------------------------------------------------- the two sides, in a child
@@ -167,7 +181,10 @@ def child(side: str, name: str, model_dir: str, dtype: str, seed: int) -> dict:
         result["tokens"] = generate(prompts, new_tokens)
         seconds = time.perf_counter() - start
         result["rate"] = n_prompts * new_tokens / seconds  # generated tokens per second
-    result["seconds"], result["peak_rss_mb"] = seconds, peak_rss_mb()
+    result["seconds"] = seconds
+    result["peak_rss_mb"] = peak_rss_mb()
+    # After the peak is read: threadpoolctl is not part of either side.
+    result["blas"] = blas_env.report()
     return result
 
 
@@ -203,6 +220,7 @@ def matrix(args) -> None:
         f"model {args.model}, {args.dtype}; {args.repeats} alternating runs per side, each in a fresh process; "
         "rates are medians (min-max)"
     )
+    blas_lines: set[str] = set()
     print(
         "| workload | minirt tok/s | transformers tok/s | ratio (pair range) | peak RSS MB minirt / transformers "
         "| same tokens |"
@@ -213,6 +231,7 @@ def matrix(args) -> None:
         for _ in range(args.repeats):
             ours.append(run_child("minirt", name, args))
             theirs.append(run_child("transformers", name, args))
+        blas_lines.update(result["blas"] for result in ours + theirs)
         ratios = [a["rate"] / b["rate"] for a, b in zip(ours, theirs, strict=True)]
         rate = statistics.median(a["rate"] for a in ours) / statistics.median(
             b["rate"] for b in theirs
@@ -228,59 +247,104 @@ def matrix(args) -> None:
             f"| {same}/{len(ours[-1]['tokens'])} rows |",
             flush=True,
         )
+    # Every child reports the BLAS it ran with; they all share one environment.
+    print("\nthe timed processes' " + " | ".join(sorted(blas_lines)))
+
+
+def linear_as_before(x, fc):
+    """minirt's linear before the Conv1D weights were stored [out, in]: `x @ weight` on [in, out]."""
+    out = x @ fc.weight  # [N, out]
+    out += fc.bias
+    return out
+
+
+def blocks_as_before(blocks):
+    """The same blocks with each Conv1D weight as the file's [in, out], contiguous (a copy)."""
+    from dataclasses import replace
+
+    from minirt.model.layers import MLP, Attention, Linear
+
+    def file_layout(fc):
+        return Linear(np.ascontiguousarray(fc.weight.T), fc.bias)  # [in, out]
+
+    return [
+        replace(
+            block,
+            attn=Attention(file_layout(block.attn.c_attn), file_layout(block.attn.c_proj)),
+            mlp=MLP(file_layout(block.mlp.c_fc), file_layout(block.mlp.c_proj)),
+        )
+        for block in blocks
+    ]
 
 
 def decode_floor(args) -> None:
-    """A decode step against its own weight GEMMs, at batch 1, 8 and 32 (see the module docstring)."""
+    """A decode step against its own weight GEMMs, at batch 1, 8 and 32, and the same step with the
+    weights laid out as before (see the module docstring)."""
     import minirt
+    from minirt.model import layers
     from minirt.model.batch import Batch
 
-    model, kv_len, steps = minirt.load_model(args.model, dtype=args.dtype), 40, 21
-    c, rng = model.config, np.random.default_rng(args.seed)
-    head_cv, head_vc_t = (
-        model.head_weight,
-        np.ascontiguousarray(model.head_weight.T).T,
-    )  # same numbers
+    model = minirt.load_model(args.model, dtype=args.dtype)
+    kv_len = 40
+    steps = args.steps
+    c = model.config
+    rng = np.random.default_rng(args.seed)
+    blocks = {"step": model.blocks, "weights [in, out]": blocks_as_before(model.blocks)}
+    linears = {"step": layers.linear, "weights [in, out]": linear_as_before}
+    head_cv = model.head_weight  # [C, V]
+    head_vc_t = np.ascontiguousarray(model.head_weight.T).T  # the same numbers, [V, C] in memory
 
-    def gemms(x):
+    def gemms(x, x_inner):
+        # The way round minirt runs them at up to layers.FEW_ROWS rows; no biases.
         for block in model.blocks:
-            x @ block.attn.c_attn.weight, x @ block.attn.c_proj.weight
-            (x @ block.mlp.c_fc.weight) @ block.mlp.c_proj.weight
+            block.attn.c_attn.weight @ x.T
+            block.attn.c_proj.weight @ x.T
+            block.mlp.c_fc.weight @ x.T
+            block.mlp.c_proj.weight @ x_inner.T
         return x @ model.head_weight
 
+    print(blas_env.report())
     print(
         f"decode step (model.forward, KV {kv_len}) against its weight GEMMs; medians of {steps} alternating steps"
     )
     print(
-        "| batch | step ms | GEMMs ms | step / GEMMs | step with the head as [V, C]^T ms | saving |"
+        "| batch | step ms | GEMMs ms | step / GEMMs | step with the weights [in, out] ms | saving "
+        "| step with the head as [V, C]^T ms | saving |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
+    kinds = ("step", "gemms", "weights [in, out]", "head [V, C]^T")
     for batch_size in (1, 8, 32):
         cache = model.new_kv_cache(batch_size, kv_len + 1)
         slots = list(range(batch_size))
         prompts = [rng.integers(0, c.vocab_size, kv_len).tolist() for _ in slots]
         model.forward(Batch(prompts, model.backend, slots=slots, past_lens=[0] * batch_size), cache)
         x = rng.standard_normal((batch_size, c.n_embd)).astype(model.dtype)
-        times = {"step": [], "gemms": [], "old head": []}
+        x_inner = rng.standard_normal((batch_size, c.n_inner)).astype(model.dtype)
+        times: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _step in range(steps):
-            for key in ("step", "gemms", "old head"):
-                model.head_weight = head_vc_t if key == "old head" else head_cv
+            for kind in kinds:
+                as_before = "weights [in, out]" if kind == "weights [in, out]" else "step"
+                model.blocks = blocks[as_before]
+                layers.linear = linears[as_before]
+                model.head_weight = head_vc_t if kind == "head [V, C]^T" else head_cv
+                # Every step at KV 40 + 1.
+                tokens = rng.integers(0, c.vocab_size, (batch_size, 1)).tolist()
                 start = time.perf_counter()
-                if key == "gemms":
-                    gemms(x)
+                if kind == "gemms":
+                    gemms(x, x_inner)
                 else:
-                    tokens = rng.integers(
-                        0, c.vocab_size, (batch_size, 1)
-                    ).tolist()  # every step at KV 40 + 1
-                    model.forward(
-                        Batch(tokens, model.backend, slots=slots, past_lens=[kv_len] * batch_size),
-                        cache,
+                    batch = Batch(
+                        tokens, model.backend, slots=slots, past_lens=[kv_len] * batch_size
                     )
-                times[key].append(time.perf_counter() - start)
+                    model.forward(batch, cache)
+                times[kind].append(time.perf_counter() - start)
+        model.blocks = blocks["step"]
+        layers.linear = linears["step"]
         model.head_weight = head_cv
-        step, gemm, old = (1e3 * statistics.median(times[k]) for k in ("step", "gemms", "old head"))
+        step, gemm, before, old_head = (1e3 * statistics.median(times[kind]) for kind in kinds)
         print(
-            f"| {batch_size} | {step:.2f} | {gemm:.2f} | {step / gemm:.2f}x | {old:.2f} | {old / step:.2f}x |",
+            f"| {batch_size} | {step:.2f} | {gemm:.2f} | {step / gemm:.2f}x | {before:.2f} "
+            f"| {before / step:.2f}x | {old_head:.2f} | {old_head / step:.2f}x |",
             flush=True,
         )
 
@@ -291,7 +355,8 @@ def main() -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python tools/bench/bench.py --repeats 3\n"
         "  python tools/bench/bench.py --workloads long-b8 --repeats 5\n"
-        "  python tools/bench/bench.py --decode-floor",
+        "  python tools/bench/bench.py --decode-floor\n"
+        "  python tools/bench/bench.py --decode-floor --blas-env keep",
     )
     parser.add_argument(
         "--model", help="checkpoint folder or hub id (default: a random gpt2-124M in --scratch)"
@@ -315,13 +380,22 @@ def main() -> int:
     parser.add_argument(
         "--decode-floor", action="store_true", help="measure the decode step against its GEMMs"
     )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=31,
+        help="--decode-floor: alternating steps per kind (default 31)",
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--timeout", type=float, default=900, help="seconds one child may run (default 900)"
     )
+    blas_env.add_blas_env_argument(parser)
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Before anything is timed: every process from here on runs under the chosen BLAS environment.
+    blas_env.run_under(args.blas_env)
     if args.child:
         print(json.dumps(child(*args.child, args.model, args.dtype, args.seed)))
         return 0

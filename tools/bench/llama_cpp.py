@@ -43,6 +43,11 @@ benchmarks, so run compare under the bench lock (the build takes none; it runs u
     flock /tmp/bench.lock python tools/bench/llama_cpp.py compare --model /tmp/gpt2-124m-random \\
         --gguf /tmp/gpt2-124m-random-f32.gguf --llama-dir /tmp/llama-cpp --repeats 3
 
+The BLAS kernel: compare runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset by default, so that NumPy's
+OpenBLAS picks its kernel as on a user's machine; `--blas-env keep` keeps them as this machine sets them
+(tools/bench/blas_env.py).  compare prints the kernel above its table.  (llama.cpp's own kernels are
+compiled for this CPU, GGML_NATIVE, and read neither variable.)
+
 compare exits 1 when the greedy tokens differ.
 """
 
@@ -63,6 +68,9 @@ from pathlib import Path
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist vendoring llama.cpp ggml-org/llama.cpp@0c1e57098
 TARGETS = ("llama-bench", "llama-batched-bench", "llama-simple", "llama-tokenize")
 REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py
+
+import blas_env  # noqa: E402 (after its folder is on the path)
 
 
 def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -319,9 +327,9 @@ def summary(values: list[float]) -> str:
 
 
 def cmd_compare(args) -> int:
-    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(
-        args.threads
-    )  # before NumPy loads
+    # Before NumPy loads: the chosen BLAS environment (a fresh process), then the threads.
+    blas_env.run_under(args.blas_env)
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.threads)
     sys.path.insert(0, str(REPO))
     import numpy as np
 
@@ -339,7 +347,7 @@ def cmd_compare(args) -> int:
     print(
         f"model {args.model}: {llm.model.n_params / 1e6:.0f}M parameters, float32; gguf {args.gguf}; "
         f"llama.cpp {vendored_commit(args.llama_dir.resolve())} (llama-cpp-python {LLAMA_CPP_PYTHON}); "
-        f"{args.threads} threads each\n",
+        f"{args.threads} threads each\nminirt's {blas_env.report()}\n",
         flush=True,
     )
 
@@ -496,6 +504,7 @@ def main() -> int:
         "--check-tokens", type=int, default=32, help="greedy tokens compared (default 32)"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    blas_env.add_blas_env_argument(p)
     p.set_defaults(func=cmd_compare)
     args = parser.parse_args()
     return args.func(args)

@@ -16,6 +16,10 @@ Peak RSS is the process's own high-water mark (VmHWM in /proc/self/status).  Mem
 count toward RSS once touched, like any other page, so `peak_first` is the
 fair number to compare.
 
+The BLAS kernel: every child runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset by default, so that
+NumPy's OpenBLAS picks its kernel as on a user's machine; `--blas-env keep` keeps them as this machine
+sets them (tools/bench/blas_env.py).  The kernel is printed above the table.
+
 Usage (needs the `reference` extra):
 
     python tools/bench/measure_load.py --make /tmp/gpt2-124m-random   # writes a random 124M checkpoint once
@@ -31,6 +35,10 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py
+
+import blas_env
 
 CHILD_TEMPLATE = r"""
 import json, resource, sys, time
@@ -104,7 +112,10 @@ def main() -> int:
     parser.add_argument(
         "--repeats", type=int, default=3, help="runs per side, alternating (default 3)"
     )
+    blas_env.add_blas_env_argument(parser)
     args = parser.parse_args()
+    # Before anything is timed: every child inherits the chosen BLAS environment.
+    blas_env.run_under(args.blas_env)
     if args.make:
         make_checkpoint(args.make)
         args.model = args.model or str(args.make)
@@ -122,6 +133,7 @@ def main() -> int:
     print(
         f"model: {args.model}   (median of {args.repeats} alternating runs, each in a fresh process)"
     )
+    print(f"the children's {blas_env.report()}")
     print(
         f"{'':14s}{'import s':>10s}{'load s':>10s}{'1st fwd s':>11s}"
         f"{'RSS import':>12s}{'peak load':>11s}{'peak 1st':>10s}   (MiB)"

@@ -6,6 +6,10 @@ run are checked against the one-process run: the same index, id, text, token_ids
 
     python tools/bench/ray_bench.py --model /tmp/gpt2-124m-random --prompts 64 --max-new-tokens 32 --repeats 3
 
+Every run has OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset by default (NumPy's OpenBLAS picks its kernel, as on a
+user's machine; Ray's workers inherit the driver's environment); `--blas-env keep` keeps them as this machine sets
+them (tools/bench/blas_env.py).  The kernel is printed above the table.
+
 On a 2-core machine this cannot show scaling: one process already uses both cores for its matrix products,
 and each worker gets one.  It shows what Ray costs (start, a model load per worker) beside what it buys.
 """
@@ -22,6 +26,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py
+
+import blas_env  # noqa: E402 (after its folder is on the path)
+
 CONFIGS = {
     "one process": [],
     "ray, 1 worker": ["--ray", "local", "--workers", "1"],
@@ -70,12 +78,19 @@ def run(config: list[str], model: str, prompts: Path, out: Path, max_new_tokens:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example: python tools/bench/ray_bench.py --model /tmp/gpt2-124m-random "
+        "--prompts 64 --max-new-tokens 32 --repeats 3",
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--prompts", type=int, default=64, help="how many prompts (default 64)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    blas_env.add_blas_env_argument(parser)
     args = parser.parse_args()
+    # Before anything is timed: every run (and its Ray workers) inherits the chosen BLAS environment.
+    blas_env.run_under(args.blas_env)
     with tempfile.TemporaryDirectory() as tmp:
         prompts = Path(tmp) / "prompts.jsonl"
         write_prompts(prompts, args.prompts)
@@ -100,6 +115,7 @@ def main() -> int:
         f"{args.prompts} prompts x {args.max_new_tokens} new tokens ({tokens} tokens), model {args.model}, "
         f"{args.repeats} repeats"
     )
+    print(f"each run's {blas_env.report()}")
     print("| run | wall s, median (min-max) | tokens/s | vs one process | records equal |")
     print("|---|---|---|---|---|")
     single = statistics.median(times["one process"])
