@@ -2,7 +2,7 @@
 guesses.
 
 Owns: the command-line report on one model: where it was found, its config,
-its weights (count, file precision, tied head, how they were stored),
+its weights (count, file precision, tied head, whether they were memory-mapped),
 how long loading took, its tokenizer, and for each prompt the most likely next
 tokens, all computed by minirt's own forward pass in one padded batch.
 
@@ -180,6 +180,9 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
     c = llm.model.config
     files = sorted({str(p) for p in checkpoint.folder.glob("*.safetensors")})
     file_dtypes = ", ".join(sorted(set(checkpoint.file_dtypes.values())))
+    mapped = model.backend.name == "numpy" and all(
+        not a.flags.owndata for a in model.params.values()
+    )
     print(f"model      {checkpoint.folder}")
     print(
         f"config     {plural(c.n_layer, 'layer')}, {c.n_embd} wide, {plural(c.n_head, 'head')} "
@@ -195,12 +198,10 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
         f"weights    {plural(model.n_params, 'parameter', spec=',')} in "
         f"{plural(len(files), 'file')}, {file_dtypes}; head {head}"
     )
-    # Every weight is copied once (minirt/model/gpt2.py's owned_copy); the layout is the news.
-    if file_dtypes == dtype.name.replace("float", "F"):
-        weights = "copied on load"
+    if mapped:
+        weights = "memory-mapped, not copied (the head: one [C, V] fp32 copy)"
     else:
-        weights = f"converted from {file_dtypes} on load"
-    weights += ", the Conv1D weights as [out, in], the head as one [C, V] fp32 array"
+        weights = "converted on load"
     print(f"compute    {model.backend.name}, {dtype.name}; weights {weights}")
     print(f"loaded in  {load_seconds:.3f} s")
     describe_tokenizer(llm.tokenizer)

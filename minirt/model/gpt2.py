@@ -1,8 +1,8 @@
 """GPT-2's weights on a backend, and the one way through them: `GPT2.forward(batch, kv_cache)`.
 
-Owns: `GPT2`, which copies a loaded checkpoint's tensors onto a backend in the compute dtype (the
-Conv1D weights stored [out, in], the head [C, V] in fp32), runs one round's forward pass over
-minirt/model/layers.py, allocates KV caches, and scores whole sequences without one (`logits`).
+Owns: `GPT2`, which takes a loaded checkpoint's tensors onto a backend in the compute dtype (the
+head stored [C, V] in fp32), runs one round's forward pass over minirt/model/layers.py, allocates
+KV caches, and scores whole sequences without one (`logits`).
 
 Must not know: files, tokenizers, requests, sampling or scheduling.  It takes any object with
 `config`, `folder`, `tensors` and `head_is_tied` (minirt/loading/checkpoint.py's `Checkpoint` is
@@ -22,14 +22,6 @@ from .config import GPT2Config
 from .batch import Batch, check_token_ids
 from .kv_cache import KVCache
 from .layers import LayerNorm, block_weights, embed, layer_norm, lm_head, transformer_block
-
-# The checkpoint's Conv1D weights, [in, out] in the file, which layers.Linear stores [out, in].
-CONV1D_WEIGHTS = (
-    "attn.c_attn.weight",
-    "attn.c_proj.weight",
-    "mlp.c_fc.weight",
-    "mlp.c_proj.weight",
-)
 
 
 class LoadedWeights(Protocol):
@@ -51,16 +43,6 @@ class LoadedWeights(Protocol):
     def head_is_tied(self) -> bool: ...
 
 
-def owned_copy(backend: Backend, name: str, host, dtype):
-    """One checkpoint tensor as an array the model owns, on the backend, in `dtype`: a Conv1D weight
-    transposed to [out, in] (layers.Linear), any other as it is.  Every tensor is copied, so that
-    nothing keeps the mapped file open once loading ends: its pages, read by the copies, would
-    otherwise stay resident beside them."""
-    if name.endswith(CONV1D_WEIGHTS):
-        return backend.transposed(host, dtype)  # [out, in]
-    return backend.asarray(host).astype(dtype)  # a copy, whatever the file's dtype
-
-
 class GPT2:
     """GPT-2's weights on a backend, and the forward pass over one round."""
 
@@ -72,21 +54,23 @@ class GPT2:
         self.dtype = np.dtype(dtype)
         # A weight past float16's range becomes inf: forward checks.
         with np.errstate(over="ignore"):
+            # No copy on NumPy when the file's dtype is the compute dtype: a view of the mapped
+            # file.
             self.params = {
-                name: owned_copy(backend, name, host, self.dtype)
+                name: backend.asarray(host).astype(self.dtype, copy=False)
                 for name, host in checkpoint.tensors.items()
                 if name not in ("wte.weight", "lm_head.weight")
             }
             # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a
             # contiguous [C, V] than on the file's [V, C] transposed: stored once so, fp32.  A
-            # tied model's embeddings are its columns; an untied model's are a [C, V] view of a
-            # copy of its own table.
+            # tied model's embeddings are its columns; an untied model's are a [C, V] view of its
+            # own table (no copy on NumPy).
             tensors = checkpoint.tensors
             self.head_weight = backend.transposed(tensors["lm_head.weight"], np.float32)  # [C, V]
             if checkpoint.head_is_tied:
                 self.wte_t = self.head_weight  # [C, V] fp32
             else:
-                wte = owned_copy(backend, "wte.weight", tensors["wte.weight"], self.dtype)
+                wte = backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False)
                 self.wte_t = wte.T  # [C, V]
         p = self.params
         self.wpe = p["wpe.weight"]  # [P, C]

@@ -2,8 +2,7 @@
 
 Owns: the arithmetic of GPT-2 over one round's packed tokens (embeddings, layer norm, attention,
 GELU, MLP, head), and the small dataclasses that carry each layer's weights, named as in the
-checkpoint (`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`, stored transposed: see
-`Linear`).  Read it top to bottom.
+checkpoint (`blocks[3].attn.c_attn.weight` is `h.3.attn.c_attn.weight`).  Read it top to bottom.
 Shape letters:
 
     B  rows in the batch          T  new tokens per row this round (padded)
@@ -40,20 +39,12 @@ from .kv_cache import LayerKV
 ATTENTION_SCRATCH_BYTES = 8 * 2**20
 MLP_SCRATCH_BYTES = 8 * 2**20
 
-# Up to this many rows, a weight GEMM runs as `weight @ x.T` (its result transposed); beyond, as
-# `x @ weight.T`.  Measured with NumPy's OpenBLAS (SkylakeX kernel, 2 threads), gpt2-124M's four
-# GEMMs of a layer: 1.1-1.3x faster at 8-32 rows (a decode step's), 1.05x at 64-128, and 0.8x at
-# 2,048, where the other way round is the faster.
-FEW_ROWS = 256
-
 
 @dataclass(frozen=True)
 class Linear:
-    """A weight matrix and its bias.  The weight is stored [out, in], as torch.nn.Linear keeps
-    it: the checkpoint's Conv1D is [in, out], and minirt/model/gpt2.py transposes it once, at
-    load, because `weight @ x.T` streams it fastest when x has a few rows (see FEW_ROWS)."""
+    """A Hugging Face Conv1D, stored [in, out] so that `x @ weight` needs no transpose."""
 
-    weight: Any  # [out, in]
+    weight: Any  # [in, out]
     bias: Any  # [out]
 
 
@@ -119,13 +110,9 @@ def layer_norm(xp, x, ln: LayerNorm, eps: float):
 
 
 def linear(x, fc: Linear):
-    """A 2-D weight GEMM, [tokens, in] -> [tokens, out], the way round that runs faster for this
-    many tokens (FEW_ROWS), and the bias added in place (no second [N, out] array)."""
-    if x.shape[0] <= FEW_ROWS:
-        # [out, in] @ [in, N], viewed back as [N, out] (no copy).
-        out = (fc.weight @ x.T).T  # [N, out]
-    else:
-        out = x @ fc.weight.T  # [N, out]
+    """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second
+    [N, out] array)."""
+    out = x @ fc.weight  # [N, out]
     out += fc.bias  # [N, out]
     return out
 
@@ -244,7 +231,7 @@ def mlp(xp, x, weights: MLP, gelu_form: str):
     cheap), however long."""
     out = xp.empty_like(x)  # [N, C]
     # Tokens per tile.
-    rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[0] * x.itemsize))
+    rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize))
     for first in range(0, x.shape[0], rows):
         hidden = gelu(xp, linear(x[first : first + rows], weights.c_fc), gelu_form)  # [rows, I]
         out[first : first + rows] = linear(hidden, weights.c_proj)  # [rows, C]

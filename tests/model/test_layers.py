@@ -174,7 +174,7 @@ def test_scores_in_the_hundreds_still_give_finite_logits(sharp_attention_model):
     x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     x = x * model.blocks[0].ln_1.weight + model.blocks[0].ln_1.bias
     C = x.shape[1]
-    qk = x @ layer0.weight[: 2 * C].T + layer0.bias[: 2 * C]  # weight [3C, C]: [out, in]
+    qk = x @ layer0.weight[:, : 2 * C] + layer0.bias[: 2 * C]
     assert (
         np.abs(qk[:, :C] @ qk[:, C:].T).max() / math.sqrt(C // model.config.n_head) > 100
     )  # per head they are big
@@ -287,45 +287,6 @@ def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
 
 
 # ------------------------------------------------------------------ the [C, V] head and its block loops
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    rows=st.sampled_from([1, 2, 7, 8, 32, 255, 256, 257, 300]),
-    n_in=st.integers(1, 24),
-    n_out=st.integers(1, 24),
-    seed=st.integers(0, 2**16),
-)
-def test_linear_is_x_times_the_weight_transposed_plus_the_bias_either_way_round(
-    rows, n_in, n_out, seed
-):
-    """`linear` on a weight stored [out, in] gives x W^T + b, by a float64 hand product, on both
-    sides of FEW_ROWS (where its GEMM changes direction)."""
-    from minirt.model.layers import Linear, linear
-
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    weight = rng.standard_normal((n_out, n_in)).astype(np.float32)  # [out, in]
-    bias = rng.standard_normal(n_out).astype(np.float32)
-    want = x.astype(np.float64) @ weight.astype(np.float64).T + bias
-    got = linear(x, Linear(weight, bias))
-    assert got.shape == (rows, n_out) and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-def test_linear_turns_its_gemm_round_at_few_rows():
-    """Up to FEW_ROWS rows the product is weight @ x.T, viewed back (its result [out, N] in memory);
-    beyond, x @ weight.T (its result [N, out]).  The two give the same numbers, so only the layout of
-    the result tells which ran."""
-    from minirt.model.layers import FEW_ROWS, Linear, linear
-
-    rng = np.random.default_rng(0)
-    weight = rng.standard_normal((6, 4)).astype(np.float32)  # [out, in]
-    fc = Linear(weight, np.zeros(6, np.float32))
-    few = linear(rng.standard_normal((FEW_ROWS, 4)).astype(np.float32), fc)
-    many = linear(rng.standard_normal((FEW_ROWS + 1, 4)).astype(np.float32), fc)
-    assert few.flags.f_contiguous and not few.flags.c_contiguous
-    assert many.flags.c_contiguous and not many.flags.f_contiguous
 
 
 def test_a_blocked_transpose_equals_the_transpose_across_many_blocks():
