@@ -289,6 +289,41 @@ def test_query_tiles_skip_padding_and_what_lies_above_the_diagonal():
 # ------------------------------------------------------------------ the [C, V] head and its block loops
 
 
+def test_the_mlp_keeps_each_hidden_tile_within_its_scratch(monkeypatch):
+    """The MLP's hidden activations [tokens, I] come a tile at a time, each within
+    MLP_SCRATCH_BYTES, and the tiles together give the untiled result."""
+    import minirt.model.layers as layers
+
+    rng = np.random.default_rng(1)
+    C = 8
+    inner = 32
+    N = 50
+    weights = layers.MLP(
+        c_fc=layers.Linear(
+            rng.standard_normal((C, inner)).astype(np.float32), np.zeros(inner, np.float32)
+        ),
+        c_proj=layers.Linear(
+            rng.standard_normal((inner, C)).astype(np.float32), np.zeros(C, np.float32)
+        ),
+    )
+    x = rng.standard_normal((N, C)).astype(np.float32)
+    untiled = layers.mlp(np, x, weights, "tanh")
+    # Ten tokens' hidden activations fit.
+    scratch = 10 * inner * 4
+    monkeypatch.setattr(layers, "MLP_SCRATCH_BYTES", scratch)
+    seen = []
+    real_gelu = layers.gelu
+
+    def recording_gelu(xp, hidden, form="tanh"):
+        seen.append(hidden.nbytes)
+        return real_gelu(xp, hidden, form)
+
+    monkeypatch.setattr(layers, "gelu", recording_gelu)
+    tiled = layers.mlp(np, x, weights, "tanh")
+    assert len(seen) == 5 and max(seen) <= scratch
+    np.testing.assert_allclose(tiled, untiled, rtol=1e-5, atol=1e-4)
+
+
 def test_a_blocked_transpose_equals_the_transpose_across_many_blocks():
     """`Backend.transposed` copies 256 rows at a time: 1000 rows span four blocks, the last one partial."""
     from minirt.model.backend import numpy_backend

@@ -20,11 +20,12 @@ run back to back.  The minirt child never imports torch, so its RSS is minirt's 
 (for scoring: the argmax at every position) of the two sides are compared as a sanity check.
 
 `--decode-floor` measures, in one minirt process, a decode step (`model.forward` of one token per row
-after 40 cached positions, Batch metadata included; sampling is not) against the time of that step's weight GEMMs
+after 40 cached positions, or --kv-len; Batch metadata included; sampling is not) against the time of that step's weight GEMMs
 alone (4 per layer and the head, on random inputs of the same shapes, the way round minirt runs them),
-alternating, at batch 1, 8, 32; and the same step two other ways: with the Conv1D weights stored as the
-file's [in, out] and multiplied `x @ weight` (minirt before it stored them [out, in]), and with the head
-multiplied as the file's [V, C] transposed, against the [C, V] copy minirt keeps.
+alternating, at batch 1, 8, 32; and the same step two other ways: with each Conv1D weight copied to
+[out, in] (as torch.nn.Linear keeps it) and multiplied `weight @ x.T`, the layout that streams fastest in
+a GEMM of a few rows, against the file's [in, out] that minirt maps and multiplies `x @ weight`; and with
+the head multiplied as the file's [V, C] transposed, against the [C, V] copy minirt keeps.
 
 The BLAS kernel: by default every timed process runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, so
 that NumPy's OpenBLAS picks its kernel as on a user's machine (`--blas-env keep`: as this machine sets
@@ -251,27 +252,27 @@ def matrix(args) -> None:
     print("\nthe timed processes' " + " | ".join(sorted(blas_lines)))
 
 
-def linear_as_before(x, fc):
-    """minirt's linear before the Conv1D weights were stored [out, in]: `x @ weight` on [in, out]."""
-    out = x @ fc.weight  # [N, out]
+def linear_transposed(x, fc):
+    """A weight GEMM on a weight copied to [out, in]: `weight @ x.T`, viewed back as [N, out]."""
+    out = (fc.weight @ x.T).T  # [N, out]
     out += fc.bias
     return out
 
 
-def blocks_as_before(blocks):
-    """The same blocks with each Conv1D weight as the file's [in, out], contiguous (a copy)."""
+def blocks_transposed(blocks):
+    """The same blocks with each Conv1D weight copied to [out, in], contiguous."""
     from dataclasses import replace
 
     from minirt.model.layers import MLP, Attention, Linear
 
-    def file_layout(fc):
-        return Linear(np.ascontiguousarray(fc.weight.T), fc.bias)  # [in, out]
+    def out_in(fc):
+        return Linear(np.ascontiguousarray(fc.weight.T), fc.bias)  # [out, in]
 
     return [
         replace(
             block,
-            attn=Attention(file_layout(block.attn.c_attn), file_layout(block.attn.c_proj)),
-            mlp=MLP(file_layout(block.mlp.c_fc), file_layout(block.mlp.c_proj)),
+            attn=Attention(out_in(block.attn.c_attn), out_in(block.attn.c_proj)),
+            mlp=MLP(out_in(block.mlp.c_fc), out_in(block.mlp.c_proj)),
         )
         for block in blocks
     ]
@@ -279,40 +280,47 @@ def blocks_as_before(blocks):
 
 def decode_floor(args) -> None:
     """A decode step against its own weight GEMMs, at batch 1, 8 and 32, and the same step with the
-    weights laid out as before (see the module docstring)."""
+    weights laid out two other ways (see the module docstring)."""
     import minirt
     from minirt.model import layers
     from minirt.model.batch import Batch
 
     model = minirt.load_model(args.model, dtype=args.dtype)
-    kv_len = 40
+    kv_len = args.kv_len
     steps = args.steps
     c = model.config
     rng = np.random.default_rng(args.seed)
-    blocks = {"step": model.blocks, "weights [in, out]": blocks_as_before(model.blocks)}
-    linears = {"step": layers.linear, "weights [in, out]": linear_as_before}
+    blocks = {"step": model.blocks, "weights [out, in]": blocks_transposed(model.blocks)}
+    linears = {"step": layers.linear, "weights [out, in]": linear_transposed}
     head_cv = model.head_weight  # [C, V]
     head_vc_t = np.ascontiguousarray(model.head_weight.T).T  # the same numbers, [V, C] in memory
 
     def gemms(x, x_inner):
-        # The way round minirt runs them at up to layers.FEW_ROWS rows; no biases.
+        # As minirt runs them, without the biases.
         for block in model.blocks:
-            block.attn.c_attn.weight @ x.T
-            block.attn.c_proj.weight @ x.T
-            block.mlp.c_fc.weight @ x.T
-            block.mlp.c_proj.weight @ x_inner.T
+            x @ block.attn.c_attn.weight
+            x @ block.attn.c_proj.weight
+            x @ block.mlp.c_fc.weight
+            x_inner @ block.mlp.c_proj.weight
         return x @ model.head_weight
 
     print(blas_env.report())
     print(
         f"decode step (model.forward, KV {kv_len}) against its weight GEMMs; medians of {steps} alternating steps"
     )
+    # The bytes every step's GEMMs read: the weights of every block and the head.
+    weight_bytes = model.head_weight.nbytes + sum(
+        fc.weight.nbytes
+        for block in model.blocks
+        for fc in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    )
+    print(f"the GEMMs read {weight_bytes / 1e6:.0f} MB of weights per step")
     print(
-        "| batch | step ms | GEMMs ms | step / GEMMs | step with the weights [in, out] ms | saving "
+        "| batch | step ms | GEMMs ms | their weight GB/s | step / GEMMs | step with the weights [out, in] ms | its speed-up "
         "| step with the head as [V, C]^T ms | saving |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    kinds = ("step", "gemms", "weights [in, out]", "head [V, C]^T")
+    print("|---|---|---|---|---|---|---|---|---|")
+    kinds = ("step", "gemms", "weights [out, in]", "head [V, C]^T")
     for batch_size in (1, 8, 32):
         cache = model.new_kv_cache(batch_size, kv_len + 1)
         slots = list(range(batch_size))
@@ -323,9 +331,9 @@ def decode_floor(args) -> None:
         times: dict[str, list[float]] = {kind: [] for kind in kinds}
         for _step in range(steps):
             for kind in kinds:
-                as_before = "weights [in, out]" if kind == "weights [in, out]" else "step"
-                model.blocks = blocks[as_before]
-                layers.linear = linears[as_before]
+                layout = "weights [out, in]" if kind == "weights [out, in]" else "step"
+                model.blocks = blocks[layout]
+                layers.linear = linears[layout]
                 model.head_weight = head_vc_t if kind == "head [V, C]^T" else head_cv
                 # Every step at KV 40 + 1.
                 tokens = rng.integers(0, c.vocab_size, (batch_size, 1)).tolist()
@@ -341,10 +349,11 @@ def decode_floor(args) -> None:
         model.blocks = blocks["step"]
         layers.linear = linears["step"]
         model.head_weight = head_cv
-        step, gemm, before, old_head = (1e3 * statistics.median(times[kind]) for kind in kinds)
+        step, gemm, out_in, old_head = (1e3 * statistics.median(times[kind]) for kind in kinds)
         print(
-            f"| {batch_size} | {step:.2f} | {gemm:.2f} | {step / gemm:.2f}x | {before:.2f} "
-            f"| {before / step:.2f}x | {old_head:.2f} | {old_head / step:.2f}x |",
+            f"| {batch_size} | {step:.2f} | {gemm:.2f} | {weight_bytes / gemm / 1e6:.0f} "
+            f"| {step / gemm:.2f}x | {out_in:.2f} "
+            f"| {step / out_in:.2f}x | {old_head:.2f} | {old_head / step:.2f}x |",
             flush=True,
         )
 
@@ -385,6 +394,12 @@ def main() -> int:
         type=int,
         default=31,
         help="--decode-floor: alternating steps per kind (default 31)",
+    )
+    parser.add_argument(
+        "--kv-len",
+        type=int,
+        default=40,
+        help="--decode-floor: cached positions each step attends to (default 40)",
     )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=0)

@@ -1180,6 +1180,14 @@ MUTANTS = [
         "for present, absent in ((first, second),):",
         "merges.txt without vocab.json is taken for no tokenizer",
     ),
+    # ---- #24: the MLP's tiles
+    Mutant(
+        "mlp_tile_sized_by_the_input_width",
+        "minirt/model/layers.py",
+        "MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize)",
+        "MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[0] * x.itemsize)",
+        "the MLP's tiles are sized by n_embd, not n_inner: 4x the scratch it is allowed",
+    ),
 ]
 
 
