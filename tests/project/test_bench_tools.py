@@ -6,6 +6,7 @@ itself keeps both variables as the machine sets them: nothing here changes this 
 environment; each check runs in a child.
 """
 
+import json
 import os
 import platform
 import subprocess
@@ -109,3 +110,53 @@ def test_the_decode_floor_runs_and_fills_its_table():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert len(cells) == header.count("|") - 1
         assert all(float(cell.rstrip("x")) > 0 for cell in cells)
+
+
+@pytest.mark.parametrize("choice", ["unset", "keep"])
+def test_the_matrix_hands_its_blas_choice_to_every_child(choice, monkeypatch):
+    """bench.py's parent starts each measurement as a child of its own: the child must be told the
+    parent's --blas-env, or it would re-execute itself under the default."""
+    import argparse
+
+    import bench
+
+    started = []
+
+    class Done:
+        returncode = 0
+        stdout = '{"rate": 1.0}\n'
+        stderr = ""
+
+    def fake_run(command, **kwargs):
+        started.append(command)
+        return Done()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    args = argparse.Namespace(model="m", dtype="float32", seed=0, timeout=1, blas_env=choice)
+    bench.run_child("minirt", "short-b1", args)
+    command = started[0]
+    assert command[command.index("--blas-env") + 1] == choice
+
+
+def test_a_child_measures_under_the_choice_it_is_given():
+    """A minirt child of the matrix, on the tiny fixture, reports the BLAS it ran with."""
+    forced = {**os.environ, "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512"}
+    fixture = str(ROOT / "tests/fixtures/base")
+    for choice, expected in (
+        ("keep", "OPENBLAS_CORETYPE=Haswell"),
+        ("unset", "OPENBLAS_CORETYPE=unset"),
+    ):
+        out = child(
+            [
+                str(BENCH / "bench.py"),
+                "--child",
+                "minirt",
+                "short-b1",
+                "--model",
+                fixture,
+                "--blas-env",
+                choice,
+            ],
+            forced,
+        )
+        assert expected in json.loads(out.strip().splitlines()[-1])["blas"]

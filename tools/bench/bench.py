@@ -202,6 +202,9 @@ def run_child(side: str, name: str, args) -> dict:
         args.dtype,
         "--seed",
         str(args.seed),
+        # The parent's choice, or the child would re-execute itself under the default.
+        "--blas-env",
+        args.blas_env,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     if done.returncode != 0:
