@@ -4,8 +4,9 @@ These machines set OPENBLAS_CORETYPE (to Haswell) and OPENBLAS_L2_SIZE, because 
 compute wrong results or crash on this processor without them.  A current NumPy does not need them, and
 a user's machine does not set them: there NumPy's OpenBLAS picks its kernel itself (SkylakeX, with
 AVX-512, on this processor).  So a benchmark measures, by default, with both variables unset, in its own
-command alone; the tests and CI keep them as the machine sets them.  The two go together: unsetting
-only OPENBLAS_CORETYPE leaves the kernel that OpenBLAS picks tuned to the wrong L2 size.
+command alone; the tests and CI keep them as the machine sets them.  Both are unset, as a user has
+neither (measured here, `--gemm`: the slow case is the two together, Haswell with an L2 size of 512;
+either one alone unset gave the fast GEMM).
 
 Each tool in tools/bench takes `--blas-env unset` (the default: the kernel NumPy picks) or `--blas-env
 keep` (the variables as this machine sets them), re-executes itself once under that environment before
@@ -14,13 +15,18 @@ which says what threadpoolctl finds: the BLAS library, its version, kernel and t
 
     python tools/bench/blas_env.py                      # the report under the kernel NumPy picks
     python tools/bench/blas_env.py --blas-env keep      # ... and under the machine's variables
+    python tools/bench/blas_env.py --gemm               # and one fp32 GEMM's speed under it
+    env -u OPENBLAS_CORETYPE python tools/bench/blas_env.py --blas-env keep --gemm
+                                                        # only one of the two unset
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 CHOICES = ("unset", "keep")
@@ -87,17 +93,41 @@ def describe_library(info: dict) -> str:
     return f"{info.get('internal_api')} {info.get('version')}, kernel {kernel}, {threads} threads"
 
 
+def gemm_gflops(repeats: int = 21) -> str:
+    """One fp32 GEMM, [512, 768] @ [768, 3072] (a 512-token prompt's MLP expansion in gpt2-124M):
+    the median of `repeats` runs, in GFLOP/s, with the range."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 768)).astype(np.float32)
+    weight = rng.standard_normal((768, 3072)).astype(np.float32)
+    x @ weight
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x @ weight
+        rates.append(2 * 512 * 768 * 3072 / (time.perf_counter() - start) / 1e9)
+    median = statistics.median(rates)
+    return f"fp32 GEMM [512, 768] @ [768, 3072]: {median:.0f} GFLOP/s ({min(rates):.0f}-{max(rates):.0f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description="Print the BLAS kernel NumPy uses under a benchmark's environment.",
         epilog="examples:\n  python tools/bench/blas_env.py\n"
-        "  python tools/bench/blas_env.py --blas-env keep",
+        "  python tools/bench/blas_env.py --blas-env keep\n"
+        "  python tools/bench/blas_env.py --gemm",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_blas_env_argument(parser)
+    parser.add_argument(
+        "--gemm", action="store_true", help="also time one fp32 GEMM under that environment"
+    )
     args = parser.parse_args()
     run_under(args.blas_env)
     print(report())
+    if args.gemm:
+        print(gemm_gflops())
     return 0
 
 

@@ -17,8 +17,9 @@
                  run k adds are token k, mapped to its id through the vocabulary (GPT-2's byte-level pieces
                  are unique).  llama-simple uses llama.cpp's default context (f16 KV cache).
     pp512        one 512-token random prompt, logits of its last token only, prompt tokens/s.  llama.cpp:
-                 `llama-bench -p 512 -n 0 -r 1` (its KV cache is f16: llama-bench takes no f32 cache type)
-                 and `llama-batched-bench -npp 512 -ntg 1 -npl 1 -ctk f32 -ctv f32` (S_PP).  minirt:
+                 `llama-bench -p 512 -n 0 -r 3` (its KV cache is f16: llama-bench takes no f32 cache type;
+                 the mean of --pp-runs runs) and `llama-batched-bench -npp 512 -ntg 1 -npl 1 -ctk f32 -ctv
+                 f32` (S_PP, one run).  minirt, the median of --pp-runs runs of:
                  LLM.generate of that prompt with max_new_tokens=1, i.e. one round: the prefill forward
                  into a fresh KV cache and the greedy pick.
     decode       B = 1, 8, 32 parallel sequences, each with its own 128-token random prompt, then 128
@@ -241,7 +242,10 @@ def llama_greedy_ids(
     return ids
 
 
-def llama_pp(bin_dir: Path, gguf: Path, n_prompt: int, flags: list) -> tuple[float, dict]:
+def llama_pp(
+    bin_dir: Path, gguf: Path, n_prompt: int, runs: int, flags: list
+) -> tuple[float, dict]:
+    """llama-bench's prompt tok/s: the mean of `runs` repetitions (its -r), and its record."""
     out = run(
         [
             bin_dir / "llama-bench",
@@ -252,7 +256,7 @@ def llama_pp(bin_dir: Path, gguf: Path, n_prompt: int, flags: list) -> tuple[flo
             "-n",
             0,
             "-r",
-            1,
+            runs,
             *flags,
             "-o",
             "json",
@@ -298,13 +302,17 @@ def llama_batched(
     return rows
 
 
-def minirt_pp(llm, prompt: list[int]) -> float:
-    """One round: the prefill of one prompt into a fresh KV cache, and the greedy pick of its first token."""
+def minirt_pp(llm, prompt: list[int], runs: int) -> float:
+    """One round, `runs` times: the prefill of one prompt into a fresh KV cache, and the greedy pick
+    of its first token; prompt tok/s, the median of the runs (one run varies by up to 2x here)."""
     from minirt import SamplingParams
 
-    start = time.perf_counter()
-    llm.generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))
-    return len(prompt) / (time.perf_counter() - start)
+    rates = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        llm.generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))
+        rates.append(len(prompt) / (time.perf_counter() - start))
+    return statistics.median(rates)
 
 
 def minirt_decode(llm, prompts: list[list[int]], n_gen: int) -> float:
@@ -392,11 +400,11 @@ def cmd_compare(args) -> int:
         rows[name][1].append(ours)
 
     for repeat in range(args.repeats):  # each repeat: llama.cpp, then minirt, workload by workload
-        bench_pp, info = llama_pp(bin_dir, args.gguf, args.pp, flags)
+        bench_pp, info = llama_pp(bin_dir, args.gguf, args.pp, args.pp_runs, flags)
         batched_pp = llama_batched(bin_dir, args.gguf, args.pp, 1, [1], batched_flags)[1][
             "speed_pp"
         ]
-        ours_pp = minirt_pp(llm, pp_prompt)
+        ours_pp = minirt_pp(llm, pp_prompt, args.pp_runs)
         add(pp_names[0], bench_pp, ours_pp)
         add(pp_names[1], batched_pp, ours_pp)
         batched = llama_batched(bin_dir, args.gguf, args.npp, args.ntg, args.batches, batched_flags)
@@ -415,7 +423,8 @@ def cmd_compare(args) -> int:
     print(
         f"\nllama.cpp: flash attention {args.flash_attn}, batched-bench KV {args.kv_type}, "
         f"n_batch {info['n_batch']}, n_ubatch {info['n_ubatch']}, cpu {info['cpu_info']}.  "
-        f"pp: one {args.pp}-token prompt, prompt tok/s; "
+        f"pp: one {args.pp}-token prompt, prompt tok/s (llama-bench: the mean of {args.pp_runs} runs, "
+        f"minirt: their median; llama-batched-bench: one run); "
         f"decode: {args.npp}-token prompts, {args.ntg} decode steps, decode tok/s.  "
         f"Medians of {args.repeats} (min-max).\n"
     )
@@ -486,6 +495,12 @@ def main() -> int:
         help="llama.cpp's -fa (default auto, llama.cpp's default: on here)",
     )
     p.add_argument("--pp", type=int, default=512, help="prompt-processing length (default 512)")
+    p.add_argument(
+        "--pp-runs",
+        type=int,
+        default=3,
+        help="prefills per repeat: llama-bench's -r, minirt's median of as many (default 3)",
+    )
     p.add_argument(
         "--npp", type=int, default=128, help="decode: prompt tokens per sequence (default 128)"
     )
