@@ -21,10 +21,11 @@ run back to back.  The minirt child never imports torch, so its RSS is minirt's 
 
 `--decode-floor` measures, in one minirt process, a decode step (`model.forward` of one token per row
 after 40 cached positions, or --kv-len; Batch metadata included; sampling is not) against the time of that step's weight GEMMs
-alone (4 per layer and the head, on random inputs of the same shapes, the way round minirt runs them),
+alone (4 per layer and the head, on random inputs of the same shapes, as minirt runs them),
 alternating, at batch 1, 8, 32; and the same step two other ways: with each Conv1D weight copied to
-[out, in] (as torch.nn.Linear keeps it) and multiplied `weight @ x.T`, the layout that streams fastest in
-a GEMM of a few rows, against the file's [in, out] that minirt maps and multiplies `x @ weight`; and with
+[out, in] (as torch.nn.Linear keeps it) and multiplied `weight @ x.T`, which runs faster in GEMMs of a few
+rows timed alone (tried for #24: the step gained within noise, and copying at load cost 10x the load),
+against the file's [in, out] that minirt maps and multiplies `x @ weight`; and with
 the head multiplied as the file's [V, C] transposed, against the [C, V] copy minirt keeps.
 
 The BLAS kernel: by default every timed process runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, so
@@ -338,7 +339,7 @@ def decode_floor(args) -> None:
                 model.blocks = blocks[layout]
                 layers.linear = linears[layout]
                 model.head_weight = head_vc_t if kind == "head [V, C]^T" else head_cv
-                # Every step at KV 40 + 1.
+                # Every step at KV kv_len + 1.
                 tokens = rng.integers(0, c.vocab_size, (batch_size, 1)).tolist()
                 start = time.perf_counter()
                 if kind == "gemms":
