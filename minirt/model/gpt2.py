@@ -61,8 +61,9 @@ class GPT2:
                 for name, host in checkpoint.tensors.items()
                 if name not in ("wte.weight", "lm_head.weight")
             }
-            # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs 1.3-1.9x faster on a
-            # contiguous [C, V] than on the file's [V, C] transposed: stored once so, fp32.  A
+            # The head [M, C] @ [C, V] (a decode step's biggest GEMM) runs faster on a contiguous
+            # [C, V] than on the file's [V, C] transposed (1.1-1.2x at batch 8-32 under OpenBLAS's
+            # SkylakeX kernel, docs/performance.md): stored once so, fp32.  A
             # tied model's embeddings are its columns; an untied model's are a [C, V] view of its
             # own table (no copy on NumPy).
             tensors = checkpoint.tensors

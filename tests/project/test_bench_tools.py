@@ -109,7 +109,9 @@ def test_the_decode_floor_runs_and_fills_its_table():
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert len(cells) == header.count("|") - 1
-        assert all(float(cell.rstrip("x")) > 0 for cell in cells)
+        # The tiny model's GEMMs may round to 0.00 ms or 0 GB/s; its whole step does not.
+        assert all(float(cell.rstrip("x")) >= 0 for cell in cells)
+        assert float(cells[1]) > 0
 
 
 @pytest.mark.parametrize("choice", ["unset", "keep"])
@@ -160,3 +162,22 @@ def test_a_child_measures_under_the_choice_it_is_given():
             forced,
         )
         assert expected in json.loads(out.strip().splitlines()[-1])["blas"]
+
+
+def test_a_start_up_hook_that_sets_a_variable_again_cannot_make_the_re_execution_loop(tmp_path):
+    """A sitecustomize that puts OPENBLAS_CORETYPE back on every start: the tool re-executes once,
+    then runs, and its report says the variable is set (it does not hide what it could not undo)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nos.environ.setdefault('OPENBLAS_CORETYPE', 'Haswell')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop(blas_env.MARKER, None)
+    out = child([str(BENCH / "blas_env.py")], env)
+    assert "OPENBLAS_CORETYPE=Haswell" in out
+
+
+@pytest.mark.parametrize("tool", ["bench.py", "llama_cpp.py", "measure_load.py", "ray_bench.py"])
+def test_every_bench_tool_re_executes_under_its_choice_before_it_times(tool):
+    """The contract each tool keeps: it calls blas_env.run_under with its --blas-env choice (the
+    tests above show what run_under does; this holds that every tool calls it)."""
+    assert "blas_env.run_under(args.blas_env)" in (BENCH / tool).read_text()

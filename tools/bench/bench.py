@@ -30,7 +30,8 @@ the head multiplied as the file's [V, C] transposed, against the [C, V] copy min
 
 The BLAS kernel: by default every timed process runs with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, so
 that NumPy's OpenBLAS picks its kernel as on a user's machine (`--blas-env keep`: as this machine sets
-them; tools/bench/blas_env.py).  The kernel, as threadpoolctl reports it, is printed above every table.
+them; tools/bench/blas_env.py).  The kernel, as threadpoolctl reports it, is printed beside every table
+(above the decode floor's; below the matrix, from what its children report).
 
 Usage (needs the `reference` extra; the default model is a random gpt2-124M made once in /tmp):
 
@@ -227,7 +228,7 @@ def matrix(args) -> None:
     )
     blas_lines: set[str] = set()
     print(
-        "| workload | minirt tok/s | transformers tok/s | ratio (pair range) | peak RSS MB minirt / transformers "
+        "| workload | minirt tok/s | transformers tok/s | ratio (pair range) | peak RSS MiB minirt / transformers "
         "| same tokens |"
     )
     print("|---|---|---|---|---|---|")
@@ -245,7 +246,7 @@ def matrix(args) -> None:
         same = sum(x == y for x, y in zip(ours[-1]["tokens"], theirs[-1]["tokens"], strict=True))
         extra = ""
         if "logits_mb" in ours[-1]:
-            extra = f"; minirt RSS above its logits {rss[0] - ours[-1]['logits_mb']:.0f} MB"
+            extra = f"; minirt RSS above its logits {rss[0] - ours[-1]['logits_mb']:.0f} MiB"
         print(
             f"| {name} | {spread([a['rate'] for a in ours])} | {spread([b['rate'] for b in theirs])} "
             f"| **{rate:.2f}x** ({min(ratios):.2f}-{max(ratios):.2f}) | {rss[0]:.0f} / {rss[1]:.0f}{extra} "

@@ -30,6 +30,8 @@ import time
 
 BLAS_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 CHOICES = ("unset", "keep")
+# Set on the re-executed process (and so on everything it starts): it already runs under this choice.
+MARKER = "MINIRT_BENCH_BLAS_ENV"
 
 
 def add_blas_env_argument(parser: argparse.ArgumentParser) -> None:
@@ -57,11 +59,15 @@ def environment_for(choice: str, base: dict[str, str] | None = None) -> dict[str
 def run_under(choice: str) -> None:
     """Re-execute this script once under the chosen environment, unless it already runs under it.
     Call it before anything is timed; OpenBLAS reads the variables when NumPy first loads it, so a
-    fresh process is the only way to change them."""
+    fresh process is the only way to change them.  Once only: the re-executed process carries
+    MARKER, so a start-up hook that sets a variable again cannot make it loop (report() then shows
+    the variable as it is).  The interpreter's own options (-O, -X ...) are kept."""
+    if os.environ.get(MARKER) == choice:
+        return
     wanted = environment_for(choice)
-    if wanted != dict(os.environ):
-        sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable, *sys.argv], wanted)
+    wanted[MARKER] = choice
+    sys.stdout.flush()
+    os.execve(sys.executable, list(sys.orig_argv), wanted)
 
 
 def report() -> str:

@@ -115,7 +115,8 @@ def main() -> int:
         f"{args.prompts} prompts x {args.max_new_tokens} new tokens ({tokens} tokens), model {args.model}, "
         f"{args.repeats} repeats"
     )
-    print(f"each run's {blas_env.report()}")
+    # Ray's workers inherit the kernel; their threads are their CPUs' (ray_data.worker_env: 1 each).
+    print(f"each run's {blas_env.report()}; each Ray worker: the same kernel, 1 thread")
     print("| run | wall s, median (min-max) | tokens/s | vs one process | records equal |")
     print("|---|---|---|---|---|")
     single = statistics.median(times["one process"])
