@@ -17,7 +17,7 @@ exit status, standard output, standard error and any file it wrote (the
 The cases cover the shipped model (default flags, JSONL settings, both
 policies, a KV budget that binds and refuses, bad lines, stop flags, stdin),
 every fixture in tests/fixtures (greedy, seeded sampling, logprobs, both
-policies), a tiny random model with a real tokenizer (stop strings, text,
+policies, fp16), a tiny random model with a real tokenizer (stop strings, text,
 empty and non-ASCII prompts), `rounds` (text, JSON, workloads, SVG),
 `evaluate`, `inspect` and every command's `--help`.  `--with-124m` adds the README's mixed-length run
 on a random gpt2-124M (needs transformers, about a minute).
@@ -321,6 +321,14 @@ def fixture_cases(out: Path, work: Path) -> None:
             work,
             f"fixture_{name}_continuous",
             g + ["--batch-size", "4", "--policy", "continuous", "--trace"],
+            files=("o.jsonl",),
+        )
+        # fp16 compute: its own rounding at every layer, and the logprobs show it to the last digit.
+        run_case(
+            out,
+            work,
+            f"fixture_{name}_float16",
+            g + ["--batch-size", "3", "--dtype", "float16", "--logprobs", "3"],
             files=("o.jsonl",),
         )
         greedy = write_jsonl(
