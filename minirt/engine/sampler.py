@@ -152,17 +152,21 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None,
     `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy shortcut picks what
     `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or inf
     chooses nothing: (None, None, None) tells the caller to fail that request."""
-    finite = backend.to_numpy(backend.xp.isfinite(logits).all(axis=-1))  # [B] bool
     chosen: list[tuple[int | None, float | None, list | None]] = []
     if all(r.params.greedy and not r.want_logprobs and not r.params.changes_logits for r in rows):
-        ids = backend.to_numpy(backend.xp.argmax(logits, axis=-1))  # [B]
-        for token, ok in zip(ids, finite, strict=True):
-            if ok:
+        # One device-to-host copy of B ids: each row's argmax, or -1 where it is not finite.
+        xp = backend.xp
+        finite = xp.isfinite(logits).all(axis=-1)  # [B] bool
+        picked = backend.to_numpy(xp.where(finite, xp.argmax(logits, axis=-1), -1))  # [B]
+        for token in picked:
+            if token >= 0:
                 chosen.append((int(token), None, None))
             else:
                 chosen.append((None, None, None))
         return chosen
+    # One device-to-host copy of the logits; the rest on the host.
     host = backend.to_numpy(logits)  # [B, V] fp32
+    finite = np.isfinite(host).all(axis=-1)  # [B] bool
     for row, r, ok in zip(host, rows, finite, strict=True):
         if not ok:
             chosen.append((None, None, None))

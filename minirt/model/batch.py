@@ -3,8 +3,9 @@ and on the backend.
 
 Owns: `Batch`, built once per round from each row's new tokens, its KV slot and the keys that slot
 already holds, with everything derived from those numbers; `DeviceArrays`, the part of it that the
-layers read on the backend; `attention_mask`; and `check_token_ids`, the one check of what a model
-may be fed.
+layers read on the backend, moved there in one upload; `attention_mask` and `KeyMask`, the masks
+built once a round for every layer; and `check_token_ids`, the one check of what a model may be
+fed.
 
 Row b brings `new_lens[b]` new tokens (its whole prompt at prefill, one per decode step) and
 already has `past_lens[b]` keys in its slot.  What keeps padding from mattering is an explicit
@@ -71,6 +72,22 @@ def attention_mask(xp, past_lens, kv_lens, seq_len: int, max_kv_len: int, first_
     return (causal & key_is_real[:, None, :])[:, None, :, :]  # [B, 1, T, L]
 
 
+@dataclass(frozen=True)
+class KeyMask:
+    """A mask as attention reads it: which keys are hidden, and which queries see any key at all.
+    Built once per round (or per tile), and read by every layer."""
+
+    # [..., T, L] True where the query must not see the key.
+    hidden: Any
+    # [..., T, 1] True where the query sees at least one key.
+    sees_a_key: Any
+
+
+def key_mask(visible) -> KeyMask:
+    """The KeyMask of a boolean mask [..., T, L] of visible keys."""
+    return KeyMask(hidden=~visible, sees_a_key=visible.any(axis=-1, keepdims=True))
+
+
 def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
     """(first, end) when the slots are first, first + 1, ..., end - 1, so that the KV read is a
     view, not a gather; else None."""
@@ -79,6 +96,16 @@ def contiguous_span(slots: np.ndarray) -> tuple[int, int] | None:
     if B and np.array_equal(slots, np.arange(first, first + B)):
         return (first, first + B)
     return None
+
+
+def check_slots(slots: np.ndarray, past_lens: np.ndarray) -> None:
+    """A round's rows each hold a KV slot of their own, and slots and lengths count from 0: two
+    rows in one slot would write the same keys (a scatter CuPy leaves undefined), and a negative
+    index wraps around."""
+    if len(np.unique(slots)) < len(slots):
+        raise InputError(f"two rows of a round share a KV slot: {slots.tolist()}")
+    if (slots < 0).any() or (past_lens < 0).any():
+        raise InputError("KV slots and past lengths are counts from 0; a round got a negative one")
 
 
 @dataclass(frozen=True)
@@ -102,6 +129,23 @@ class DeviceArrays:
     past_lens: Any
     # [B] keys each row's slot holds once this round's tokens are written
     kv_lens: Any
+    # [M] the packed index of each non-empty row's last token
+    last_index: Any
+
+
+def uploaded_once(backend: Backend, host_arrays: dict[str, np.ndarray]) -> DeviceArrays:
+    """The round's integer arrays (all int64), end to end in one host array, moved to the backend
+    in one upload and cut into views there: one host-to-device copy per round, not one per
+    array."""
+    lengths = np.array([len(array) for array in host_arrays.values()])  # [fields]
+    ends = np.cumsum(lengths)  # [fields]
+    starts = ends - lengths  # [fields]
+    joined = backend.asarray(np.concatenate(list(host_arrays.values())))  # [sum of lengths]
+    views = {
+        name: joined[int(start) : int(end)]
+        for name, start, end in zip(host_arrays, starts, ends, strict=True)
+    }
+    return DeviceArrays(**views)
 
 
 class Batch:
@@ -122,6 +166,7 @@ class Batch:
             self.slots = np.arange(B, dtype=np.int64)  # [B]
         else:
             self.slots = np.asarray(slots, np.int64).reshape(B)  # [B]
+        check_slots(self.slots, self.past_lens)
         # Keys per row once this round's tokens are written.
         self.kv_lens = self.past_lens + self.new_lens  # [B]
         self.batch_size = B
@@ -133,6 +178,8 @@ class Batch:
 
         # Each real token's padded place, row by row.
         rows, cols = np.nonzero(np.arange(self.seq_len)[None, :] < self.new_lens[:, None])  # [N]
+        self.rows = rows  # [N]
+        self.cols = cols  # [N]
         self.n_tokens = int(rows.size)  # N
         # No padding at all: packed and padded are one layout.
         self.all_real = self.n_tokens == B * self.seq_len
@@ -144,17 +191,29 @@ class Batch:
         # (M: one per non-empty row).
         self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [M]
 
-        flat_ids = np.array([t for tokens in token_lists for t in tokens], dtype=np.int64)  # [N]
-        self.device = DeviceArrays(
-            token_ids=backend.asarray(flat_ids),
-            positions=backend.asarray(self.positions),
-            token_slots=backend.asarray(self.slots[rows]),
-            rows=backend.asarray(rows),
-            cols=backend.asarray(cols),
-            slots=backend.asarray(self.slots),
-            past_lens=backend.asarray(self.past_lens),
-            kv_lens=backend.asarray(self.kv_lens),
-        )
+        # The ids fed to the embedding, in packed order (the model checks them against its
+        # vocabulary).
+        self.token_ids = np.array(
+            [t for tokens in token_lists for t in tokens], dtype=np.int64
+        )  # [N]
+        self.device = self.upload()
+        # Each tile's KeyMask, made by the round's first layer and read by the others.
+        self.tile_masks: dict[tuple[int, int, int, int], KeyMask] = {}
+
+    def upload(self) -> DeviceArrays:
+        """What the layers read on the backend, in one upload."""
+        host_arrays = {
+            "token_ids": self.token_ids,
+            "positions": self.positions,
+            "token_slots": self.slots[self.rows],
+            "rows": self.rows,
+            "cols": self.cols,
+            "slots": self.slots,
+            "past_lens": self.past_lens,
+            "kv_lens": self.kv_lens,
+            "last_index": self.last_index,
+        }
+        return uploaded_once(self.backend, host_arrays)
 
     @cached_property
     def mask(self):
@@ -164,13 +223,23 @@ class Batch:
             self.backend.xp, device.past_lens, device.kv_lens, self.seq_len, self.max_kv_len
         )
 
-    def mask_tile(self, row: int, first: int, end: int, n_keys: int):
+    @cached_property
+    def key_mask(self) -> KeyMask:
+        """The round's mask as attention reads it, built once for every layer."""
+        return key_mask(self.mask)
+
+    def mask_tile(self, row: int, first: int, end: int, n_keys: int) -> KeyMask:
         """One row's mask [1, end - first, n_keys]: its queries first..end-1 against its keys
-        0..n_keys-1."""
-        one = slice(row, row + 1)
-        past_lens = self.device.past_lens[one]  # [1]
-        kv_lens = self.device.kv_lens[one]  # [1]
-        return attention_mask(self.backend.xp, past_lens, kv_lens, end - first, n_keys, first)[0]
+        0..n_keys-1; made once a round, whatever the number of layers."""
+        tile = (row, first, end, n_keys)
+        if tile not in self.tile_masks:
+            one = slice(row, row + 1)
+            past_lens = self.device.past_lens[one]  # [1]
+            kv_lens = self.device.kv_lens[one]  # [1]
+            xp = self.backend.xp
+            visible = attention_mask(xp, past_lens, kv_lens, end - first, n_keys, first)[0]
+            self.tile_masks[tile] = key_mask(visible)
+        return self.tile_masks[tile]
 
     def query_tiles(self, n_head: int, scratch_bytes: int):
         """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as
@@ -210,8 +279,6 @@ class Batch:
         # No padding: the same numbers, viewed [B, T, ...] (no second copy of big logits).
         if self.all_real:
             return packed.reshape(shape)
-        rows = self.backend.to_numpy(self.device.rows)  # [N]
-        cols = self.backend.to_numpy(self.device.cols)  # [N]
         padded = np.zeros(shape, dtype=packed.dtype)  # [B, T, ...]
-        padded[rows, cols] = packed
+        padded[self.rows, self.cols] = packed
         return padded

@@ -21,7 +21,15 @@ from .backend import Backend
 from .config import GPT2Config
 from .batch import Batch, check_token_ids
 from .kv_cache import KVCache
-from .layers import LayerNorm, block_weights, embed, layer_norm, lm_head, transformer_block
+from .layers import (
+    LayerNorm,
+    block_weights,
+    elementwise_chains,
+    embed,
+    layer_norm,
+    lm_head,
+    transformer_block,
+)
 
 
 class LoadedWeights(Protocol):
@@ -73,6 +81,8 @@ class GPT2:
             else:
                 wte = backend.asarray(tensors["wte.weight"]).astype(self.dtype, copy=False)
                 self.wte_t = wte.T  # [C, V]
+        # GELU, layer norm's tail, softmax's exp: one kernel each on CuPy, made once here.
+        self.chains = elementwise_chains(self.xp)
         p = self.params
         self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
@@ -98,14 +108,12 @@ class GPT2:
         picks the packed tokens whose logits come back: by default each row's last token, where its
         next token comes from (the head, the biggest GEMM of a small model, runs on those alone).
         With a `kv_cache`, each row's new keys are written to its slot and the slot's length
-        advances."""
+        advances.  Everything fed in is checked here, on the host: on CuPy an index out of range
+        wraps around silently, where NumPy raises."""
         xp = self.xp
         c = self.config
-        if int(batch.positions.max(initial=0)) >= c.n_positions:
-            raise InputError(
-                f"a position reaches {int(batch.positions.max())}, "
-                f"past the context of {c.n_positions}"
-            )
+        self.check_round(batch)
+        at = self.rows_for_logits(batch, logits_at)  # [M] or None: each row's last token
         # Without a cache there is no history to attend to.
         if kv_cache is None and batch.past_lens.any():
             raise InputError(
@@ -119,18 +127,53 @@ class GPT2:
             x = embed(self.wte_t, self.wpe, device.token_ids, device.positions)  # [N, C]
             for i, block in enumerate(self.blocks):
                 kv = None if kv_cache is None else kv_cache.layer(i)
-                x = transformer_block(xp, x, block, c, batch, kv)  # [N, C]
-            x = layer_norm(xp, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
+                x = transformer_block(xp, self.chains, x, block, c, batch, kv)  # [N, C]
+            x = layer_norm(xp, self.chains, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
             if kv_cache is not None:
                 kv_cache.advance(batch)
-            if logits_at is None:
-                at = batch.last_index  # [M]
-            else:
-                at = np.asarray(logits_at, dtype=np.int64)  # [M]
-            # At decode every token is some row's last.
-            if not (logits_at is None and at.size == batch.n_tokens):
+            if at is None:
+                # At decode every token is some row's last: no gather.
+                if batch.last_index.size != batch.n_tokens:
+                    x = x[device.last_index]  # [M, C]
+            elif at.size != batch.n_tokens or not np.array_equal(at, np.arange(batch.n_tokens)):
                 x = x[self.backend.asarray(at)]  # [M, C]
             return lm_head(xp, x, self.head_weight)  # [M, V] fp32
+
+    def check_round(self, batch: Batch) -> None:
+        """Refuse (InputError) a round whose token ids or positions the model has no row for."""
+        c = self.config
+        if int(batch.positions.max(initial=0)) >= c.n_positions:
+            raise InputError(
+                f"a position reaches {int(batch.positions.max())}, "
+                f"past the context of {c.n_positions}"
+            )
+        ids = batch.token_ids  # [N]
+        outside = (ids < 0) | (ids >= c.vocab_size)  # [N]
+        if outside.any():
+            bad = int(ids[outside][0])
+            raise InputError(
+                f"token id {bad} is outside the vocabulary [0, {c.vocab_size}) of this model"
+            )
+
+    @staticmethod
+    def rows_for_logits(batch: Batch, logits_at) -> np.ndarray | None:
+        """`logits_at` as packed token indices [M], each within the round's N tokens (an
+        InputError otherwise); None for the default, each row's last token."""
+        if logits_at is None:
+            return None
+        at = np.asarray(logits_at)
+        if at.size == 0:
+            at = at.astype(np.int64)
+        if at.ndim != 1 or at.dtype.kind not in "iu":
+            raise InputError("logits_at must be a 1-D list of integer token indices")
+        at = at.astype(np.int64)  # [M]
+        outside = (at < 0) | (at >= batch.n_tokens)  # [M]
+        if outside.any():
+            raise InputError(
+                f"logits_at index {int(at[outside][0])} is outside the round's "
+                f"{batch.n_tokens} tokens"
+            )
+        return at
 
     def logits(self, token_ids) -> np.ndarray:
         """Score whole sequences of different lengths in one padded batch, without a KV cache:

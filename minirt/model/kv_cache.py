@@ -78,6 +78,12 @@ class KVCache:
         """Before a round writes: refuse one that would write past a slot's capacity, and note
         every slot it writes (from now on a new occupant must get it zeroed, even if the round then
         fails part-way)."""
+        n_slots = len(self.lengths)
+        if (beyond := batch.slots >= n_slots).any():
+            raise ValueError(
+                f"KV slot {int(batch.slots[beyond][0])} is not in the cache, which has "
+                f"{n_slots} slots"
+            )
         if (over := batch.kv_lens > self.capacity).any():
             row = int(np.argmax(over))
             raise ValueError(

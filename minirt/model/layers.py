@@ -18,6 +18,11 @@ prompt's attention takes each row alone; a decode step's lays the rows out padde
 this round's; scoring whole sequences needs none.  Layers take `xp` (numpy or cupy), so the GPU
 runs this same code; layer-norm statistics, softmax and logits are fp32.
 
+The runs of elementwise arithmetic (GELU; layer norm's normalise, scale and shift; softmax's
+subtract and exp) are chains, each one function written once: NumPy runs it as written, and CuPy
+compiles it into one kernel (`elementwise_chains`, with `cupy.fuse`).  A decode step on a GPU is
+bound by how many kernels it launches, not by its arithmetic.
+
 Must not know: files, tokenizers, requests, sampling or scheduling.
 """
 
@@ -25,10 +30,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
+
 import numpy as np
 
-from .batch import Batch
+from .batch import Batch, KeyMask
 from .config import GPT2Config
 from .kv_cache import LayerKV
 
@@ -96,24 +102,25 @@ def embed(wte_t, wpe, token_ids, positions):
     return wte_t[:, token_ids].T.astype(wpe.dtype, copy=False) + wpe[positions]  # [N, C]
 
 
-def layer_norm(xp, x, ln: LayerNorm, eps: float):
-    """Normalise each token's features to mean 0, variance 1, then scale and shift."""
-    # The statistics in fp32.
-    x32 = x.astype(xp.float32, copy=False)  # [N, C]
-    centered = x32 - x32.sum(axis=-1, keepdims=True) / x.shape[-1]  # [N, C] mean 0
-    variance = xp.square(centered).sum(axis=-1, keepdims=True) / x.shape[-1] + eps  # [N, 1]
-    # Variance 1; then, in place, scale and shift.
-    centered /= xp.sqrt(variance)  # [N, C]
-    centered *= ln.weight
-    centered += ln.bias
-    return centered.astype(x.dtype, copy=False)  # [N, C]
+# ------------------------------------------------------------------ elementwise chains
+#
+# Each chain takes `xp` and arrays, and does elementwise arithmetic alone: no reduction, no index,
+# no matmul (what cupy.fuse can compile into one kernel).  `elementwise_chains` binds them.
 
 
-def linear(x, fc: Linear):
-    """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second
-    [N, out] array)."""
-    out = x @ fc.weight  # [N, out]
-    out += fc.bias  # [N, out]
+def gelu_tanh(xp, x):
+    """GPT-2's GELU, the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in
+    place in one new array."""
+    out = 0.044715 * x  # [N, I]
+    out *= x
+    out *= x
+    out += x
+    out *= math.sqrt(2.0 / math.pi)
+    xp.tanh(out, out=out)
+    out += 1.0
+    out *= x
+    # A power of two: the same number as 0.5 x times the rest.
+    out *= 0.5  # [N, I]
     return out
 
 
@@ -128,54 +135,123 @@ def erf(xp, x):
     return sign * (1.0 - poly * xp.exp(-a * a))  # [...]
 
 
-def gelu(xp, x, form: str = "tanh"):
-    """GELU.  GPT-2 uses the tanh approximation; 'erf' is the exact form."""
-    if form == "tanh":
-        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place in one array, same rounding.
-        out = 0.044715 * x  # [N, I]
-        out *= x
-        out *= x
-        out += x
-        out *= math.sqrt(2.0 / math.pi)
-        xp.tanh(out, out=out)
-        out += 1.0
-        out *= x
-        # A power of two: the same number as 0.5 x times the rest.
-        out *= 0.5  # [N, I]
-        return out
+def gelu_erf(xp, x):
+    """The exact GELU, 0.5 x (1 + erf(x / sqrt 2))."""
     return 0.5 * x * (1.0 + erf(xp, x * (1.0 / math.sqrt(2.0))))  # [N, I]
 
 
-def softmax_attention(xp, q, keys, values, mask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D], in
-    place (fill, subtract, exp, sum): a hidden score is the lowest finite float (no -inf
-    arithmetic), so its exp is exactly 0 once the row's max is subtracted; the output is divided,
-    not the scores; a query that sees no key gets zeros."""
+def normalized(xp, centered, variance, eps, weight, bias):
+    """Layer norm's tail: the centred features over their standard deviation, then scaled and
+    shifted."""
+    out = centered / xp.sqrt(variance + eps)  # [N, C] variance 1
+    out *= weight
+    out += bias
+    return out  # [N, C]
+
+
+def shifted_exp(xp, scores, row_max):
+    """Softmax's unnormalised weights, exp(score - the row's max): each row's largest is 1."""
+    weights = scores - row_max  # [..., L]
+    xp.exp(weights, out=weights)
+    return weights  # [..., L]
+
+
+def weighted_mean_or_zero(xp, weighted, total, sees_a_key):
+    """Attention's output: the weighted sum of values over the weights' total, or zeros for a
+    query that sees no key."""
+    return xp.where(sees_a_key, weighted / total, 0.0)  # [..., D]
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The chains bound to one array module, each called with its arrays alone."""
+
+    gelu_tanh: Callable
+    gelu_erf: Callable
+    normalized: Callable
+    shifted_exp: Callable
+    weighted_mean_or_zero: Callable
+
+
+def elementwise_chains(xp) -> Chains:
+    """The chains for `xp`: on CuPy each compiled into one kernel (cupy.fuse); on NumPy the
+    functions as written.  Make them once per model: CuPy caches each compiled kernel on its
+    fused function."""
+    fuse = getattr(xp, "fuse", None)
+
+    def bound(chain):
+        def run(*arrays):
+            return chain(xp, *arrays)
+
+        run.__name__ = chain.__name__
+        if fuse is None:
+            return run
+        return fuse(kernel_name=f"minirt_{chain.__name__}")(run)
+
+    return Chains(
+        gelu_tanh=bound(gelu_tanh),
+        gelu_erf=bound(gelu_erf),
+        normalized=bound(normalized),
+        shifted_exp=bound(shifted_exp),
+        weighted_mean_or_zero=bound(weighted_mean_or_zero),
+    )
+
+
+# ------------------------------------------------------------------ the layers
+
+
+def layer_norm(xp, chains: Chains, x, ln: LayerNorm, eps: float):
+    """Normalise each token's features to mean 0, variance 1, then scale and shift."""
+    # The statistics in fp32.
+    x32 = x.astype(xp.float32, copy=False)  # [N, C]
+    centered = x32 - x32.mean(axis=-1, keepdims=True)  # [N, C] mean 0
+    variance = xp.square(centered).mean(axis=-1, keepdims=True)  # [N, 1]
+    out = chains.normalized(centered, variance, eps, ln.weight, ln.bias)  # [N, C]
+    return out.astype(x.dtype, copy=False)  # [N, C]
+
+
+def linear(x, fc: Linear):
+    """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second
+    [N, out] array)."""
+    out = x @ fc.weight  # [N, out]
+    out += fc.bias  # [N, out]
+    return out
+
+
+def gelu(chains: Chains, x, form: str = "tanh"):
+    """GELU.  GPT-2 uses the tanh approximation; 'erf' is the exact form."""
+    if form == "tanh":
+        return chains.gelu_tanh(x)  # [N, I]
+    return chains.gelu_erf(x)  # [N, I]
+
+
+def softmax_attention(xp, chains: Chains, q, keys, values, mask: KeyMask, scale: float):
+    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D]: a
+    hidden score is the lowest finite float (no -inf arithmetic), so its exp is exactly 0 once the
+    row's max is subtracted; the output is divided, not the scores; a query that sees no key gets
+    zeros."""
     # No keys at all (rows with nothing in them): nothing to see.
     if keys.shape[-2] == 0:
         return xp.zeros_like(q)
     # fp32, since fp16 dot products can overflow 65504.
-    q32 = q.astype(xp.float32) * xp.float32(scale)  # [B, H, T, D] fp32
+    q32 = q.astype(xp.float32, copy=False) * xp.float32(scale)  # [B, H, T, D] fp32
     # No copy when already fp32.
     keys32 = keys.astype(xp.float32, copy=False)  # [B, H, L, D]
     # A new array, which we may overwrite.
     scores = q32 @ xp.swapaxes(keys32, -1, -2)  # [B, H, T, L] fp32
     # Hidden keys at the lowest finite float.
-    xp.copyto(scores, xp.finfo(xp.float32).min, where=~mask)  # [B, H, T, L]
-    # The max is 0 in each row that sees a key.
-    scores -= scores.max(axis=-1, keepdims=True)  # [B, H, T, L]
-    # Unnormalised weights; a hidden key's is exactly 0.
-    xp.exp(scores, out=scores)  # [B, H, T, L]
+    xp.copyto(scores, xp.finfo(xp.float32).min, where=mask.hidden)  # [B, H, T, L]
+    # Unnormalised weights, the max 1 in each row that sees a key; a hidden key's exactly 0.
+    weights = chains.shifted_exp(scores, scores.max(axis=-1, keepdims=True))  # [B, H, T, L]
     # At least 1 where any key is visible.
-    total = scores.sum(axis=-1, keepdims=True)  # [B, H, T, 1]
+    total = weights.sum(axis=-1, keepdims=True)  # [B, H, T, 1]
     # No 4-D fp16 matmul: it runs as slow GEMVs on CuPy.
     values32 = values.astype(xp.float32, copy=False)  # [B, H, L, D]
-    out = (scores @ values32) / total  # [B, H, T, D]
-    # A query that sees no key gets zeros.
-    return xp.where(mask.any(axis=-1, keepdims=True), out, 0.0).astype(q.dtype, copy=False)
+    out = chains.weighted_mean_or_zero(weights @ values32, total, mask.sees_a_key)  # [B, H, T, D]
+    return out.astype(q.dtype, copy=False)
 
 
-def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float):
+def prompt_attention(xp, chains: Chains, q, k, v, batch: Batch, kv: LayerKV | None, scale: float):
     """Attention of a round with prompts (or of whole sequences scored), packed [N, H, D] in and
     out: each row alone (no score spent on padding), a tile of its queries at a time
     (`Batch.query_tiles`): scratch stays within ATTENTION_SCRATCH_BYTES, and no tile lies above
@@ -192,13 +268,16 @@ def prompt_attention(xp, q, k, v, batch: Batch, kv: LayerKV | None, scale: float
             keys = k[start : start + n_keys].transpose(1, 0, 2)  # [H, n_keys, D]
             values = v[start : start + n_keys].transpose(1, 0, 2)  # [H, n_keys, D]
         queries = q[start + first : start + end].transpose(1, 0, 2)  # [H, end - first, D]
+        # Built by the round's first layer, read by the others.
         mask = batch.mask_tile(row, first, end, n_keys)  # [1, end - first, n_keys]
-        tile = softmax_attention(xp, queries, keys, values, mask, scale)  # [H, end - first, D]
+        tile = softmax_attention(xp, chains, queries, keys, values, mask, scale)
         out[start + first : start + end] = tile.transpose(1, 0, 2)  # [end - first, H, D]
     return out
 
 
-def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: LayerKV | None):
+def attention(
+    xp, chains: Chains, x, attn: Attention, config: GPT2Config, batch: Batch, kv: LayerKV | None
+):
     """Fused QKV projection, keys into the cache (if any), masked attention, output projection."""
     N = x.shape[0]
     H = config.n_head
@@ -213,38 +292,44 @@ def attention(xp, x, attn: Attention, config: GPT2Config, batch: Batch, kv: Laye
         kv.write(k, v, batch)
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
     if kv is None or batch.seq_len > 1:
-        out = prompt_attention(xp, q, k, v, batch, kv, scale)  # [N, H, D]
+        out = prompt_attention(xp, chains, q, k, v, batch, kv, scale)  # [N, H, D]
     else:
         # A decode step: one query per row, all rows in one softmax, against the rows' whole
         # histories.
         keys, values = kv.read(batch)  # [B, H, L, D]
         queries = batch.padded(q).transpose(0, 2, 1, 3)  # [B, H, 1, D]
-        out = softmax_attention(xp, queries, keys, values, batch.mask, scale)  # [B, H, 1, D]
+        out = softmax_attention(xp, chains, queries, keys, values, batch.key_mask, scale)
         out = batch.packed(out.transpose(0, 2, 1, 3))  # [N, H, D]
     # The heads side by side again.
     return linear(out.reshape(N, C), attn.c_proj)  # [N, C]
 
 
-def mlp(xp, x, weights: MLP, gelu_form: str):
+def mlp(xp, chains: Chains, x, weights: MLP, gelu_form: str):
     """Expand to n_inner, GELU, project back, a tile of tokens at a time: each hidden [tokens, I]
     array stays within MLP_SCRATCH_BYTES (GELU makes a second one; in a CPU's cache its passes are
     cheap), however long."""
-    out = xp.empty_like(x)  # [N, C]
     # Tokens per tile.
     rows = max(1, MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize))
+    if x.shape[0] <= rows:
+        # One tile (every decode step): no copy into an output array.
+        hidden = gelu(chains, linear(x, weights.c_fc), gelu_form)  # [N, I]
+        return linear(hidden, weights.c_proj)  # [N, C]
+    out = xp.empty_like(x)  # [N, C]
     for first in range(0, x.shape[0], rows):
-        hidden = gelu(xp, linear(x[first : first + rows], weights.c_fc), gelu_form)  # [rows, I]
+        hidden = gelu(chains, linear(x[first : first + rows], weights.c_fc), gelu_form)  # [rows, I]
         out[first : first + rows] = linear(hidden, weights.c_proj)  # [rows, C]
     return out
 
 
-def transformer_block(xp, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None):
+def transformer_block(
+    xp, chains: Chains, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None
+):
     """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
     eps = config.layer_norm_epsilon
-    normed = layer_norm(xp, x, block.ln_1, eps)  # [N, C]
-    x = x + attention(xp, normed, block.attn, config, batch, kv)  # [N, C]
-    normed = layer_norm(xp, x, block.ln_2, eps)  # [N, C]
-    return x + mlp(xp, normed, block.mlp, config.gelu_form)  # [N, C]
+    normed = layer_norm(xp, chains, x, block.ln_1, eps)  # [N, C]
+    x = x + attention(xp, chains, normed, block.attn, config, batch, kv)  # [N, C]
+    normed = layer_norm(xp, chains, x, block.ln_2, eps)  # [N, C]
+    return x + mlp(xp, chains, normed, block.mlp, config.gelu_form)  # [N, C]
 
 
 def lm_head(xp, hidden, head_weight):

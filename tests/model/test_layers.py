@@ -8,21 +8,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import requires_reference
-from minirt.model.batch import attention_mask
-from minirt.model.layers import LayerNorm, erf, gelu, layer_norm, softmax_attention
+from minirt.model.batch import attention_mask, key_mask
+from minirt.model.layers import (
+    LayerNorm,
+    elementwise_chains,
+    erf,
+    gelu,
+    layer_norm,
+    softmax_attention,
+)
+
+# The chains as NumPy runs them: the functions as written.
+CHAINS = elementwise_chains(np)
 
 
 def test_gelu_tanh_matches_the_formula_elementwise():
     xs = np.linspace(-8, 8, 301, dtype=np.float64)
     want = [0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))) for x in xs]
-    assert np.allclose(gelu(np, xs, "tanh"), want, rtol=1e-12, atol=1e-12)
+    assert np.allclose(gelu(CHAINS, xs, "tanh"), want, rtol=1e-12, atol=1e-12)
 
 
 def test_erf_and_exact_gelu_against_math_erf():
     xs = np.linspace(-6, 6, 1201)
     assert np.abs(erf(np, xs) - np.array([math.erf(x) for x in xs])).max() < 2e-7
     want = np.array([0.5 * x * (1 + math.erf(x / math.sqrt(2))) for x in xs])
-    assert np.abs(gelu(np, xs, "erf") - want).max() < 1e-6
+    assert np.abs(gelu(CHAINS, xs, "erf") - want).max() < 1e-6
 
 
 @requires_reference
@@ -32,14 +42,14 @@ def test_gelu_forms_against_torch():
     xs = torch.linspace(-10, 10, 2001, dtype=torch.float32)
     for form, approximate in (("tanh", "tanh"), ("erf", "none")):
         ref = torch.nn.functional.gelu(xs, approximate=approximate).numpy()
-        assert np.abs(gelu(np, xs.numpy(), form) - ref).max() < 2e-6
+        assert np.abs(gelu(CHAINS, xs.numpy(), form) - ref).max() < 2e-6
 
 
 def test_layer_norm_against_hand_statistics():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 7)).astype(np.float32) * 3 + 1
     w, b = rng.standard_normal(7).astype(np.float32), rng.standard_normal(7).astype(np.float32)
-    got = layer_norm(np, x, LayerNorm(w, b), 1e-5)
+    got = layer_norm(np, CHAINS, x, LayerNorm(w, b), 1e-5)
     for row in range(3):
         values = [float(v) for v in x[row]]
         mean = sum(values) / 7
@@ -55,7 +65,9 @@ def test_layer_norm_keeps_fp16_but_computes_in_fp32():
     x = (
         (np.arange(8, dtype=np.float32) * 1000).astype(np.float16).reshape(1, 8)
     )  # variance overflows fp16
-    out = layer_norm(np, x, LayerNorm(np.ones(8, np.float16), np.zeros(8, np.float16)), 1e-5)
+    out = layer_norm(
+        np, CHAINS, x, LayerNorm(np.ones(8, np.float16), np.zeros(8, np.float16)), 1e-5
+    )
     assert out.dtype == np.float16 and np.isfinite(out).all()
     assert abs(float(out[0, -1]) - 1.5275) < 1e-2
 
@@ -86,7 +98,7 @@ def test_softmax_attention_against_a_plain_loop():
     q, k, v = (rng.standard_normal(s) for s in ((B, H, T, D), (B, H, L, D), (B, H, L, D)))
     mask = rng.random((B, 1, T, L)) < 0.6
     mask[0, 0, 0] = False  # one query with no visible key at all
-    got = softmax_attention(np, q, k, v, mask, scale=0.5)
+    got = softmax_attention(np, CHAINS, q, k, v, key_mask(mask), scale=0.5)
     for b in range(B):
         for h in range(H):
             for t in range(T):
@@ -110,7 +122,7 @@ def test_softmax_attention_all_masked_has_no_nan(dtype):
     v = np.ones((1, 1, 3, 4), dtype)
     mask = np.zeros((1, 1, 2, 3), bool)
     mask[0, 0, 1, :2] = True
-    out = softmax_attention(np, q, k, v, mask, scale=1.0)
+    out = softmax_attention(np, CHAINS, q, k, v, key_mask(mask), scale=1.0)
     assert np.isfinite(out).all()
     assert np.all(out[0, 0, 0] == 0) and np.allclose(out[0, 0, 1], 1.0)
 
@@ -135,7 +147,9 @@ def test_a_padding_query_never_reads_past_its_rows_keys():
         1e6,
     )  # past row 0's one real key: stale (values must stay finite:
     # a masked value still meets its zero weight in `weights @ values`, which is why a taken slot is zeroed)
-    out = softmax_attention(np, q, keys, values, batch.mask, scale=0.5)  # [B, H, T, D]
+    out = softmax_attention(
+        np, CHAINS, q, keys, values, key_mask(batch.mask), scale=0.5
+    )  # [B, H, T, D]
     assert np.isfinite(out).all()
     assert np.allclose(
         out[0, :, 1:], values[0, :, :1]
@@ -245,7 +259,9 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(
         scratch,
     )
     try:
-        got = prompt_attention(np, q, k, v, batch, cache if cached else None, 0.5)  # [N, H, D]
+        got = prompt_attention(
+            np, CHAINS, q, k, v, batch, cache if cached else None, 0.5
+        )  # [N, H, D]
     finally:
         minirt.model.layers.ATTENTION_SCRATCH_BYTES = budget
     for b, slot in enumerate(slots):
@@ -307,19 +323,19 @@ def test_the_mlp_keeps_each_hidden_tile_within_its_scratch(monkeypatch):
         ),
     )
     x = rng.standard_normal((N, C)).astype(np.float32)
-    untiled = layers.mlp(np, x, weights, "tanh")
+    untiled = layers.mlp(np, CHAINS, x, weights, "tanh")
     # Ten tokens' hidden activations fit.
     scratch = 10 * inner * 4
     monkeypatch.setattr(layers, "MLP_SCRATCH_BYTES", scratch)
     seen = []
     real_gelu = layers.gelu
 
-    def recording_gelu(xp, hidden, form="tanh"):
+    def recording_gelu(chains, hidden, form="tanh"):
         seen.append(hidden.nbytes)
-        return real_gelu(xp, hidden, form)
+        return real_gelu(chains, hidden, form)
 
     monkeypatch.setattr(layers, "gelu", recording_gelu)
-    tiled = layers.mlp(np, x, weights, "tanh")
+    tiled = layers.mlp(np, CHAINS, x, weights, "tanh")
     assert len(seen) == 5 and max(seen) <= scratch
     np.testing.assert_allclose(tiled, untiled, rtol=1e-5, atol=1e-4)
 
