@@ -105,7 +105,9 @@ def embed(wte_t, wpe, token_ids, positions):
 # ------------------------------------------------------------------ elementwise chains
 #
 # Each chain takes `xp` and arrays, and does elementwise arithmetic alone: no reduction, no index,
-# no matmul (what cupy.fuse can compile into one kernel).  `elementwise_chains` binds them.
+# no matmul (what cupy.fuse can compile into one kernel).  A chain may work in place in its first
+# argument, as NumPy does best (no new array of a prompt's scores); cupy.fuse allows it (CuPy's
+# fusion tests update arguments in place).  `elementwise_chains` binds them.
 
 
 def gelu_tanh(xp, x):
@@ -141,19 +143,20 @@ def gelu_erf(xp, x):
 
 
 def normalized(xp, centered, variance, eps, weight, bias):
-    """Layer norm's tail: the centred features over their standard deviation, then scaled and
-    shifted."""
-    out = centered / xp.sqrt(variance + eps)  # [N, C] variance 1
-    out *= weight
-    out += bias
-    return out  # [N, C]
+    """Layer norm's tail, in place in `centered`: the centred features over their standard
+    deviation, then scaled and shifted."""
+    centered /= xp.sqrt(variance + eps)  # [N, C] variance 1
+    centered *= weight
+    centered += bias
+    return centered  # [N, C]
 
 
 def shifted_exp(xp, scores, row_max):
-    """Softmax's unnormalised weights, exp(score - the row's max): each row's largest is 1."""
-    weights = scores - row_max  # [..., L]
-    xp.exp(weights, out=weights)
-    return weights  # [..., L]
+    """Softmax's unnormalised weights, in place in `scores`: exp(score - the row's max), so each
+    row's largest is 1."""
+    scores -= row_max  # [..., L]
+    xp.exp(scores, out=scores)
+    return scores  # [..., L]
 
 
 def weighted_mean_or_zero(xp, weighted, total, sees_a_key):
