@@ -1,31 +1,44 @@
-"""One prepared run on a lent GPU: environment, correctness, speed against transformers, bandwidth floor.
+"""The one script a GPU session runs: environment, correctness, speed against transformers, bandwidth floor, per-round counts.
 
-Made for a single run of at most 9 minutes on the lent NVIDIA H200 (cupy-cuda13x,
+Made for a single run of about 8 minutes on the lent NVIDIA H200 (cupy-cuda13x,
 torch, transformers, safetensors and tokenizers preinstalled; no network; minirt
 is used from this checkout, not installed).  It works against a global
-deadline, writes its results to a JSON file after every section (so a run cut
-short keeps what it measured), and prints a summary table last.
+deadline (`--deadline`, default 480 s), writes its results to one JSON file after
+every section (so a run cut short keeps what it measured), and prints a summary
+table last.
 
 Sections:
-  1. environment   versions, the GPU, and a compiled ElementwiseKernel checked
-                   against its NumPy twin (minirt's tanh GELU);
-  2. correctness   the `gpu` property tests (pytest -m gpu), and a random-weight
-                   model of the gpt2-124M shape against transformers on the GPU,
-                   in fp32 and fp16;
+  1. environment   versions, the GPU, and minirt's fused tanh GELU (cupy.fuse)
+                   checked against NumPy's run of the same function;
+  2. correctness   the `gpu` tests (pytest -m gpu): tests/model/test_gpu.py (CuPy
+                   against NumPy on random configs, batches and paddings, and the
+                   device paths beyond scoring: continuous batching with reused,
+                   zeroed and gathered slots, prompt and token logprobs, penalties,
+                   evaluate, LLM and `generate --backend cupy`) and
+                   tests/cupy_path/test_stand_in_against_cupy.py (the strict
+                   stand-in's rules confirmed on the real CuPy); every fixture model
+                   against the transformers logits saved beside it; a random-weight
+                   model of the gpt2-124M shape against transformers on the GPU, in
+                   fp32 and fp16;
   3. timing        decode tokens/s at batch 1, 8 and 64, fp16 and fp32, minirt
                    against transformers' `generate` (PyTorch eager) on the same
-                   weights, plus minirt's host overhead per round measured with
+                   weights, plus minirt's host time per round measured with
                    cupyx.profiler.benchmark;
   4. floor         the bytes of weights and KV read per decode step, divided by
-                   ~4.8 TB/s, as a fraction of the measured step time.
+                   ~4.8 TB/s, as a fraction of the measured step time;
+  5. counts        a prefill and a decode round of the timed shape on the strict
+                   stand-in (tests/strict_cupy): device operations, uploads,
+                   downloads and syncs, beside the host time the GPU measured.
 
 On a machine with an NVIDIA GPU, CuPy, torch and transformers (docs/gpu.md):
 
     python tools/bench/device_check.py --out device_check.json
 
-Here, on the CPU, the same code runs small and fast (the tests do this):
+Here, on the CPU, the same code runs small and fast, start to end (the default
+suite runs this, without torch: `--no-transformers` makes the random checkpoint
+with NumPy and skips every transformers comparison):
 
-    python tools/bench/device_check.py --backend numpy --quick --out /tmp/device_check.json
+    python tools/bench/device_check.py --backend numpy --quick --no-transformers --out /tmp/dc.json
 
 Where pytest and hypothesis cannot be installed into the machine's own Python,
 install them into .device_deps in the clone (`pip install --target .device_deps
@@ -49,12 +62,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
+# The strict stand-in for CuPy (the counts section).
+sys.path.insert(0, str(ROOT / "tests"))
 if (ROOT / ".device_deps").is_dir():  # last, so the machine's own packages win
     sys.path.append(str(ROOT / ".device_deps"))
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e, the H200's nominal memory bandwidth
 GPT2_124M = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 QUICK = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128}
+SECTION_NAMES = ("environment", "correctness", "timing", "floor", "counts")
 
 
 class Deadline:
@@ -76,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="JSON results file, rewritten after every section (default $OUT/device_check.json)",
     )
     p.add_argument(
-        "--deadline", type=float, default=510.0, help="seconds for the whole run (default 510)"
+        "--deadline", type=float, default=480.0, help="seconds for the whole run (default 480)"
     )
     p.add_argument(
         "--backend", choices=("cupy", "numpy"), default="cupy", help="numpy runs the CPU side only"
@@ -99,14 +115,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--new-tokens", type=int, default=64, help="tokens generated per request (default 64)"
     )
     p.add_argument(
-        "--sections", default="environment,correctness,timing,floor", help="which sections to run"
+        "--sections",
+        default=",".join(SECTION_NAMES),
+        help=f"which sections to run (default {','.join(SECTION_NAMES)})",
     )
-    p.add_argument("--no-transformers", action="store_true", help="skip the transformers side")
+    p.add_argument(
+        "--no-transformers",
+        action="store_true",
+        help="no torch: a NumPy-made random checkpoint, and no transformers comparison",
+    )
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     args.sections = [s for s in args.sections.split(",") if s]
-    unknown = set(args.sections) - {"environment", "correctness", "timing", "floor"}
+    unknown = set(args.sections) - set(SECTION_NAMES)
     if unknown:
         p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if args.quick:
@@ -129,7 +151,21 @@ def torch_device(args) -> str:
 
 
 def make_checkpoint(args, folder: Path):
-    """A random-weight GPT-2 (transformers' own init) saved in safetensors; returns the torch model."""
+    """A random-weight GPT-2 saved in safetensors: transformers' own init, returning the torch
+    model; or, with --no-transformers, NumPy's (tools/fixtures/tiny_random_model.py), returning
+    None."""
+    if args.no_transformers:
+        from safetensors.numpy import save_file
+        from tiny_random_model import random_tensors
+
+        from minirt.model.config import GPT2Config as MinirtConfig
+
+        config = {"model_type": "gpt2", **model_shape(args)}
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config) + "\n")
+        tensors = random_tensors(MinirtConfig.from_dict(config), 0)
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return None
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -157,7 +193,7 @@ def kv_bytes_per_step(config, dtype, batch: int, kv_len: float) -> float:
 
 
 def section_environment(args, deadline, state) -> dict:
-    from minirt.model.layers import gelu
+    from minirt.model.layers import elementwise_chains
 
     out = {
         "python": platform.python_version(),
@@ -185,22 +221,40 @@ def section_environment(args, deadline, state) -> dict:
                 "gpu_memory_gib": round(props["totalGlobalMem"] / 2**30, 1),
             }
         )
-        kernel = cupy.ElementwiseKernel(
-            "float32 x",
-            "float32 y",
-            "y = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)))",
-            "minirt_gelu_tanh",
-        )
-        got = cupy.asnumpy(kernel(cupy.asarray(x)))
-        out["compiled_kernel_max_abs_error_vs_numpy_twin"] = float(np.abs(got - gelu(np, x)).max())
+        # minirt's own chain, compiled by cupy.fuse (NVRTC), against NumPy running it as written.
+        fused = elementwise_chains(cupy).gelu_tanh
+        got = cupy.asnumpy(fused(cupy.asarray(x)))
+        want = elementwise_chains(np).gelu_tanh(x)
+        out["fused_gelu_max_abs_error_vs_numpy"] = float(np.abs(got - want).max())
     else:
-        out["compiled_kernel"] = "skipped (numpy backend)"
+        out["fused_gelu"] = "skipped (numpy backend)"
     return out
 
 
-def section_correctness(args, deadline, state) -> dict:
-    import torch
+def fixtures_against_transformers(args) -> dict:
+    """Every fixture model's fp32 logits on this backend, against the transformers logits saved
+    beside it (tests/fixtures/*/expected.npz): the largest relative error of each."""
+    import minirt
 
+    errors = {}
+    for folder in sorted((ROOT / "tests" / "fixtures").iterdir()):
+        if not (folder / "expected.npz").is_file():
+            continue
+        with np.load(folder / "expected.npz") as expected:
+            names = sorted(k for k in expected.files if k.startswith("seq_"))
+            sequences = [expected[k].tolist() for k in names]
+            want = expected["logits"]
+        got = minirt.load_model(folder, backend=args.backend).logits(sequences)
+        errors[folder.name] = max(
+            float(
+                np.abs(got[b, : len(s)] - want[b, : len(s)]).max() / np.abs(want[b, : len(s)]).max()
+            )
+            for b, s in enumerate(sequences)
+        )
+    return errors
+
+
+def section_correctness(args, deadline, state) -> dict:
     import minirt
 
     out = {}
@@ -216,6 +270,7 @@ def section_correctness(args, deadline, state) -> dict:
                     "-m",
                     "gpu",
                     "tests/model/test_gpu.py",
+                    "tests/cupy_path/test_stand_in_against_cupy.py",
                     "-p",
                     "no:cacheprovider",
                 ],
@@ -238,9 +293,17 @@ def section_correctness(args, deadline, state) -> dict:
     else:
         out["gpu_property_tests"] = "skipped (numpy backend)"
 
+    out["fixtures_max_rel_error_vs_transformers"] = fixtures_against_transformers(args)
     folder = Path(state["scratch"]) / "model"
     reference = make_checkpoint(args, folder)
-    state["folder"], state["reference"] = folder, reference
+    state["folder"] = folder
+    state["reference"] = reference
+    out["model_shape"] = model_shape(args)
+    if reference is None:
+        out["random_model_vs_transformers"] = "skipped (--no-transformers)"
+        return out
+    import torch
+
     rng = np.random.default_rng(0)
     V = reference.config.vocab_size
     sequences = [rng.integers(0, V, n).tolist() for n in (40, 3, 17, 1)]
@@ -259,7 +322,6 @@ def section_correctness(args, deadline, state) -> dict:
             for b, s in enumerate(sequences)
         ]
         out[f"logits_{dtype}_max_rel_error_vs_transformers_fp32"] = max(errs)
-    out["model_shape"] = model_shape(args)
     out["fp32_within_1e-4"] = out["logits_float32_max_rel_error_vs_transformers_fp32"] <= 1e-4
     return out
 
@@ -356,6 +418,8 @@ def section_timing(args, deadline, state) -> dict:
     if "folder" not in state:
         state["reference"] = make_checkpoint(args, Path(state["scratch"]) / "model")
         state["folder"] = Path(state["scratch"]) / "model"
+    if state["reference"] is None:
+        args.no_transformers = True
     out = {}
     for dtype in args.dtypes:
         for batch in args.batch_sizes:
@@ -400,13 +464,48 @@ def section_floor(args, deadline, state) -> dict:
     return out
 
 
+def section_counts(args, deadline, state) -> dict:
+    """A prefill and a decode round of the timed shape (fp32, the first batch size) on the strict
+    stand-in: what the host asks of the device each round."""
+    from strict_cupy import StrictCuPy, strict_backend
+
+    import minirt
+    from minirt.model.batch import Batch
+    from minirt.model.gpt2 import GPT2
+
+    if "folder" not in state:
+        return {"skipped": "needs the timing section"}
+    stand_in = StrictCuPy()
+    model = GPT2(minirt.load_checkpoint(state["folder"]), strict_backend(stand_in), np.float32)
+    batch = args.batch_sizes[0]
+    cache = model.new_kv_cache(n_slots=batch, capacity=args.prompt_len + 1)
+    out = {"batch": batch, "n_layer": model.config.n_layer}
+    for name in ("prefill", "decode"):
+        with stand_in.counting() as counts:
+            if name == "prefill":
+                round_batch = Batch([[1] * args.prompt_len] * batch, model.backend)
+            else:
+                round_batch = Batch([[2]] * batch, model.backend, past_lens=cache.lengths)
+            logits = model.forward(round_batch, cache)
+            model.backend.to_numpy(model.xp.argmax(logits, axis=-1))
+        out[name] = {
+            "operations": counts.operations,
+            "uploads": counts.uploads,
+            "downloads": counts.downloads,
+            "syncs": counts.syncs,
+        }
+    out["findings"] = [str(finding) for finding in stand_in.findings]
+    return out
+
+
 SECTIONS = {
     "environment": section_environment,
     "correctness": section_correctness,
     "timing": section_timing,
     "floor": section_floor,
+    "counts": section_counts,
 }
-MIN_SECONDS = {"environment": 5, "correctness": 60, "timing": 60, "floor": 1}
+MIN_SECONDS = {"environment": 5, "correctness": 60, "timing": 60, "floor": 1, "counts": 5}
 
 
 def write_results(args, results) -> None:
@@ -447,6 +546,16 @@ def summary_table(results) -> str:
             lines.append(
                 f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
                 f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}"
+            )
+    counts = results["sections"].get("counts", {})
+    if isinstance(counts, dict) and "decode" in counts:
+        lines.append("")
+        lines.append(f"per round on the strict stand-in, batch {counts['batch']}:")
+        for name in ("prefill", "decode"):
+            row = counts[name]
+            lines.append(
+                f"  {name:8s} {row['operations']:5d} operations, {row['uploads']} upload, "
+                f"{row['downloads']} download, {row['syncs']} sync"
             )
     return "\n".join(lines)
 
