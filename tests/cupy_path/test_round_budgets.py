@@ -15,7 +15,10 @@ microseconds, each copy to or from the device more, each sync stalls the queue. 
     the fused exp, the sum, the fused divide, the GELU, 2 residual adds.  Rows in scattered slots
     read the KV by a gather: 34.  fp16: 40 (was 65), with 7 casts, and 42;
   * masks are built once a round, by the first block, and read by the others: 9 operations for a
-    decode step's mask, 9 for each prompt tile's.
+    decode step's mask, 9 for each prompt tile's;
+  * outside the blocks a decode step costs 10: the embedding (the gather of the ids' columns, the
+    positions' gather, their sum), the final layer norm (5) and the head's GEMM, with no gather of
+    the last tokens (at decode every token is its row's last).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from minirt.model.layers import elementwise_chains
 DECODE_BLOCK_OPERATIONS = {"float32": 33, "float16": 40}
 GATHERED_DECODE_BLOCK_OPERATIONS = {"float32": 34, "float16": 42}
 MASK_OPERATIONS = 9
+DECODE_OUTSIDE_THE_BLOCKS = 3 + 5 + 1
 # A prompt round (fp32) per block: 23 whatever the rows (norms, GEMMs, scatters, residuals, MLP),
 # and 12 per tile of queries (its slice, scale, 2 matmuls and copies, fill, max, exp, sum, divide,
 # and the tile copied into place).
@@ -77,6 +81,21 @@ def test_a_decode_block_costs_the_same_few_operations_at_any_batch_size(dtype, r
     blocks = decode_block_operations(dtype, slots, [1 + row % 5 for row in slots])
     budget = DECODE_BLOCK_OPERATIONS[dtype]
     assert blocks == [budget + MASK_OPERATIONS, budget, budget]
+
+
+def test_a_decode_step_outside_its_blocks_costs_the_embedding_final_norm_and_head():
+    stand_in = StrictCuPy()
+    backend = strict_backend(stand_in)
+    model = random_model(seed=2, backend=backend, n_layer=3)
+    cache = model.new_kv_cache(n_slots=4, capacity=16)
+    model.forward(Batch([[1, 2], [3], [4, 5, 6]], backend), cache)
+    step = Batch([[7], [8], [9]], backend, past_lens=cache.lengths[:3])
+    blocks: list[int] = []
+    monkeypatch = pytest.MonkeyPatch()
+    with stand_in.counting() as counts, blocks_counted(stand_in, monkeypatch, blocks):
+        model.forward(step, cache)
+    monkeypatch.undo()
+    assert counts.operations - sum(blocks) == DECODE_OUTSIDE_THE_BLOCKS
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
