@@ -291,3 +291,20 @@ def test_batches_on_the_stand_in_cost_one_upload(xp):
 
 def test_the_api_record_is_small_enough_to_commit():
     assert Path(API_FILE).stat().st_size < 1_000_000
+
+
+def test_the_stand_ins_own_methods_take_only_cupys_keywords():
+    """The methods written out by hand (astype, reshape, get, ...) check their keywords by their
+    Python signatures: each of those must be CuPy's, as recorded."""
+    import inspect
+
+    record = json.loads(API_FILE.read_text(encoding="utf-8"))["ndarray"]["methods"]
+    written = ["astype", "reshape", "transpose", "swapaxes", "get", "item", "tolist"]
+    for name in written:
+        parameters = inspect.signature(getattr(StrictArray, name)).parameters
+        keywords = {
+            p.name
+            for p in parameters.values()
+            if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+        assert keywords <= set(record[name]["parameters"]["keywords"]), name
