@@ -102,7 +102,7 @@ def check_slots(slots: np.ndarray, past_lens: np.ndarray) -> None:
     """A round's rows each hold a KV slot of their own, and slots and lengths count from 0: two
     rows in one slot would write the same keys (a scatter CuPy leaves undefined), and a negative
     index wraps around."""
-    if len(np.unique(slots)) < len(slots):
+    if len(set(slots.tolist())) < len(slots):
         raise InputError(f"two rows of a round share a KV slot: {slots.tolist()}")
     if (slots < 0).any() or (past_lens < 0).any():
         raise InputError("KV slots and past lengths are counts from 0; a round got a negative one")

@@ -35,6 +35,7 @@ class KVCache:
     def __init__(
         self, xp, n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype
     ):
+        self.xp = xp
         self.capacity = capacity
         shape = (n_layer, n_slots, n_head, capacity, head_dim)
         self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, K, D]
@@ -43,6 +44,8 @@ class KVCache:
         self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S]
         # Host-side: has any request written to this slot?
         self.written = np.zeros(n_slots, dtype=bool)  # [S]
+        # The round's `token_rows`, made once by `prepare_round` for every layer.
+        self.round_rows: Any = None
 
     @staticmethod
     def bytes_needed(
@@ -91,31 +94,47 @@ class KVCache:
                 f"but the cache was allocated with capacity {self.capacity}"
             )
         self.written[batch.slots] = True
+        n_head = self.keys.shape[2]
+        self.round_rows = token_rows(self.xp, batch, n_head, self.capacity)  # [N, H]
 
     def layer(self, i: int) -> LayerKV:
         """Layer i's part of the pool, which is what one attention layer reads and writes."""
-        return LayerKV(self.keys[i], self.values[i])
+        return LayerKV(self.keys[i], self.values[i], self.round_rows)
 
     def advance(self, batch: Batch) -> None:
         """After the forward pass: each row's slot now holds its new tokens too."""
         self.lengths[batch.slots] = batch.kv_lens
 
 
+def token_rows(xp, batch: Batch, n_head: int, capacity: int):
+    """Where this round's keys go: for each new token and head, its row in one layer's keys seen
+    as rows of D numbers, [S * H * K, D].  One index array, so that a write is one scatter (on
+    CuPy an index of two arrays, slot and position, costs four kernels)."""
+    slots = batch.device.token_slots[:, None]  # [N, 1]
+    heads = xp.arange(n_head)[None, :]  # [1, H]
+    positions = batch.device.positions[:, None]  # [N, 1]
+    return (slots * n_head + heads) * capacity + positions  # [N, H]
+
+
 @dataclass(frozen=True)
 class LayerKV:
-    """One layer's keys and values for every slot: views into the pool."""
+    """One layer's keys and values for every slot: views into the pool, and where this round's
+    new keys go in them (`token_rows`)."""
 
-    keys: Any  # [S, H, K, D]
-    values: Any  # [S, H, K, D]
+    keys: Any  # [S, H, K, D] C-contiguous
+    values: Any  # [S, H, K, D] C-contiguous
+    rows: Any  # [N, H]
 
-    def write(self, new_keys, new_values, batch: Batch) -> None:
+    def write(self, new_keys, new_values) -> None:
         """Store this round's keys and values [N, H, D], each token at its own position in its
         row's slot."""
-        slots = batch.device.token_slots  # [N]
-        positions = batch.device.positions  # [N]
-        # Advanced indices on axes 0 and 2, split by a slice: the target is [N, H, D] too.
-        self.keys[slots, :, positions] = new_keys  # [N, H, D]
-        self.values[slots, :, positions] = new_values  # [N, H, D]
+        S, H, K, D = self.keys.shape
+        # Views, since the layer's buffers are contiguous (a copy would drop the write).
+        assert self.keys.flags.c_contiguous and self.values.flags.c_contiguous
+        key_rows = self.keys.reshape(S * H * K, D)  # [S * H * K, D]
+        value_rows = self.values.reshape(S * H * K, D)  # [S * H * K, D]
+        key_rows[self.rows] = new_keys  # [N, H, D]
+        value_rows[self.rows] = new_values  # [N, H, D]
 
     def read_row(self, slot: int, n_keys: int):
         """The first n_keys keys and values [H, n_keys, D] of one slot: views, no copy."""

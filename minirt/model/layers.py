@@ -105,9 +105,11 @@ def embed(wte_t, wpe, token_ids, positions):
 # ------------------------------------------------------------------ elementwise chains
 #
 # Each chain takes `xp` and arrays, and does elementwise arithmetic alone: no reduction, no index,
-# no matmul (what cupy.fuse can compile into one kernel).  A chain may work in place in its first
-# argument, as NumPy does best (no new array of a prompt's scores); cupy.fuse allows it (CuPy's
-# fusion tests update arguments in place).  `elementwise_chains` binds them.
+# no matmul (what cupy.fuse can compile into one kernel).  A chain either returns one new array,
+# or works in place in its first argument and returns nothing: cupy.fuse writes every value a
+# function returns to an output array of its own, so returning the argument it updated would cost
+# a GPU a second array (NumPy too works best in place: no new array of a prompt tile's scores).
+# `elementwise_chains` binds them.
 
 
 def gelu_tanh(xp, x):
@@ -142,21 +144,24 @@ def gelu_erf(xp, x):
     return 0.5 * x * (1.0 + erf(xp, x * (1.0 / math.sqrt(2.0))))  # [N, I]
 
 
-def normalized(xp, centered, variance, eps, weight, bias):
+def centered_on_mean(xp, x, total, n):
+    """Each token's features less their mean, from their sum over the n features."""
+    return x - total / n  # [N, C] mean 0
+
+
+def normalize_scale_shift(xp, centered, square_total, n, eps, weight, bias):
     """Layer norm's tail, in place in `centered`: the centred features over their standard
-    deviation, then scaled and shifted."""
-    centered /= xp.sqrt(variance + eps)  # [N, C] variance 1
+    deviation (from the sum of their squares), then scaled and shifted."""
+    centered /= xp.sqrt(square_total / n + eps)  # [N, C] variance 1
     centered *= weight
     centered += bias
-    return centered  # [N, C]
 
 
-def shifted_exp(xp, scores, row_max):
+def shift_and_exp(xp, scores, row_max):
     """Softmax's unnormalised weights, in place in `scores`: exp(score - the row's max), so each
     row's largest is 1."""
     scores -= row_max  # [..., L]
     xp.exp(scores, out=scores)
-    return scores  # [..., L]
 
 
 def weighted_mean_or_zero(xp, weighted, total, sees_a_key):
@@ -171,8 +176,9 @@ class Chains:
 
     gelu_tanh: Callable
     gelu_erf: Callable
-    normalized: Callable
-    shifted_exp: Callable
+    centered_on_mean: Callable
+    normalize_scale_shift: Callable
+    shift_and_exp: Callable
     weighted_mean_or_zero: Callable
 
 
@@ -194,8 +200,9 @@ def elementwise_chains(xp) -> Chains:
     return Chains(
         gelu_tanh=bound(gelu_tanh),
         gelu_erf=bound(gelu_erf),
-        normalized=bound(normalized),
-        shifted_exp=bound(shifted_exp),
+        centered_on_mean=bound(centered_on_mean),
+        normalize_scale_shift=bound(normalize_scale_shift),
+        shift_and_exp=bound(shift_and_exp),
         weighted_mean_or_zero=bound(weighted_mean_or_zero),
     )
 
@@ -207,10 +214,12 @@ def layer_norm(xp, chains: Chains, x, ln: LayerNorm, eps: float):
     """Normalise each token's features to mean 0, variance 1, then scale and shift."""
     # The statistics in fp32.
     x32 = x.astype(xp.float32, copy=False)  # [N, C]
-    centered = x32 - x32.mean(axis=-1, keepdims=True)  # [N, C] mean 0
-    variance = xp.square(centered).mean(axis=-1, keepdims=True)  # [N, 1]
-    out = chains.normalized(centered, variance, eps, ln.weight, ln.bias)  # [N, C]
-    return out.astype(x.dtype, copy=False)  # [N, C]
+    n = x.shape[-1]
+    centered = chains.centered_on_mean(x32, x32.sum(axis=-1, keepdims=True), n)  # [N, C]
+    square_total = xp.square(centered).sum(axis=-1, keepdims=True)  # [N, 1]
+    # Variance 1; then scaled and shifted, in place.
+    chains.normalize_scale_shift(centered, square_total, n, eps, ln.weight, ln.bias)  # [N, C]
+    return centered.astype(x.dtype, copy=False)  # [N, C]
 
 
 def linear(x, fc: Linear):
@@ -244,13 +253,13 @@ def softmax_attention(xp, chains: Chains, q, keys, values, mask: KeyMask, scale:
     scores = q32 @ xp.swapaxes(keys32, -1, -2)  # [B, H, T, L] fp32
     # Hidden keys at the lowest finite float.
     xp.copyto(scores, xp.finfo(xp.float32).min, where=mask.hidden)  # [B, H, T, L]
-    # Unnormalised weights, the max 1 in each row that sees a key; a hidden key's exactly 0.
-    weights = chains.shifted_exp(scores, scores.max(axis=-1, keepdims=True))  # [B, H, T, L]
+    # Unnormalised weights, in place: the max 1 in each row that sees a key, a hidden key's 0.
+    chains.shift_and_exp(scores, scores.max(axis=-1, keepdims=True))  # [B, H, T, L]
     # At least 1 where any key is visible.
-    total = weights.sum(axis=-1, keepdims=True)  # [B, H, T, 1]
+    total = scores.sum(axis=-1, keepdims=True)  # [B, H, T, 1]
     # No 4-D fp16 matmul: it runs as slow GEMVs on CuPy.
     values32 = values.astype(xp.float32, copy=False)  # [B, H, L, D]
-    out = chains.weighted_mean_or_zero(weights @ values32, total, mask.sees_a_key)  # [B, H, T, D]
+    out = chains.weighted_mean_or_zero(scores @ values32, total, mask.sees_a_key)  # [B, H, T, D]
     return out.astype(q.dtype, copy=False)
 
 
@@ -292,7 +301,7 @@ def attention(
     v = qkv[:, 2]  # [N, H, D]
     if kv is not None:
         # Each token into its row's slot, at its own position.
-        kv.write(k, v, batch)
+        kv.write(k, v)
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
     if kv is None or batch.seq_len > 1:
         out = prompt_attention(xp, chains, q, k, v, batch, kv, scale)  # [N, H, D]

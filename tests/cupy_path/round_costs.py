@@ -1,5 +1,5 @@
-"""What each round of a run costs on the strict stand-in: counts per round, and per transformer block
-(the helpers of the budget tests, and of the numbers quoted in docs/gpu.md)."""
+"""What each round of a run costs on the strict stand-in: counts per round, and per transformer
+block (the helpers of the budget tests, and of tools/quality/round_costs.py)."""
 
 from __future__ import annotations
 

@@ -95,6 +95,24 @@ def test_scored_logits_equal_numpys_in_any_batch_and_tiling(rows, dtype, scratch
     assert stand_in.findings == []
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
+def test_a_decode_round_with_an_empty_row(stand_in, dtype):
+    """The scatter branches of Batch.padded and packed: a decode step whose rows are not all
+    real (the engine never makes one; the API allows it)."""
+    from minirt.model.batch import Batch
+
+    cpu, device = model_pair(stand_in, dtype)
+    logits = []
+    for model in (cpu, device):
+        cache = model.new_kv_cache(n_slots=3, capacity=8)
+        model.forward(Batch([[1, 2], [3], [4, 5, 6]], model.backend), cache)
+        step = Batch([[7], [], [8]], model.backend, past_lens=cache.lengths.copy())
+        with stand_in.counting() as counts:
+            logits.append(model.backend.to_numpy(model.forward(step, cache)))
+    np.testing.assert_array_equal(logits[1], logits[0])
+    assert counts.by_name["scatter"] > 0
+
+
 # ------------------------------------------------------------------ the engine
 
 

@@ -1,5 +1,5 @@
-"""The strict stand-in's own teeth: each rule it keeps for CuPy, shown on a deliberately bad snippet,
-and each count on a snippet whose cost is known by hand.  No GPU and no CuPy needed."""
+"""The strict stand-in's own teeth: each rule it keeps for CuPy, shown on a deliberately bad
+snippet, and each count on a snippet whose cost is known by hand.  No GPU and no CuPy needed."""
 
 from __future__ import annotations
 

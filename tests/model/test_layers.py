@@ -233,7 +233,7 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(
     (scoring whole sequences, no history), they are the round's own tokens."""
     from minirt.model.backend import numpy_backend
     from minirt.model.batch import Batch
-    from minirt.model.kv_cache import LayerKV
+    from minirt.model.kv_cache import LayerKV, token_rows
     from minirt.model.layers import prompt_attention
 
     if not cached:
@@ -246,12 +246,13 @@ def test_prompt_attention_is_each_querys_softmax_over_the_keys_it_may_see(
     cache = LayerKV(
         np.full((len(rows), H, capacity, D), np.nan, np.float32),
         np.full((len(rows), H, capacity, D), 1e6, np.float32),
+        token_rows(np, batch, H, capacity),
     )
     for b, slot in enumerate(slots):  # each slot's history: random keys and values at 0..past-1
         cache.keys[slot, :, : past[b]] = rng.standard_normal((H, past[b], D))
         cache.values[slot, :, : past[b]] = rng.standard_normal((H, past[b], D))
     if cached:
-        cache.write(k, v, batch)
+        cache.write(k, v)
     import minirt.model.layers
 
     budget, minirt.model.layers.ATTENTION_SCRATCH_BYTES = (

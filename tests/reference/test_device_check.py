@@ -12,7 +12,7 @@ from device_check import kv_bytes_per_step, parse_args, summary_table, weight_by
 def test_arguments():
     args = parse_args(["--batch-sizes", "1,8,64", "--dtypes", "float16", "--out", "x.json"])
     assert args.batch_sizes == [1, 8, 64] and args.dtypes == ["float16"] and args.backend == "cupy"
-    assert args.sections == ["environment", "correctness", "timing", "floor", "counts"]
+    assert args.sections == ["environment", "gpu_tests", "correctness", "timing", "floor", "counts"]
     quick = parse_args(["--quick", "--new-tokens", "64"])
     assert quick.new_tokens == 4
     with pytest.raises(SystemExit):
@@ -54,7 +54,7 @@ def test_numpy_run_writes_every_section(tmp_path):
     )
     results = json.loads(out.read_text())
     sections = results["sections"]
-    assert set(sections) == {"environment", "correctness", "timing", "floor", "counts"}
+    assert set(sections) == {"environment", "gpu_tests", "correctness", "timing", "floor", "counts"}
     assert sections["correctness"]["fp32_within_1e-4"] is True
     assert sections["timing"]["float32_batch2"]["minirt"]["tokens_per_s"] > 0
     assert sections["timing"]["float32_batch2"]["ratio"] > 0
@@ -91,7 +91,7 @@ def test_the_whole_script_runs_on_the_cpu_without_torch(tmp_path):
     argv = ["--backend", "numpy", "--quick", "--no-transformers", "--batch-sizes", "1,2"]
     assert main([*argv, "--out", str(out)]) == 0
     sections = json.loads(out.read_text())["sections"]
-    assert set(sections) == {"environment", "correctness", "timing", "floor", "counts"}
+    assert set(sections) == {"environment", "gpu_tests", "correctness", "timing", "floor", "counts"}
     assert not any("error" in section for section in sections.values() if isinstance(section, dict))
     fixtures = sections["correctness"]["fixtures_max_rel_error_vs_transformers"]
     assert len(fixtures) >= 9 and max(fixtures.values()) <= 1e-5

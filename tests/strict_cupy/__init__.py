@@ -22,7 +22,9 @@ What CuPy does silently and NumPy does not, it reports as a `Finding` (and does 
 What it counts, in `Counts` (`counting()` collects them over a stretch of code):
   * operations: kernels and library calls, as CuPy launches them: an elementwise operation or a
     reduction is one, a view (slicing, reshape, transpose) none, a fused function one, a batched
-    matmul one plus one copy for each operand CuPy must first make contiguous or fp32;
+    matmul one plus one copy for each operand CuPy must first make contiguous or fp32, a gather or
+    scatter with one index array one, and with k > 1 of them k + 2 (cupy/_core/
+    _routines_indexing.pyx: the flat index zeroed, one kernel per index array, then the take);
   * uploads (host to device: `asarray` of host data, a host index) and downloads (device to host:
     `asnumpy`, `.get()`, `int()`, `float()`, `bool()`, `.item()`, `repr`), with their bytes;
   * syncs: every download waits for the device, as does `Stream.synchronize()`; a boolean mask
@@ -49,7 +51,8 @@ ALLOCATING = {"empty", "empty_like"}
 VIEWS = {"swapaxes", "transpose", "expand_dims", "squeeze", "broadcast_to", "moveaxis", "ravel"}
 # Functions that take host data onto the device (an upload) rather than refusing it.
 UPLOADING = {"asarray", "array", "asanyarray", "ascontiguousarray"}
-# What a fused function may do: elementwise arithmetic.  `where` is fusable (cupy/_sorting/search.py).
+# What a fused function may do: elementwise arithmetic.  `where` is fusable
+# (cupy/_sorting/search.py).
 FUSABLE_FUNCTIONS = {"where"}
 
 BINARY_OPERATORS = {
@@ -230,6 +233,15 @@ class StrictCuPy:
             return type(value)(self.device_numbers(item, what) for item in value)
         return value
 
+    def elementwise_operand(self, value: Any, what: str) -> Any:
+        """An operand of a ufunc or an operator: a device array or a scalar, nothing else (CuPy's
+        CScalar refuses lists too)."""
+        if isinstance(value, (list, tuple)):
+            raise self.refuse(
+                TypeError, "numpy operand", f"Unsupported type {type(value)} in {what}"
+            )
+        return self.device_numbers(value, what)
+
     def wrap(self, result: Any) -> Any:
         """NumPy's result as CuPy's: arrays, and 0-d arrays where NumPy gives a scalar."""
         if isinstance(result, np.ndarray):
@@ -310,7 +322,7 @@ class StrictUfunc:
     def __call__(self, *args, **kwargs):
         owner = self.owner
         owner.check_call(self.__name__, self.entry["parameters"], args, kwargs)
-        inputs = [owner.device_numbers(a, f"cupy.{self.__name__}") for a in args[: self.nin]]
+        inputs = [owner.elementwise_operand(a, f"cupy.{self.__name__}") for a in args[: self.nin]]
         out = kwargs.pop("out", None)
         if out is None and len(args) > self.nin:
             out = args[self.nin]
@@ -431,6 +443,12 @@ class StrictFusion:
         finally:
             owner.fusing = None
         owner.operation(f"fused {self.name}")
+        # Each value a fused function returns is written to a new output array, even when it is
+        # an argument updated in place (cupy/_core/fusion.pyx, get_fusion's out_params).
+        if isinstance(result, StrictArray):
+            return StrictArray(owner, result.numbers.copy())
+        if isinstance(result, tuple):
+            return tuple(StrictArray(owner, r.numbers.copy()) for r in result)
         return result
 
 
@@ -445,7 +463,12 @@ class StrictArray:
 
     # ------------------------------------------------------------------ what costs nothing
 
-    shape = property(lambda self: self.numbers.shape)
+    @property
+    def shape(self) -> tuple:
+        if self.owner.fusing is not None:
+            self.owner.finding("not fusable", f"shape inside fused {self.owner.fusing}")
+        return self.numbers.shape
+
     dtype = property(lambda self: self.numbers.dtype)
     ndim = property(lambda self: self.numbers.ndim)
     size = property(lambda self: self.numbers.size)
@@ -464,6 +487,8 @@ class StrictArray:
         return StrictArray(self.owner, numbers)
 
     def __len__(self) -> int:
+        if self.owner.fusing is not None:
+            self.owner.finding("not fusable", f"len() inside fused {self.owner.fusing}")
         if self.numbers.ndim == 0:
             raise TypeError("len() of unsized object")
         return len(self.numbers)
@@ -558,8 +583,11 @@ class StrictArray:
             keyword_numbers = {
                 k: owner.device_numbers(v, f"ndarray.{name}") for k, v in kwargs.items()
             }
-            owner.operation(name)
             result = getattr(self.numbers, name)(*numbers, **keyword_numbers)
+            # A view (squeeze, ravel of a contiguous array, view) launches nothing.
+            is_view = isinstance(result, np.ndarray) and np.may_share_memory(result, self.numbers)
+            if not is_view or name == "fill":
+                owner.operation(name)
             if isinstance(kwargs.get("out"), StrictArray):
                 return kwargs["out"]
             return owner.wrap(result)
@@ -567,7 +595,7 @@ class StrictArray:
         return method
 
     def operand(self, other: Any, what: str) -> Any:
-        return self.owner.device_numbers(other, what)
+        return self.owner.elementwise_operand(other, what)
 
     def binary(self, name: str, other: Any, reflected: bool = False) -> StrictArray:
         function = BINARY_OPERATORS.get(name) or COMPARISONS[name]
@@ -664,13 +692,26 @@ class StrictArray:
     def __getitem__(self, key):
         parts, advanced = self.index_parts(key, "an index")
         if not advanced:
+            if Ellipsis not in parts:
+                # Integers alone give CuPy a 0-d view, where NumPy gives a scalar.
+                parts = (*parts, Ellipsis)
             return self.view_of(self.numbers[parts], "an index")
         if any(isinstance(p, np.ndarray) and p.dtype == bool for p in parts):
             # The result's size depends on the mask: CuPy reads it back.
             self.owner.sync("a boolean mask index")
         parts = self.checked_indices(parts, "a gather")
-        self.owner.operation("gather")
+        self.indexing_operations(parts, "gather")
         return StrictArray(self.owner, self.numbers[parts])
+
+    def indexing_operations(self, parts: tuple, name: str) -> None:
+        """A gather or scatter: one kernel with one index array; with k of them, the flat index
+        zeroed, one kernel per index array, then the take or the scatter."""
+        arrays = sum(1 for part in parts if isinstance(part, np.ndarray) and part.dtype != bool)
+        if arrays > 1:
+            self.owner.operation(f"{name} index zeroed")
+            for _ in range(arrays):
+                self.owner.operation(f"{name} index array")
+        self.owner.operation(name)
 
     def __setitem__(self, key, value):
         owner = self.owner
@@ -689,7 +730,7 @@ class StrictArray:
         if advanced:
             parts = self.checked_indices(parts, "a scatter")
             self.check_unique_targets(parts)
-            owner.operation("scatter")
+            self.indexing_operations(parts, "scatter")
         else:
             owner.operation("copy" if isinstance(value, StrictArray) else "fill")
         self.numbers[parts] = numbers

@@ -1,4 +1,4 @@
-"""The one script a GPU session runs: environment, correctness, speed against transformers, bandwidth floor, per-round counts.
+"""The one script a GPU session runs: environment, tests, correctness, speed, floor, round counts.
 
 Made for a single run of about 8 minutes on the lent NVIDIA H200 (cupy-cuda13x,
 torch, transformers, safetensors and tokenizers preinstalled; no network; minirt
@@ -10,23 +10,25 @@ table last.
 Sections:
   1. environment   versions, the GPU, and minirt's fused tanh GELU (cupy.fuse)
                    checked against NumPy's run of the same function;
-  2. correctness   the `gpu` tests (pytest -m gpu): tests/model/test_gpu.py (CuPy
+  2. gpu_tests     the `gpu` tests (pytest -m gpu): tests/model/test_gpu.py (CuPy
                    against NumPy on random configs, batches and paddings, and the
                    device paths beyond scoring: continuous batching with reused,
-                   zeroed and gathered slots, prompt and token logprobs, penalties,
-                   evaluate, LLM and `generate --backend cupy`) and
+                   zeroed and gathered slots, a decode round padded by scatter,
+                   prompt and token logprobs, penalties, evaluate, LLM and
+                   `generate --backend cupy`) and
                    tests/cupy_path/test_stand_in_against_cupy.py (the strict
-                   stand-in's rules confirmed on the real CuPy); every fixture model
-                   against the transformers logits saved beside it; a random-weight
-                   model of the gpt2-124M shape against transformers on the GPU, in
-                   fp32 and fp16;
-  3. timing        decode tokens/s at batch 1, 8 and 64, fp16 and fp32, minirt
+                   stand-in's rules confirmed on the real CuPy); pytest's whole
+                   output goes to gpu_tests.txt beside the JSON file;
+  3. correctness   every fixture model against the transformers logits saved
+                   beside it; a random-weight model of the gpt2-124M shape against
+                   transformers on the GPU, in fp32 and fp16;
+  4. timing        decode tokens/s at batch 1, 8 and 64, fp16 and fp32, minirt
                    against transformers' `generate` (PyTorch eager) on the same
                    weights, plus minirt's host time per round measured with
                    cupyx.profiler.benchmark;
-  4. floor         the bytes of weights and KV read per decode step, divided by
+  5. floor         the bytes of weights and KV read per decode step, divided by
                    ~4.8 TB/s, as a fraction of the measured step time;
-  5. counts        a prefill and a decode round of the timed shape on the strict
+  6. counts        a prefill and a decode round of the timed shape on the strict
                    stand-in (tests/strict_cupy): device operations, uploads,
                    downloads and syncs, beside the host time the GPU measured.
 
@@ -70,7 +72,7 @@ if (ROOT / ".device_deps").is_dir():  # last, so the machine's own packages win
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e, the H200's nominal memory bandwidth
 GPT2_124M = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 QUICK = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128}
-SECTION_NAMES = ("environment", "correctness", "timing", "floor", "counts")
+SECTION_NAMES = ("environment", "gpu_tests", "correctness", "timing", "floor", "counts")
 
 
 class Deadline:
@@ -176,7 +178,8 @@ def make_checkpoint(args, folder: Path):
 
 
 def weight_bytes_per_step(config, dtype) -> int:
-    """Bytes of weights a decode step reads: every block and the head (kept in fp32), not wte/wpe rows."""
+    """Bytes of weights a decode step reads: every block and the head (kept in fp32), not the
+    wte/wpe rows."""
     item = np.dtype(dtype).itemsize
     C, n_inner, V = config.n_embd, config.n_inner, config.vocab_size
     per_block = (
@@ -254,45 +257,45 @@ def fixtures_against_transformers(args) -> dict:
     return errors
 
 
+GPU_TEST_FILES = ("tests/model/test_gpu.py", "tests/cupy_path/test_stand_in_against_cupy.py")
+
+
+def section_gpu_tests(args, deadline, state) -> dict:
+    """The `gpu` tests, run by pytest; their whole output goes to gpu_tests.txt beside the JSON
+    file (every failure's details, for a run that nobody watches)."""
+    if args.backend != "cupy":
+        return {"skipped": "numpy backend"}
+    budget = max(30, min(240, deadline.left() - 200))
+    log = Path(args.out).with_name("gpu_tests.txt")
+    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", "gpu", *GPU_TEST_FILES]
+    command += ["-p", "no:cacheprovider"]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        run = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=budget,
+            env=environment,
+        )
+    except subprocess.TimeoutExpired as exc:
+        partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        log.write_text(partial)
+        return {"exit_code": None, "tail": [f"timed out after {budget:.0f} s"], "log": str(log)}
+    log.write_text(run.stdout + "\n--- stderr\n" + run.stderr)
+    return {
+        "exit_code": run.returncode,
+        "tail": run.stdout.strip().splitlines()[-12:],
+        "stderr_tail": run.stderr.strip().splitlines()[-3:],
+        "log": str(log),
+    }
+
+
 def section_correctness(args, deadline, state) -> dict:
     import minirt
 
     out = {}
-    if args.backend == "cupy":
-        budget = max(30, min(240, deadline.left() - 200))
-        try:
-            run = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-m",
-                    "gpu",
-                    "tests/model/test_gpu.py",
-                    "tests/cupy_path/test_stand_in_against_cupy.py",
-                    "-p",
-                    "no:cacheprovider",
-                ],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=budget,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-            )
-            out["gpu_property_tests"] = {
-                "exit_code": run.returncode,
-                "tail": run.stdout.strip().splitlines()[-3:],
-                "stderr_tail": run.stderr.strip().splitlines()[-3:],
-            }
-        except subprocess.TimeoutExpired:
-            out["gpu_property_tests"] = {
-                "exit_code": None,
-                "tail": [f"timed out after {budget:.0f} s"],
-            }
-    else:
-        out["gpu_property_tests"] = "skipped (numpy backend)"
-
     out["fixtures_max_rel_error_vs_transformers"] = fixtures_against_transformers(args)
     folder = Path(state["scratch"]) / "model"
     reference = make_checkpoint(args, folder)
@@ -370,11 +373,12 @@ def host_overhead(model, batch: int, args) -> dict:
 
     cache = model.new_kv_cache(n_slots=batch, capacity=args.prompt_len + 1)
     model.forward(Batch([[1] * args.prompt_len] * batch, model.backend), cache)
+    past_lens = np.full(batch, args.prompt_len)
 
     def one_round():
         cache.lengths[:] = args.prompt_len  # rewind, so every repeat is the same round
         logits = model.forward(
-            Batch([[2]] * batch, model.backend, past_lens=cache.lengths), cache
+            Batch([[2]] * batch, model.backend, past_lens=past_lens), cache
         )  # [B, V]
         return model.xp.argmax(logits, axis=-1)  # stays on the device
 
@@ -485,7 +489,8 @@ def section_counts(args, deadline, state) -> dict:
             if name == "prefill":
                 round_batch = Batch([[1] * args.prompt_len] * batch, model.backend)
             else:
-                round_batch = Batch([[2]] * batch, model.backend, past_lens=cache.lengths)
+                past_lens = cache.lengths.copy()
+                round_batch = Batch([[2]] * batch, model.backend, past_lens=past_lens)
             logits = model.forward(round_batch, cache)
             model.backend.to_numpy(model.xp.argmax(logits, axis=-1))
         out[name] = {
@@ -500,12 +505,20 @@ def section_counts(args, deadline, state) -> dict:
 
 SECTIONS = {
     "environment": section_environment,
+    "gpu_tests": section_gpu_tests,
     "correctness": section_correctness,
     "timing": section_timing,
     "floor": section_floor,
     "counts": section_counts,
 }
-MIN_SECONDS = {"environment": 5, "correctness": 60, "timing": 60, "floor": 1, "counts": 5}
+MIN_SECONDS = {
+    "environment": 5,
+    "gpu_tests": 60,
+    "correctness": 30,
+    "timing": 60,
+    "floor": 1,
+    "counts": 5,
+}
 
 
 def write_results(args, results) -> None:
@@ -573,7 +586,8 @@ def main(argv=None) -> int:
                 start = time.perf_counter()
                 try:
                     results["sections"][name] = SECTIONS[name](args, deadline, state)
-                except Exception as exc:  # noqa: BLE001 (record any failure and go on: later sections may still run)
+                # Any failure is recorded, and the later sections still run.
+                except Exception as exc:  # noqa: BLE001
                     results["sections"][name] = {"error": f"{type(exc).__name__}: {exc}"}
                 if isinstance(results["sections"][name], dict):
                     results["sections"][name].pop("partial", None)

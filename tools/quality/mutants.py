@@ -320,8 +320,8 @@ MUTANTS = [
     Mutant(
         "values_written_as_keys",
         "minirt/model/kv_cache.py",
-        "self.values[slots, :, positions] = new_values",
-        "self.values[slots, :, positions] = new_keys",
+        "value_rows[self.rows] = new_values  # [N, H, D]",
+        "value_rows[self.rows] = new_keys  # [N, H, D]",
         "the value cache holds keys",
     ),
     Mutant(
@@ -356,8 +356,8 @@ MUTANTS = [
     Mutant(
         "layer_norm_eps_outside_sqrt",
         "minirt/model/layers.py",
-        "centered /= xp.sqrt(variance + eps)  # [N, C] variance 1",
-        "centered /= xp.sqrt(variance)  # [N, C] variance 1",
+        "centered /= xp.sqrt(square_total / n + eps)  # [N, C] variance 1",
+        "centered /= xp.sqrt(square_total / n)  # [N, C] variance 1",
         "epsilon dropped",
     ),
     Mutant(
@@ -463,7 +463,7 @@ MUTANTS = [
     Mutant(
         "two_rows_in_one_slot_allowed",
         "minirt/model/batch.py",
-        "if len(np.unique(slots)) < len(slots):",
+        "if len(set(slots.tolist())) < len(slots):",
         "if False:",
         "a scatter that writes one slot twice, undefined on CuPy",
     ),
@@ -473,6 +473,13 @@ MUTANTS = [
         "if (beyond := batch.slots >= n_slots).any():",
         "if (beyond := batch.slots > n_slots).any():",
         "a round writes the slot one past the cache's last (wrapped to slot 0 on CuPy)",
+    ),
+    Mutant(
+        "kv_rows_swap_slot_and_head",
+        "minirt/model/kv_cache.py",
+        "return (slots * n_head + heads) * capacity + positions  # [N, H]",
+        "return (heads * n_head + slots) * capacity + positions  # [N, H]",
+        "a token's keys land in another slot's rows",
     ),
     Mutant(
         "an_upload_per_array",
