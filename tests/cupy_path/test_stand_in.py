@@ -308,3 +308,40 @@ def test_the_stand_ins_own_methods_take_only_cupys_keywords():
             if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         }
         assert keywords <= set(record[name]["parameters"]["keywords"]), name
+
+
+def test_an_index_of_several_arrays_costs_what_cupy_launches(xp):
+    """cupy/_core/_routines_indexing.pyx: with k > 1 index arrays, the flat index is zeroed, one
+    kernel per array adds its part, then one take (or scatter): k + 2.  One array: one kernel."""
+    table = xp.zeros((4, 3, 5), dtype=np.float32)
+    first = xp.asarray(np.array([0, 2]))
+    second = xp.asarray(np.array([1, 4]))
+    with xp.counting() as counts:
+        table[first, :, second]
+    assert counts.operations == 2 + 2
+    values = xp.zeros((2, 3), dtype=np.float32)
+    with xp.counting() as counts:
+        table[first, :, second] = values
+    assert counts.operations == 2 + 2
+    with xp.counting() as counts:
+        table[first]
+    assert counts.operations == 1
+
+
+def test_a_list_operand_and_a_fused_functions_result(xp):
+    """CuPy's ufuncs take arrays and scalars, not lists; what a fused function returns is a new
+    array, even an argument it updated in place."""
+    device = xp.asarray(np.ones(3, np.float32))
+    with pytest.raises(TypeError):
+        xp.exp([1.0, 2.0])
+    with pytest.raises(TypeError):
+        device + [1.0, 2.0, 3.0]
+
+    def doubled_in_place(x):
+        x *= 2.0
+        return x
+
+    result = xp.fuse(doubled_in_place)(device)
+    assert result is not device and result.get().tolist() == [2.0, 2.0, 2.0]
+    assert device.get().tolist() == [2.0, 2.0, 2.0]
+    assert kinds(xp) == ["numpy operand", "numpy operand"]
