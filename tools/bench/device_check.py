@@ -17,8 +17,8 @@ Sections:
                    prompt and token logprobs, penalties, evaluate, LLM and
                    `generate --backend cupy`) and
                    tests/cupy_path/test_stand_in_against_cupy.py (the strict
-                   stand-in's rules confirmed on the real CuPy); pytest's whole
-                   output goes to gpu_tests.txt beside the JSON file;
+                   stand-in's rules confirmed on the real CuPy), with pytest's
+                   whole output;
   3. correctness   every fixture model against the transformers logits saved
                    beside it; a random-weight model of the gpt2-124M shape against
                    transformers on the GPU, in fp32 and fp16;
@@ -261,12 +261,11 @@ GPU_TEST_FILES = ("tests/model/test_gpu.py", "tests/cupy_path/test_stand_in_agai
 
 
 def section_gpu_tests(args, deadline, state) -> dict:
-    """The `gpu` tests, run by pytest; their whole output goes to gpu_tests.txt beside the JSON
-    file (every failure's details, for a run that nobody watches)."""
+    """The `gpu` tests, run by pytest; their whole output is kept in the JSON file (every
+    failure's details, for a run that nobody watches)."""
     if args.backend != "cupy":
         return {"skipped": "numpy backend"}
     budget = max(30, min(240, deadline.left() - 200))
-    log = Path(args.out).with_name("gpu_tests.txt")
     command = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", "gpu", *GPU_TEST_FILES]
     command += ["-p", "no:cacheprovider"]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -281,14 +280,12 @@ def section_gpu_tests(args, deadline, state) -> dict:
         )
     except subprocess.TimeoutExpired as exc:
         partial = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        log.write_text(partial)
-        return {"exit_code": None, "tail": [f"timed out after {budget:.0f} s"], "log": str(log)}
-    log.write_text(run.stdout + "\n--- stderr\n" + run.stderr)
+        return {"exit_code": None, "tail": [f"timed out after {budget:.0f} s"], "output": partial}
     return {
         "exit_code": run.returncode,
         "tail": run.stdout.strip().splitlines()[-12:],
-        "stderr_tail": run.stderr.strip().splitlines()[-3:],
-        "log": str(log),
+        "output": run.stdout[-200_000:],
+        "stderr": run.stderr[-20_000:],
     }
 
 
