@@ -162,6 +162,7 @@ class GPT2:
         if logits_at is None:
             return None
         at = np.asarray(logits_at)
+        # An empty list reads as float64: no index at all.
         if at.size == 0:
             at = at.astype(np.int64)
         if at.ndim != 1 or at.dtype.kind not in "iu":

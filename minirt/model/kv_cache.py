@@ -12,6 +12,9 @@ slot, the capacity).
     costs the attention, not a copy of the history.  (A continuous pool that must grow for
     requests that arrive later is made anew, larger, and takes over the old one's slots:
     `copy_from`, a rare event, never a per-step cost.)
+  * A round's writes go by one index per token and head, its row in the layer's buffer seen as
+    rows of head_dim numbers (`token_rows`, made once a round for every layer): one scatter each
+    for keys and values.
   * Only real tokens are written.  Positions past a slot's length hold zeros (the pool starts
     zeroed, and a slot is zeroed when a new request takes it), and the attention mask
     (key-is-real) never lets a query see them.

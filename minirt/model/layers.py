@@ -18,10 +18,11 @@ prompt's attention takes each row alone; a decode step's lays the rows out padde
 this round's; scoring whole sequences needs none.  Layers take `xp` (numpy or cupy), so the GPU
 runs this same code; layer-norm statistics, softmax and logits are fp32.
 
-The runs of elementwise arithmetic (GELU; layer norm's normalise, scale and shift; softmax's
-subtract and exp) are chains, each one function written once: NumPy runs it as written, and CuPy
-compiles it into one kernel (`elementwise_chains`, with `cupy.fuse`).  A decode step on a GPU is
-bound by how many kernels it launches, not by its arithmetic.
+The runs of elementwise arithmetic (GELU; layer norm's centring, and its normalise, scale and
+shift; softmax's subtract and exp, and its divide) are chains, each one function written once:
+NumPy runs it as written, and CuPy compiles it into one kernel (`elementwise_chains`, with
+`cupy.fuse`).  A decode step on a GPU is bound by how many kernels it launches, not by its
+arithmetic.
 
 Must not know: files, tokenizers, requests, sampling or scheduling.
 """
@@ -282,7 +283,9 @@ def prompt_attention(xp, chains: Chains, q, k, v, batch: Batch, kv: LayerKV | No
         queries = q[start + first : start + end].transpose(1, 0, 2)  # [H, end - first, D]
         # Built by the round's first layer, read by the others.
         mask = batch.mask_tile(row, first, end, n_keys)  # [1, end - first, n_keys]
-        tile = softmax_attention(xp, chains, queries, keys, values, mask, scale)
+        tile = softmax_attention(
+            xp, chains, queries, keys, values, mask, scale
+        )  # [H, end - first, D]
         out[start + first : start + end] = tile.transpose(1, 0, 2)  # [end - first, H, D]
     return out
 
