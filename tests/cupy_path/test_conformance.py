@@ -44,9 +44,11 @@ def model_pair(stand_in: StrictCuPy, dtype=np.float32, **fields):
 
 
 def served(model, prompts, params, **engine_settings):
-    """Serve the prompts offline and return the finished requests, in input order."""
+    """Serve the prompts offline and return the finished requests, in input order.  `params` is
+    one SamplingParams per prompt."""
     engine = Engine(model, None, **engine_settings)
-    requests = [engine.make_request(i, prompt, params) for i, prompt in enumerate(prompts)]
+    pairs = enumerate(zip(prompts, params, strict=True))
+    requests = [engine.make_request(i, prompt, settings) for i, (prompt, settings) in pairs]
     engine.serve(requests)
     return requests
 
@@ -124,22 +126,13 @@ def test_batching_with_uneven_lengths_and_slot_reuse(stand_in, policy, dtype):
     cpu, device = model_pair(stand_in, dtype)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11], [12], [13, 14, 15, 16], [17]]
     params = [SamplingParams(max_new_tokens=2 + 3 * (i % 3), ignore_eos=True) for i in range(7)]
-    want = [outcome(r) for r in served_each(cpu, prompts, params, policy)]
+    want = [outcome(r) for r in served(cpu, prompts, params, batch_size=3, policy=policy)]
     with stand_in.counting() as counts:
-        got = [outcome(r) for r in served_each(device, prompts, params, policy)]
+        got = [outcome(r) for r in served(device, prompts, params, batch_size=3, policy=policy)]
     assert got == want
     if policy == "continuous":
         # The paths this is here for: a reused slot zeroed, and KV read from scattered slots.
         assert counts.by_name["fill"] > 0 and counts.by_name["gather"] > 0
-
-
-def served_each(model, prompts, params, policy):
-    engine = Engine(model, None, batch_size=3, policy=policy)
-    requests = [
-        engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
-    ]
-    engine.serve(requests)
-    return requests
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["fp32", "fp16"])
@@ -159,8 +152,12 @@ def test_sampling_with_penalties_and_logprobs(stand_in, dtype):
         ignore_eos=True,
     )
     prompts = [[1, 2, 3], [4, 4, 4, 4], [5]]
-    want = [outcome(r) for r in served(cpu, prompts, params, batch_size=2, policy="continuous")]
-    got = [outcome(r) for r in served(device, prompts, params, batch_size=2, policy="continuous")]
+    want = [
+        outcome(r) for r in served(cpu, prompts, [params] * 3, batch_size=2, policy="continuous")
+    ]
+    got = [
+        outcome(r) for r in served(device, prompts, [params] * 3, batch_size=2, policy="continuous")
+    ]
     assert got == want
     assert all(logprobs for _, _, _, logprobs, top, _ in got)
 
@@ -169,8 +166,8 @@ def test_prompt_logprobs(stand_in):
     cpu, device = model_pair(stand_in)
     params = SamplingParams(max_new_tokens=3, prompt_logprobs=True, ignore_eos=True)
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
-    want = [outcome(r) for r in served(cpu, prompts, params, batch_size=3)]
-    got = [outcome(r) for r in served(device, prompts, params, batch_size=3)]
+    want = [outcome(r) for r in served(cpu, prompts, [params] * 3, batch_size=3)]
+    got = [outcome(r) for r in served(device, prompts, [params] * 3, batch_size=3)]
     assert got == want and got[0][5][1] is not None
 
 
@@ -181,8 +178,8 @@ def test_a_row_whose_logits_are_not_finite_fails_alone(stand_in):
         model.head_weight[:, 7] = np.nan if model is cpu else model.xp.float32("nan")
     prompts = [[1, 2], [3], [4, 5, 6]]
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
-    want = [outcome(r) for r in served(cpu, prompts, params, batch_size=3)]
-    got = [outcome(r) for r in served(device, prompts, params, batch_size=3)]
+    want = [outcome(r) for r in served(cpu, prompts, [params] * 3, batch_size=3)]
+    got = [outcome(r) for r in served(device, prompts, [params] * 3, batch_size=3)]
     assert got == want
     assert all(error is not None for _, _, error, _, _, _ in got)
 
