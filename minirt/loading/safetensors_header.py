@@ -17,7 +17,8 @@ OverflowError:
     the offending value written as JSON (null, NaN), as the file holds it;
   * each entry: anything but exactly dtype, shape and data_offsets; a dtype that is not a known
     code (one the format added since, such as F4 or C64, is named as valid but unreadable); a
-    shape that is not a list of integers or whose size overflows 64 bits; offsets that are not two
+    shape that is not a list of integers, has a dimension past 64 bits (even beside a 0), or
+    whose size overflows 64 bits; offsets that are not two
     integers (`-0` included, which the format's own reader takes for a float) or do not fit the
     shape;
   * the data section: tensors must tile it, as the format says ("the byte buffer needs to be
@@ -259,6 +260,20 @@ def check_metadata(path: Path, metadata) -> None:
             )
 
 
+def overflowing_shape(shape: list[int]) -> str | None:
+    """Why the format's own reader refuses a shape of counts, or None: its dimensions are 64-bit
+    (a larger one is refused even beside a 0), and it multiplies them left to right in 64 bits,
+    refusing a product that overflows even when a later 0 would bring it back to nothing."""
+    if any(n >= 2**64 for n in shape):
+        return "whose dimensions do not all fit in 64 bits"
+    elements = 1
+    for n in shape:
+        elements *= n
+        if elements >= 2**64:
+            return "whose size overflows 64 bits"
+    return None
+
+
 def read_entry(path: Path, name: str, info) -> TensorEntry:
     """One header entry, every field's type and size checked."""
 
@@ -288,6 +303,9 @@ def read_entry(path: Path, name: str, info) -> TensorEntry:
         raise malformed(f"unknown dtype {shown(dtype)}")
     if not isinstance(shape, list) or not all(is_count(n) for n in shape):
         raise malformed(f"shape {shown(shape)}, which is not a list of integers >= 0")
+    shape_problem = overflowing_shape(shape)
+    if shape_problem:
+        raise malformed(f"shape {shown(shape)}, {shape_problem}")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(n) for n in offsets):
         raise malformed(f"data_offsets {shown(offsets)}, which are not two integers >= 0")
     n_bytes = KNOWN_DTYPES[dtype] if 0 not in shape else 0

@@ -226,8 +226,17 @@ def test_header_fields_of_the_wrong_type_are_refused_naming_the_tensor(model_dir
         (
             "shape",
             [2**64, 2**64],
-            "do not fit its shape [18446744073709551616, 18446744073709551616]",
+            "shape [18446744073709551616, 18446744073709551616], whose dimensions do not all fit",
         ),
+        # No bytes at all, but a dimension the format cannot hold (the safetensors library refuses it).
+        ("shape", [2**64, 0], "shape [18446744073709551616, 0], whose dimensions do not all fit"),
+        # The library multiplies left to right in 64 bits: an overflow before the 0 is refused.
+        (
+            "shape",
+            [2**63, 2**63, 0, 1],
+            "shape [9223372036854775808, 9223372036854775808, 0, 1], whose size overflows 64 bits",
+        ),
+        ("shape", [2**62, 4, 0], "whose size overflows 64 bits"),
         ("data_offsets", [0, 2**64], "offsets 0..18446744073709551616 that do not fit"),
         ("data_offsets", [False, 128], "data_offsets [False, 128]"),
     ],
@@ -550,7 +559,7 @@ def damage(folder: Path, how: str) -> tuple[str, ...]:
         fragments = (f"tensor {first!r} has unknown dtype [",)
     elif how == "shape_past_2_63":
         header[first]["shape"] = [2**63, *header[first]["shape"]]
-        fragments = (f"tensor {first!r} has offsets", "9223372036854775808")
+        fragments = (f"tensor {first!r} has shape [9223372036854775808", "overflows 64 bits")
     elif how == "aliased":
         first, second = same_size_pair(header)
         header[second]["data_offsets"] = list(header[first]["data_offsets"])
@@ -702,19 +711,24 @@ def test_a_config_whose_size_does_not_fit_a_float_is_refused_in_one_line(model_d
         assert str(model_dir / "config.json") in refusal(load_checkpoint, model_dir)
 
 
-@pytest.mark.parametrize("last, end", [(2, 1), (0, 0)], ids=["refused", "empty_and_accepted"])
-def test_a_shape_with_half_a_million_dimensions_is_read_quickly(tmp_path, last, end):
-    """Multiplying out a shape of 2s one dimension at a time takes quadratic time; a 1 MB header must not.  With a
-    zero among them the tensor is empty, and fine."""
-    dims = ",".join(["2"] * 500_000 + [str(last)])
+@pytest.mark.parametrize(
+    "first, last, end",
+    [("2", "2", 1), ("2", "0", 0), ("0", "2", 0)],
+    ids=["refused", "overflowing_before_its_zero_refused", "zero_first_empty_and_accepted"],
+)
+def test_a_shape_with_half_a_million_dimensions_is_read_quickly(tmp_path, first, last, end):
+    """Multiplying out a shape of 2s one dimension at a time takes quadratic time; a 1 MB header must not.  The
+    format's reader multiplies left to right in 64 bits: 2s before a zero overflow first and are refused, as the
+    safetensors library refuses them; a zero first makes the tensor empty, and fine."""
+    dims = ",".join([first] + ["2"] * 500_000 + [last])
     text = '{"a": {"dtype": "U8", "shape": [' + dims + '], "data_offsets": [0, %d]}}' % end
     (tmp_path / WEIGHTS).write_bytes(struct.pack("<Q", len(text)) + text.encode() + b"\0" * end)
     start = time.perf_counter()
     with bounded(seconds=30):
-        if last:
+        if first != "0":
             refusal(read_safetensors_header, tmp_path / WEIGHTS)
         else:
-            assert len(read_safetensors_header(tmp_path / WEIGHTS)[0]["a"].shape) == 500_001
+            assert len(read_safetensors_header(tmp_path / WEIGHTS)[0]["a"].shape) == 500_002
     assert time.perf_counter() - start < 1
 
 
