@@ -1,4 +1,4 @@
-"""`minirt` (or `python -m minirt`): one command for the four tools, `minirt SUBCOMMAND [options]`.
+"""`minirt` (or `python -m minirt`): one command for the five tools, `minirt SUBCOMMAND [options]`.
 
 Owns: the list of subcommands, dispatching to the module that owns each, and `minirt --version`.
 Each subcommand is exactly `python -m minirt.SUBCOMMAND`, which keeps working on its own.
@@ -20,9 +20,10 @@ SUBCOMMANDS = {
     "evaluate": "sliding-window loss and perplexity of a text",
     "rounds": "static groups beside continuous batching, counted in rounds (no model needed)",
     "inspect": "describe a checkpoint and show its next-token guesses for a prompt",
+    "serve": "an OpenAI-compatible HTTP server, batching live requests (the serve extra)",
 }
 USAGE = (
-    "usage: minirt {generate,evaluate,rounds,inspect} [options]"
+    "usage: minirt {generate,evaluate,rounds,inspect,serve} [options]"
     "   (minirt SUBCOMMAND --help for each)\n\n"
     + "\n".join(f"  {name:9s} {what}" for name, what in SUBCOMMANDS.items())
     + """
@@ -32,6 +33,7 @@ examples:
   minirt generate --prompt "To be, or not to be" --max-new-tokens 40   # streams on a terminal
   minirt generate --model gpt2 --prompts prompts.jsonl --output out.jsonl
   minirt rounds --lengths 2,5,8,4 --batch-size 3
+  minirt serve --port 8000                         # then POST /v1/completions
   minirt --version"""
 )
 

@@ -69,7 +69,7 @@ def test_help_lists_every_subcommand(capsys):
     "argv, what",
     [
         ([], "a subcommand is missing"),
-        (["serve"], "unknown subcommand 'serve'"),
+        (["train"], "unknown subcommand 'train'"),
         (["--prompts", "p.txt"], "unknown subcommand '--prompts'"),
     ],
 )

@@ -10,7 +10,7 @@ The folders, from the bottom up (each may import the ones before it, never the o
     cli/           what the commands share                            all of the above
     distributed/   Ray Data (ray only in distributed/ray_data.py)     all of the above and cli
     server/        `minirt serve` (its web stack only there)          all of the above but distributed
-    the commands   generate, evaluate, rounds, inspect, __main__      anything
+    the commands   generate, evaluate, rounds, inspect, serve, __main__  anything (server/: serve alone)
 
 Third-party imports: numpy, safetensors and tokenizers anywhere; cupy only in model/backend.py (and the
 tests); ray only in distributed/ray_data.py; the web stack only in server/.  Functions are at most 50 lines
@@ -27,7 +27,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "minirt"
 MODULES = sorted(PACKAGE.rglob("*.py"))
-COMMANDS = {"generate", "evaluate", "rounds", "inspect", "__main__"}
+COMMANDS = {"generate", "evaluate", "rounds", "inspect", "serve", "__main__"}
 
 # What each part of minirt may import from minirt (by its top-level part: a folder or a module).
 MAY_IMPORT = {
@@ -154,7 +154,27 @@ def test_every_folder_in_the_contract_exists_or_is_still_to_come():
     assert folders - set(MAY_IMPORT) == set(), (
         f"a folder without a contract: {folders - set(MAY_IMPORT)}"
     )
-    assert {"model", "loading", "engine", "cli", "distributed"} <= folders
+    assert {"model", "loading", "engine", "cli", "distributed", "server"} <= folders
+
+
+@pytest.mark.parametrize("path", MODULES, ids=relative)
+def test_only_the_serve_command_reaches_the_server(path):
+    """minirt/server/ (the web stack's folder) is imported by `minirt serve` alone, and only inside its main, after
+    it has checked that the serve extra is installed: every other command, and `minirt serve --help`, works
+    without it."""
+    if part_of(path) == "server":
+        return
+    reaches = "server" in minirt_imports(path)
+    if relative(path) != "serve.py":
+        assert not reaches, f"{relative(path)} imports minirt/server/"
+        return
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert not any(
+        node.module and "server" in node.module
+        for node in top_level
+        if isinstance(node, ast.ImportFrom)
+    )
 
 
 @pytest.mark.parametrize("path", MODULES, ids=relative)

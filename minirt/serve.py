@@ -1,0 +1,271 @@
+"""`minirt serve` (or `python -m minirt.serve`): an OpenAI-compatible HTTP server with
+continuous batching of live requests.
+
+Owns: the command line, in the steps that `main` calls in order:
+
+    parse_args      flags, checked before anything is opened or loaded
+    require_extra   the web stack (`pip install -e ".[serve]"`), or one line saying so
+    bind            the port, before the model loads: taken or not allowed is one line, exit 2
+    load            the model, its tokenizer and an engine (through `LLM`)
+    serve           minirt/server/run.py, until SIGINT or SIGTERM: then the requests in flight
+                    finish within --shutdown-timeout (or are aborted), and it exits 0
+
+Must not know: the routes, the request bodies, or how rounds are computed (minirt/server/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from pathlib import Path
+
+from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
+from .cli.kv_budget import parse_kv_budget
+from .engine.scheduler import POLICIES
+from .errors import MinirtError, require_at_least_one
+from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM
+from .loading.checkpoint import resolve_model_folder, shipped_model_folder
+from .model.backend import BACKEND_NAMES
+
+DEFAULT_PORT = 8000
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+DEFAULT_MAX_BODY_BYTES = 2 * 2**20
+# What the server needs beyond minirt's own dependencies.
+WEB_STACK = ("starlette", "uvicorn", "pydantic", "prometheus_client")
+
+EPILOG = r"""
+examples:
+  minirt serve                                  # the model shipped in weights/, on 127.0.0.1:8000
+  minirt serve --model gpt2 --port 8080 --api-key sk-local
+  minirt serve --policy static --batch-size 4   # static groups, to see what they cost online
+
+  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
+       -d '{"prompt": "ROMEO:", "max_tokens": 20, "temperature": 0}'
+
+endpoints: POST /v1/completions (stream: true for server-sent events), GET /v1/models,
+GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize.
+A body over --max-body-bytes is refused with 413; with --max-queue requests already waiting,
+a completion is refused with 503 (retry later).  The README's "Serving over HTTP" has the fields
+and their defaults, the errors and the metrics.
+"""
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Serve a GPT-2 checkpoint over HTTP with OpenAI's completions API, "
+        "batching the requests of many clients at once.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        help="a model folder or a hub id in the local Hugging Face cache "
+        "(default: the model shipped in weights/)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the model's name in the API "
+        "(default: --model as given, or the shipped model's folder name)",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to listen on (default "
+        "127.0.0.1: this machine only; 0.0.0.0 for every interface)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
+    add_batching_flags(p)
+    add_limit_flags(p)
+    add_version_flag(p)
+    return p
+
+
+def add_batching_flags(p) -> None:
+    """How requests are batched and computed."""
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="continuous",
+        help="continuous batching (default): free rows are refilled every round; "
+        "static: a group admits nobody until its longest member ends",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)"
+    )
+    p.add_argument(
+        "--max-round-tokens",
+        type=int,
+        default=DEFAULT_ROUND_TOKENS,
+        metavar="N",
+        help="continuous: tokens one round may process, a prefill counting its "
+        f"prompt (default {DEFAULT_ROUND_TOKENS})",
+    )
+    p.add_argument(
+        "--kv-budget",
+        default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
+        metavar="SIZE",
+        help="what the KV cache may hold: tokens (20000) or memory (512MiB, 2GiB) "
+        f"(default {DEFAULT_KV_BUDGET_MIB}MiB)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="auto",
+        help="array backend (default auto: cupy if a GPU is usable)",
+    )
+    p.add_argument(
+        "--dtype", default="float32", help="compute dtype: float32 (default), float16, float64"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the seed of requests that set none (default 0); a request's own "
+        "seed makes it reproducible",
+    )
+
+
+def add_limit_flags(p) -> None:
+    """Who may call, and how much the server takes."""
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get("MINIRT_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every /v1 path (default: "
+        "$MINIRT_API_KEY, else none); /health stays open",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=DEFAULT_MAX_QUEUE,
+        metavar="N",
+        help="requests that may wait for a row; past it a completion gets 503 "
+        f"(default {DEFAULT_MAX_QUEUE})",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="N",
+        help=f"the largest request body; past it, 413 (default {DEFAULT_MAX_BODY_BYTES}: 2 MiB)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGINT or SIGTERM, how long the requests in flight may take to "
+        f"finish before they are aborted (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
+    )
+
+
+def parse_args(argv: list[str] | None, prog: str):
+    """The flags, with every check that needs no model."""
+    args = parse_command_line(build_parser(prog), argv)
+    require_at_least_one(args.batch_size, "--batch-size")
+    require_at_least_one(args.max_round_tokens, "--max-round-tokens")
+    require_at_least_one(args.max_queue, "--max-queue")
+    require_at_least_one(args.max_body_bytes, "--max-body-bytes")
+    if not 0 <= args.port <= 65535:
+        raise MinirtError(f"--port must be from 0 to 65535, got {args.port}")
+    if not 0 <= args.shutdown_timeout < 86400:
+        raise MinirtError(
+            f"--shutdown-timeout must be from 0 to 86400 seconds, got {args.shutdown_timeout:g}"
+        )
+    if args.seed < 0:
+        raise MinirtError(f"--seed must be at least 0, got {args.seed}")
+    if args.api_key == "":
+        raise MinirtError("--api-key is empty: give a key, or leave the flag out for none")
+    for flag, value in (("--model", args.model), ("--served-model-name", args.served_model_name)):
+        if value is not None and not value.strip():
+            raise MinirtError(f"{flag} is empty; give a value, or leave the flag out")
+    unit, amount = parse_kv_budget(args.kv_budget)
+    if unit == "bytes":
+        args.kv_budget_mib = amount / 2**20
+        args.kv_budget_tokens = None
+    else:
+        args.kv_budget_mib = DEFAULT_KV_BUDGET_MIB
+        args.kv_budget_tokens = amount
+    return args
+
+
+def require_extra() -> None:
+    """The web stack imports, or one line saying how to install it."""
+    for name in WEB_STACK:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MinirtError(
+                f"minirt serve needs the serve extra, and {name} is not installed: "
+                "pip install -e \".[serve]\" (or pip install 'minirt[serve]')"
+            ) from None
+
+
+def load(args) -> tuple[LLM, str]:
+    """The model, and its name in the API."""
+    if args.model is None:
+        folder = resolve_model_folder(shipped_model_folder())
+    else:
+        folder = resolve_model_folder(args.model)
+    llm = LLM(
+        folder,
+        backend=args.backend,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        kv_budget_mib=args.kv_budget_mib,
+        kv_budget_tokens=args.kv_budget_tokens,
+        policy=args.policy,
+        round_token_budget=args.max_round_tokens,
+    )
+    if args.served_model_name is not None:
+        name = args.served_model_name
+    elif args.model is not None:
+        name = args.model
+    else:
+        name = Path(folder).name
+    return llm, name
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") -> int:
+    args = parse_args(argv, prog)
+    require_extra()
+    # Imported here: only with the serve extra installed.
+    from .server.app import ServerSettings  # noqa: PLC0415 (see above)
+    from .server.run import bind, serve_forever  # noqa: PLC0415 (see above)
+
+    sock = bind(args.host, args.port)
+    try:
+        llm, name = load(args)
+        settings = ServerSettings(
+            model_name=name,
+            model_path=str(llm.model.folder),
+            api_key=args.api_key,
+            max_body_bytes=args.max_body_bytes,
+        )
+        describe = f"model {name}, {args.policy} batching of up to {args.batch_size} rows"
+        serve_forever(
+            llm.engine,
+            sock,
+            settings,
+            max_queue=args.max_queue,
+            shutdown_timeout_s=args.shutdown_timeout,
+            run_seed=args.seed,
+            describe=describe,
+        )
+    finally:
+        sock.close()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_command(main, prog="python -m minirt.serve"))

@@ -1,0 +1,448 @@
+"""The HTTP API of `minirt serve`: routes, limits and errors, on Starlette.
+
+Owns: `build_app`, the ASGI application, and `ServerSettings`, what it is configured with.
+
+    POST /v1/completions       a completion (OpenAI's shape), whole or streamed (`stream`)
+    POST /v1/chat/completions  400: GPT-2 has no chat template
+    GET  /v1/models            the one model served
+    GET  /health               200 while the server runs (never behind the API key)
+    GET  /metrics              Prometheus metrics (minirt/server/metrics.py)
+    POST /tokenize             text -> token ids (vLLM's shape)
+    POST /detokenize           token ids -> text (vLLM's shape)
+
+A completion's way: the body is read (at most `max_body_bytes`: 413 past it) and checked
+(minirt/server/protocol.py: 400 naming the field), each prompt is turned into token ids and
+its SamplingParams, the choices go to the engine's thread (minirt/server/engine_loop.py), and
+the handler waits for the answer: `Accepted` (or a 400/503 `Refused`), then the choice's tokens
+and final records, which it writes whole or as server-sent events
+(minirt/server/responses.py).  While it waits, a watcher listens for the client leaving: a
+client gone, mid-stream or still queued, has its completion aborted, which frees its rows and
+KV slots before the next round.
+
+Every error, ours or the framework's (an unknown path, a wrong method), is OpenAI's error
+object; a fault of the server is a 500 with one line, its traceback in the server's log only.
+
+Why Starlette and not FastAPI: each route reads its body itself, so that a body past the limit
+is refused before it is parsed and a bad one is a 400 naming its field, not FastAPI's 422.  With
+that, what FastAPI would add is routing and dependency injection, and Starlette (which FastAPI is
+built on) routes just as well; pydantic still checks every body.
+
+Must not know: how rounds are computed, or how the process starts and stops (run.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine.engine import Engine
+from ..errors import InputError, RequestError
+from .api_errors import APIError, error_body
+from .engine_loop import Accepted, ChoiceSpec, Completion, EngineLoop, Finished, Refused, Token
+from .metrics import ServerMetrics
+from .protocol import (
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    parse_body,
+    prompts_of,
+    refuse_unsupported,
+    sampling_fields,
+    sampling_params,
+)
+from .responses import (
+    DONE,
+    Logprobs,
+    choice_body,
+    completion_body,
+    finish_chunk,
+    header,
+    sse,
+    token_chunk,
+    usage_chunk,
+)
+
+# A body larger than this is refused with 413 (`--max-body-bytes`).
+DEFAULT_MAX_BODY_BYTES = 2 * 2**20
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the app serves, and its limits."""
+
+    model_name: str
+    model_path: str
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass
+class Prompted:
+    """The prompts of one completion, checked: per prompt its text and ids; all choices."""
+
+    texts: list[str]
+    ids: list[list[int]]
+    choices: list[ChoiceSpec]
+
+
+def build_app(engine: Engine, loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings):
+    """The ASGI app: the routes, the API key's guard, and errors in OpenAI's shape."""
+    api = CompletionsAPI(engine, loop, metrics, settings)
+    routes = [
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics_text, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop.start()
+        try:
+            yield
+        finally:
+            # Whatever is left is aborted and told so; then the thread ends.
+            await asyncio.to_thread(loop.stop)
+
+    handlers = {
+        APIError: api_error_response,
+        HTTPException: http_error_response,
+        Exception: server_error_response,
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    return APIKeyGuard(app, settings.api_key)
+
+
+class APIKeyGuard:
+    """ASGI middleware: every /v1 path needs `Authorization: Bearer KEY` when a key is set."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        guarded = scope["type"] == "http" and scope["path"].startswith("/v1")
+        if self.expected is not None and guarded:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            # In constant time: a key is not guessed a character at a time.
+            if not hmac.compare_digest(given, self.expected):
+                message = "a missing or wrong API key: send Authorization: Bearer KEY"
+                response = JSONResponse(error_body(401, message), status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def api_error_response(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def http_error_response(request: Request, exc: Exception) -> Response:
+    """The framework's own refusals (no such path, a wrong method) in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if exc.status_code == 404:
+        message = f"no route {path}: see GET /v1/models, POST /v1/completions"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {path}"
+    else:
+        message = str(exc.detail)
+    return JSONResponse(
+        error_body(exc.status_code, message), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def server_error_response(request: Request, exc: Exception) -> Response:
+    """A fault of the server: one line for the client, the traceback for the log."""
+    traceback.print_exception(exc, file=sys.stderr)
+    message = f"the server failed on this request ({type(exc).__name__}); see its log"
+    return JSONResponse(error_body(500, message), status_code=500)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 once it passes `limit` bytes (declared or sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the body has {declared} bytes, over the limit of {limit} bytes")
+    chunks = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise APIError(400, "the client went away before sending the whole body") from None
+    return b"".join(chunks)
+
+
+def param_of(refusal: str) -> str | None:
+    """The field a model check's refusal is about, from its opening words."""
+    openings = (
+        ("stop strings", "stop"),
+        ("stop token", "stop_token_ids"),
+        ("logit_bias", "logit_bias"),
+    )
+    for opening, param in openings:
+        if refusal.startswith(opening):
+            return param
+    return None
+
+
+class CompletionsAPI:
+    """The routes' handlers, sharing the engine's thread, the metrics and the settings."""
+
+    def __init__(self, engine: Engine, loop: EngineLoop, metrics, settings: ServerSettings):
+        self.engine = engine
+        self.loop = loop
+        self.metrics_registry = metrics
+        self.settings = settings
+        self.created = int(time.time())
+
+    async def body_of(self, request: Request, model_class):
+        raw = await read_body(request, self.settings.max_body_bytes)
+        body = parse_body(raw, model_class)
+        self.check_model(body.model)
+        return body
+
+    def check_model(self, name: str | None) -> None:
+        """A body's `model` names the model served (or is left out)."""
+        if name is not None and name != self.settings.model_name:
+            message = (
+                f"the model {name!r} does not exist here; this server serves "
+                f"{self.settings.model_name!r} (GET /v1/models)"
+            )
+            raise APIError(404, message, param="model", code="model_not_found")
+
+    # ------------------------------------------------------------------ completions
+
+    async def completions(self, request: Request) -> Response:
+        received = time.perf_counter()
+        body = await self.body_of(request, CompletionRequest)
+        assert isinstance(body, CompletionRequest)
+        refuse_unsupported(body)
+        if body.stream and body.echo and body.logprobs is not None:
+            message = "echo with logprobs is not streamed; ask for it with stream: false"
+            raise APIError(400, message, param="echo")
+        prompted = self.prompted(body)
+        completion_id = f"cmpl-{uuid.uuid4().hex}"
+        completion = Completion(completion_id, prompted.choices, received)
+        self.loop.submit(completion)
+        answer = await completion.events.get()
+        if isinstance(answer, Refused):
+            raise APIError(answer.status, answer.message, param=answer.param)
+        assert isinstance(answer, Accepted)
+        watcher = asyncio.create_task(self.watch_disconnect(request, completion_id))
+        head = header(completion_id, int(time.time()), self.settings.model_name)
+        if body.stream:
+            events = self.stream(completion, body, prompted, head, watcher)
+            # Nothing between here and the client may hold the events back.
+            no_buffering = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(events, media_type="text/event-stream", headers=no_buffering)
+        try:
+            finals = await self.collect(completion)
+        finally:
+            watcher.cancel()
+        return self.whole(finals, body, prompted, head)
+
+    def prompted(self, body: CompletionRequest) -> Prompted:
+        """Each prompt's ids and SamplingParams, checked against the model; n choices each."""
+        prompts = prompts_of(body)
+        n_positions = self.engine.model.config.n_positions
+        prompted = Prompted(texts=[], ids=[], choices=[])
+        for number, prompt in enumerate(prompts):
+            if len(prompts) > 1:
+                where = f"prompt {number}: "
+            else:
+                where = ""
+            try:
+                ids = self.engine.prompt_ids(prompt)
+            except (RequestError, InputError) as exc:
+                raise APIError(400, f"{where}{exc}", param="prompt") from None
+            params = sampling_params(sampling_fields(body, len(ids), n_positions))
+            try:
+                self.engine.check_params(params)
+            except (RequestError, InputError) as exc:
+                raise APIError(400, str(exc), param=param_of(str(exc))) from None
+            prompted.texts.append(self.prompt_text(prompt))
+            prompted.ids.append(ids)
+            for sample in range(body.n):
+                prompted.choices.append(ChoiceSpec(tuple(ids), params, sample))
+        return prompted
+
+    def prompt_text(self, prompt) -> str:
+        """The prompt as text (for echo): as given, or its ids decoded."""
+        if isinstance(prompt, str):
+            return prompt
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            return ""
+        return tokenizer.decode(prompt)
+
+    async def watch_disconnect(self, request: Request, completion_id: str) -> None:
+        """Abort the completion once its client has gone (the body is read: the next message
+        can only be the disconnect)."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.loop.abort(completion_id)
+                return
+
+    async def collect(self, completion: Completion) -> list[Finished]:
+        """Every choice's final record, in choice order."""
+        finals: dict[int, Finished] = {}
+        while len(finals) < len(completion.choices):
+            event = await completion.events.get()
+            if isinstance(event, Finished):
+                finals[event.choice] = event
+        return [finals[k] for k in range(len(completion.choices))]
+
+    def whole(self, finals: list[Finished], body, prompted: Prompted, head: dict) -> Response:
+        """The whole completion; a choice that failed makes it an error (500, or 503 when
+        the server shut down before it finished)."""
+        for final in finals:
+            if final.finish_reason in ("error", "abort"):
+                raise choice_failure(final)
+        choices = []
+        for final in finals:
+            prompt = final.choice // body.n
+            text = prompted.texts[prompt]
+            ids = prompted.ids[prompt]
+            choices.append(choice_body(final, text, ids, body.echo, self.engine.tokenizer))
+        lengths = [len(ids) for ids in prompted.ids]
+        return JSONResponse(completion_body(head, choices, lengths, finals))
+
+    async def stream(self, completion, body, prompted: Prompted, head: dict, watcher):
+        """The completion as server-sent events: each token's final text (with its logprobs
+        when asked), each choice's finish, the usage when asked, then [DONE].  A choice that
+        fails ends the stream with an error event; a client that leaves aborts it."""
+        finals: dict[int, Finished] = {}
+        try:
+            for choice in range(len(completion.choices)):
+                if body.echo:
+                    text = prompted.texts[choice // body.n]
+                    echoed = {
+                        "index": choice,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    yield sse({**head, "choices": [echoed]})
+            logprobs = self.stream_logprobs(body, prompted, len(completion.choices))
+            while len(finals) < len(completion.choices):
+                event = await completion.events.get()
+                if isinstance(event, Token):
+                    # A token whose text is held back sends nothing, unless its logprobs.
+                    if event.text or logprobs[event.choice] is not None:
+                        yield sse(token_chunk(head, event, logprobs[event.choice]))
+                    continue
+                assert isinstance(event, Finished)
+                finals[event.choice] = event
+                if event.finish_reason in ("error", "abort"):
+                    yield sse(choice_failure(event).body())
+                    yield DONE
+                    return
+                yield sse(finish_chunk(head, event))
+            options = body.stream_options
+            if options is not None and options.include_usage:
+                lengths = [len(ids) for ids in prompted.ids]
+                ordered = [finals[k] for k in sorted(finals)]
+                yield sse(usage_chunk(head, lengths, ordered))
+            yield DONE
+        finally:
+            watcher.cancel()
+            if len(finals) < len(completion.choices):
+                # Left early (the client went, or a choice failed): the rest stop too.
+                self.loop.abort(completion.id)
+
+    def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:
+        """Each choice's logprobs builder, or None each when logprobs were not asked for."""
+        tokenizer = self.engine.tokenizer
+        if body.logprobs is None or tokenizer is None:
+            return [None] * n_choices
+        builders = []
+        for choice in range(n_choices):
+            start = len(prompted.texts[choice // body.n]) if body.echo else 0
+            builders.append(Logprobs(tokenizer, start))
+        return builders
+
+    async def chat_completions(self, request: Request) -> Response:
+        message = (
+            "GPT-2 has no chat template, so there are no chat completions; "
+            "send the text to POST /v1/completions"
+        )
+        raise APIError(400, message)
+
+    # ------------------------------------------------------------------ the rest
+
+    async def models(self, request: Request) -> Response:
+        card = {
+            "id": self.settings.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "minirt",
+            "root": self.settings.model_path,
+            "parent": None,
+            "max_model_len": self.engine.model.config.n_positions,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics_registry.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def tokenize(self, request: Request) -> Response:
+        body = await self.body_of(request, TokenizeRequest)
+        assert isinstance(body, TokenizeRequest)
+        tokenizer = self.require_tokenizer()
+        try:
+            tokens = tokenizer.encode(body.prompt)
+        except RequestError as exc:
+            raise APIError(400, str(exc), param="prompt") from None
+        n_positions = self.engine.model.config.n_positions
+        return JSONResponse({"count": len(tokens), "max_model_len": n_positions, "tokens": tokens})
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await self.body_of(request, DetokenizeRequest)
+        assert isinstance(body, DetokenizeRequest)
+        tokenizer = self.require_tokenizer()
+        vocab_size = self.engine.model.config.vocab_size
+        for token in body.tokens:
+            if not 0 <= token < vocab_size:
+                message = f"token id {token} is outside the vocabulary [0, {vocab_size})"
+                raise APIError(400, message, param="tokens")
+        return JSONResponse({"prompt": tokenizer.decode(body.tokens)})
+
+    def require_tokenizer(self):
+        if self.engine.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer; send token ids")
+        return self.engine.tokenizer
+
+
+def choice_failure(final: Finished) -> APIError:
+    """The error a failed or aborted choice is answered with."""
+    if final.finish_reason == "abort":
+        message = final.error or "the completion was aborted"
+        return APIError(503, f"choice {final.choice}: {message}", code="aborted")
+    message = final.error or "it failed"
+    return APIError(500, f"choice {final.choice} failed: {message}", code="request_failed")

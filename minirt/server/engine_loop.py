@@ -1,0 +1,386 @@
+"""The engine's own thread, and how requests and tokens cross between it and the HTTP handlers.
+
+Owns: `EngineLoop`, the one thread that drives the `Engine` (minirt/engine/engine.py): one round
+after another while any request waits or runs, asleep on its inbox when none does.  Also the
+hand-over records: `Completion` (one HTTP completion: its choices, each a prompt's token ids,
+its SamplingParams and its sample number) and the events that come back (`Accepted`, `Refused`,
+`Token`, `Finished`).
+
+How requests and tokens cross, and why it is safe:
+
+    handler -> engine   `submit`, `abort`, `begin_shutdown` and `stop` put a command on `inbox`,
+                        a queue.SimpleQueue (made for threads, and safe to put to even from a
+                        signal handler that interrupts another put).  Only the engine thread takes commands
+                        off it, and only the engine thread ever calls the Engine or reads or
+                        writes a `Request`: there is no lock to forget, because nothing of the
+                        engine's is shared.
+    engine -> handler   after each round the engine thread turns each request's news into a
+                        frozen event of plain values (ints, floats, strings, tuples: copies,
+                        never the Request) and hands it to the completion's asyncio.Queue with
+                        `loop.call_soon_threadsafe(queue.put_nowait, event)`.  That call is the
+                        one asyncio method made to be called from another thread: the put itself
+                        runs on the event loop's thread, so the asyncio queue, which is not
+                        thread-safe, is only ever touched by the loop that owns it.
+
+A handler reads only the events of its own completion, in order: `Accepted` (or `Refused`) first,
+then `Token` events as rounds run, then one `Finished` per choice.  Before submitting, handlers
+call only the engine's pure checks (`Engine.prompt_ids`, `Engine.check_params`), which read the
+tokenizer and the model's config, never anything this thread writes.
+
+When no request is left, the loop starts a new run (`Engine.start_run`): round numbers count from
+1 again, and the run's per-round records (and the static groups' member lists) do not grow for
+as long as the server lives.
+
+Must not know: HTTP, the web framework, or the shape of a response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from ..engine.engine import Engine, StepOutput
+from ..engine.params import SamplingParams
+from ..engine.request import Request, unshown_text
+from .metrics import ServerMetrics
+
+# How long the sleeping loop waits on its inbox before it looks at the shutdown deadline again.
+IDLE_WAKE_S = 0.25
+
+SHUTDOWN_ABORT = (
+    "the server shut down before this completion finished (its --shutdown-timeout grace "
+    "period ran out); retry it"
+)
+
+
+@dataclass(frozen=True)
+class ChoiceSpec:
+    """One choice of a completion: what the model is fed first, and how it samples."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    sample: int
+
+
+class Completion:
+    """One HTTP completion, handed to the engine thread: its choices, and the queue its events
+    come back on (read by the handler, on the event loop's thread)."""
+
+    def __init__(self, completion_id: str, choices: list[ChoiceSpec], received_s: float):
+        self.id = completion_id
+        self.choices = choices
+        # When the handler had its body: queue time and time to first token count from here.
+        self.received_s = received_s
+        self.loop = asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """Every choice is queued."""
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Nothing is queued: the status and the one line to answer with."""
+
+    status: int
+    message: str
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Token:
+    """One new token of one choice, with the text that is now final ("" while a character is
+    incomplete or a stop string might still cut it)."""
+
+    choice: int
+    token_id: int
+    text: str
+    logprob: float | None
+    top_logprobs: tuple[tuple[int, float], ...] | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One choice's final record."""
+
+    choice: int
+    finish_reason: str
+    error: str | None
+    text: str
+    # What was left of the text to stream (the held-back tail, when the choice stopped).
+    unshown_text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None
+    prompt_logprobs: tuple[float | None, ...] | None
+    group: int | None
+    first_round: int | None
+    finish_round: int | None
+    rounds_waited: int | None
+
+
+@dataclass(frozen=True)
+class Submit:
+    completion: Completion
+
+
+@dataclass(frozen=True)
+class Abort:
+    completion_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    deadline: float  # time.monotonic()
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+def finished_event(request: Request, choice: int, error: str | None = None) -> Finished:
+    """The final event of a request, its values copied."""
+    if request.want_logprobs:
+        logprobs = tuple(request.logprobs)
+    else:
+        logprobs = None
+    if request.params.logprobs:
+        top = tuple(tuple(step) for step in request.top_logprobs)
+    else:
+        top = None
+    if request.prompt_logprobs is None:
+        prompt_logprobs = None
+    else:
+        prompt_logprobs = tuple(request.prompt_logprobs)
+    return Finished(
+        choice=choice,
+        finish_reason=request.finish_reason or "error",
+        error=error or request.error,
+        text=request.text or "",
+        unshown_text=unshown_text(request),
+        token_ids=tuple(request.token_ids),
+        logprobs=logprobs,
+        top_logprobs=top,
+        prompt_logprobs=prompt_logprobs,
+        group=request.group,
+        first_round=request.first_round,
+        finish_round=request.finish_round,
+        rounds_waited=request.rounds_waited,
+    )
+
+
+def token_event(request: Request, choice: int) -> Token:
+    """The event of the token a request got this round."""
+    if request.want_logprobs and request.logprobs:
+        logprob = request.logprobs[-1]
+    else:
+        logprob = None
+    if request.params.logprobs and request.top_logprobs:
+        top = tuple(request.top_logprobs[-1])
+    else:
+        top = None
+    return Token(
+        choice=choice,
+        token_id=request.token_ids[-1],
+        text=unshown_text(request),
+        logprob=logprob,
+        top_logprobs=top,
+    )
+
+
+class EngineLoop:
+    """The engine's thread: it alone steps the engine and touches its requests."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int, run_seed: int = 0):
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.run_seed = run_seed
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Each queued or running request: its completion, and which choice it is.
+        self.tracked: dict[Request, tuple[Completion, int]] = {}
+        # Requests are numbered across the server's life: an unseeded one draws its own stream.
+        self.requests_made = 0
+        self.accepting = True
+        self.deadline: float | None = None
+        self.stopped = False
+        self.thread = threading.Thread(target=self.run, name="minirt-engine", daemon=True)
+
+    # ------------------------------------------------------------------ called by handlers
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, completion: Completion) -> None:
+        self.inbox.put(Submit(completion))
+
+    def abort(self, completion_id: str) -> None:
+        """The client has gone, or no longer wants it: its rows and KV slots are freed before
+        the next round."""
+        self.inbox.put(Abort(completion_id))
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Accept no more; what runs may finish within `grace_s`, and is aborted then."""
+        self.inbox.put(Shutdown(time.monotonic() + grace_s))
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Abort whatever is left, and end the thread."""
+        self.inbox.put(Stop())
+        self.thread.join(timeout_s)
+
+    # ------------------------------------------------------------------ the thread
+
+    def run(self) -> None:
+        """Commands, then a round, while there is work; asleep on the inbox while there is none."""
+        while not self.stopped:
+            if not self.engine.has_unfinished() and self.engine.round_number > 0:
+                # Nobody is left: a new run, so that the run's records stay small.
+                self.engine.start_run()
+            for command in self.take_commands():
+                self.apply(command)
+            self.abort_past_deadline()
+            if self.engine.has_unfinished():
+                self.run_step()
+            self.metrics.observe_engine(self.engine)
+
+    def take_commands(self) -> list:
+        """Every command waiting; while the engine has no work, wait for one first."""
+        commands = []
+        if not self.engine.has_unfinished():
+            try:
+                commands.append(self.inbox.get(timeout=IDLE_WAKE_S))
+            except queue.Empty:
+                return commands
+        while True:
+            try:
+                commands.append(self.inbox.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def apply(self, command) -> None:
+        if isinstance(command, Submit):
+            try:
+                self.admit(command.completion)
+            except Exception as exc:  # noqa: BLE001 (told to its client, and logged)
+                traceback.print_exc(file=sys.stderr)
+                message = f"the server failed to queue it ({type(exc).__name__}: {exc})"
+                self.send(command.completion, Refused(500, message))
+        elif isinstance(command, Abort):
+            self.engine.abort(command.completion_id)
+        elif isinstance(command, Shutdown):
+            self.accepting = False
+            self.deadline = command.deadline
+        elif isinstance(command, Stop):
+            self.accepting = False
+            self.abort_all()
+            self.stopped = True
+
+    def admit(self, completion: Completion) -> None:
+        """Queue every choice of a completion, or none (`Refused`): shutting down, the queue
+        full, or a choice no round could ever take."""
+        waiting = len(self.engine.scheduler.waiting)
+        if not self.accepting:
+            refusal = Refused(503, "the server is shutting down; send it to another server")
+        elif waiting >= self.max_queue:
+            message = f"the queue is full ({waiting} requests wait, --max-queue); retry later"
+            refusal = Refused(503, message)
+        else:
+            refusal = None
+        if refusal is not None:
+            self.send(completion, refusal)
+            return
+        requests = [self.make_request(completion, spec) for spec in completion.choices]
+        for request in requests:
+            reason = self.engine.scheduler.refusal(request)
+            if reason is not None:
+                message = reason.replace("max_new_tokens", "max_tokens")
+                self.send(completion, Refused(400, message, param="max_tokens"))
+                return
+        self.send(completion, Accepted())
+        for choice, request in enumerate(requests):
+            self.engine.add_request(request)
+            if request.finished:
+                # Final at once (no step will report it): the handlers' checks let none through
+                # that would be, but its client must hear of it either way.
+                self.send(completion, finished_event(request, choice))
+            else:
+                self.tracked[request] = (completion, choice)
+
+    def make_request(self, completion: Completion, spec: ChoiceSpec) -> Request:
+        self.requests_made += 1
+        return self.engine.make_request(
+            self.requests_made,
+            list(spec.prompt_ids),
+            spec.params,
+            request_id=completion.id,
+            run_seed=self.run_seed,
+            sample=spec.sample,
+        )
+
+    def run_step(self) -> None:
+        """One round, and its news to the handlers.  A round that raises (a fault of the server,
+        not of a request) ends every request it held, each told why."""
+        round_start = time.perf_counter()
+        try:
+            output = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 (told to every client, and logged)
+            traceback.print_exc(file=sys.stderr)
+            message = f"the server failed in a round ({type(exc).__name__}: {exc}); retry it"
+            for request, (completion, choice) in self.tracked.items():
+                self.send(completion, finished_event(request, choice, error=message))
+            self.tracked.clear()
+            return
+        self.deliver(output, round_start)
+
+    def deliver(self, output: StepOutput, round_start: float) -> None:
+        """Each new token, then each final record, to its completion's queue."""
+        now = time.perf_counter()
+        if output.round_number is not None:
+            self.metrics.round_ran(len(output.new_tokens))
+        for request in output.new_tokens:
+            completion, choice = self.tracked[request]
+            if len(request.token_ids) == 1:
+                waited = round_start - completion.received_s
+                self.metrics.first_token(request, now - completion.received_s, waited)
+            self.send(completion, token_event(request, choice))
+        for request in output.finished:
+            entry = self.tracked.pop(request, None)
+            if entry is None:
+                continue
+            completion, choice = entry
+            if request.finish_reason == "abort" and not self.accepting:
+                error = SHUTDOWN_ABORT
+            else:
+                error = None
+            self.metrics.finished(request, now - completion.received_s)
+            self.send(completion, finished_event(request, choice, error=error))
+
+    def abort_past_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.abort_all()
+            self.deadline = None
+
+    def abort_all(self) -> None:
+        """Abort every request still held, and tell their handlers now (after Stop, no round
+        follows)."""
+        for completion_id in {completion.id for completion, _ in self.tracked.values()}:
+            self.engine.abort(completion_id)
+        if self.engine.has_unfinished():
+            # Nothing is left to run: this step only reports the aborts.
+            self.deliver(self.engine.step(), time.perf_counter())
+
+    def send(self, completion: Completion, event) -> None:
+        """Hand an event to the completion's queue, on its event loop's thread."""
+        try:
+            completion.loop.call_soon_threadsafe(completion.events.put_nowait, event)
+        except RuntimeError:
+            # The event loop has closed: nobody is left to read it.
+            pass

@@ -1,0 +1,165 @@
+"""What `GET /metrics` shows: Prometheus metrics, in vLLM's names with a `minirt:` prefix.
+
+Owns: `ServerMetrics`, one server's metrics in a registry of its own (no global state: two
+servers in one process keep apart), updated by the engine's thread and written out by
+`prometheus_client` (its collectors are safe to update from one thread and read from another).
+
+    minirt:num_requests_running        requests that hold a row (gauge)
+    minirt:num_requests_waiting        requests queued for a row (gauge)
+    minirt:kv_cache_usage_perc         KV positions the running requests reserve, over the KV
+                                       budget (0 to 1, gauge)
+    minirt:kv_slots_used               KV slots held by running requests (gauge)
+    minirt:prompt_tokens_total         prompt tokens prefilled (counter)
+    minirt:generation_tokens_total     tokens generated (counter)
+    minirt:request_success_total       requests finished, by finished_reason: stop, length,
+                                       abort, error (counter)
+    minirt:time_to_first_token_seconds from the request's arrival to its first token (histogram)
+    minirt:time_per_output_token_seconds  (finish - first token) / (tokens - 1) (histogram)
+    minirt:e2e_request_latency_seconds from arrival to the final record (histogram)
+    minirt:request_queue_time_seconds  from arrival to the start of its prefill round (histogram)
+    minirt:rounds_total                rounds run: forward passes of the batch (counter)
+
+Must not know: HTTP, or how a round is computed.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..engine.engine import Engine
+from ..engine.request import Request
+
+# Seconds: from a round of a tiny model (~1 ms) to a long queue.
+LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+class ServerMetrics:
+    """One server's metrics, labelled with its model name."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self.make_gauges()
+        self.make_counters()
+        self.make_histograms()
+        # Every series exists from the start, at 0.
+        for reason in FINISH_REASONS:
+            self.success.labels(model_name, reason)
+        for metric in (
+            self.running,
+            self.waiting,
+            self.kv_usage,
+            self.kv_slots,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.ttft,
+            self.tpot,
+            self.e2e,
+            self.queue_time,
+        ):
+            metric.labels(model_name)
+        self.rounds = self.rounds_counter.labels(model_name)
+
+    def make_gauges(self) -> None:
+        def gauge(name: str, what: str) -> Gauge:
+            return Gauge(name, what, ["model_name"], registry=self.registry)
+
+        self.running = gauge("minirt:num_requests_running", "Requests that hold a row.")
+        self.waiting = gauge("minirt:num_requests_waiting", "Requests queued for a row.")
+        self.kv_usage = gauge(
+            "minirt:kv_cache_usage_perc",
+            "KV positions the running requests reserve, over the KV budget (1 is full).",
+        )
+        self.kv_slots = gauge("minirt:kv_slots_used", "KV slots held by running requests.")
+
+    def make_counters(self) -> None:
+        """Counters: prometheus_client adds `_total` to each name."""
+
+        def counter(name: str, what: str, labels=("model_name",)) -> Counter:
+            return Counter(name, what, list(labels), registry=self.registry)
+
+        self.prompt_tokens = counter("minirt:prompt_tokens", "Prompt tokens prefilled.")
+        self.generation_tokens = counter("minirt:generation_tokens", "Tokens generated.")
+        self.success = counter(
+            "minirt:request_success",
+            "Requests finished, by reason.",
+            labels=("model_name", "finished_reason"),
+        )
+        self.rounds_counter = counter("minirt:rounds", "Rounds run (forward passes).")
+
+    def make_histograms(self) -> None:
+        def histogram(name: str, what: str, buckets) -> Histogram:
+            return Histogram(name, what, ["model_name"], buckets=buckets, registry=self.registry)
+
+        self.ttft = histogram(
+            "minirt:time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS
+        )
+        self.tpot = histogram(
+            "minirt:time_per_output_token_seconds",
+            "Seconds per token after the first.",
+            TOKEN_BUCKETS,
+        )
+        self.e2e = histogram(
+            "minirt:e2e_request_latency_seconds", "Arrival to the final record.", LATENCY_BUCKETS
+        )
+        self.queue_time = histogram(
+            "minirt:request_queue_time_seconds", "Arrival to its prefill round.", LATENCY_BUCKETS
+        )
+
+    def first_token(self, request: Request, seconds: float, queued_seconds: float) -> None:
+        """A request's prefill gave its first token, `seconds` after it arrived; it had waited
+        `queued_seconds` for its round to start."""
+        name = self.model_name
+        self.prompt_tokens.labels(name).inc(request.prompt_len)
+        self.ttft.labels(name).observe(seconds)
+        self.queue_time.labels(name).observe(max(0.0, queued_seconds))
+
+    def round_ran(self, new_tokens: int) -> None:
+        self.rounds.inc()
+        self.generation_tokens.labels(self.model_name).inc(new_tokens)
+
+    def finished(self, request: Request, seconds: float) -> None:
+        """A request's record is final, `seconds` after it arrived."""
+        name = self.model_name
+        reason = request.finish_reason or "error"
+        self.success.labels(name, reason).inc()
+        self.e2e.labels(name).observe(seconds)
+        first = request.first_token_s
+        last = request.finish_s
+        if len(request.token_ids) > 1 and first is not None and last is not None:
+            per_token = (last - first) / (len(request.token_ids) - 1)
+            self.tpot.labels(name).observe(per_token)
+
+    def observe_engine(self, engine: Engine) -> None:
+        """The gauges, after a round (or an abort)."""
+        name = self.model_name
+        scheduler = engine.scheduler
+        running = [r for r in scheduler.running if not r.finished]
+        self.running.labels(name).set(len(running))
+        self.waiting.labels(name).set(len(scheduler.waiting))
+        reserved = sum(scheduler.kv_positions_needed(r) for r in running)
+        self.kv_usage.labels(name).set(reserved / engine.kv_budget_positions)
+        self.kv_slots.labels(name).set(sum(1 for r in running if r.slot is not None))
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus' text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,205 @@
+"""What a client may send, checked: the request bodies of the HTTP API, as pydantic models.
+
+Owns: `CompletionRequest` (the body of `POST /v1/completions`, OpenAI's fields and vLLM's extras),
+`TokenizeRequest` and `DetokenizeRequest`; `parse_body`, which turns raw bytes into one of them
+or an `APIError` naming the field; `prompts_of`, the prompts a completion asks for; and
+`sampling_params`, a prompt's `SamplingParams` from the body, with OpenAI's defaults where it is
+silent and every refusal naming its field as the API spells it.
+
+Types are strict: "5" is not 5, and true is not 1.  A field minirt does not know, or knows but
+does not support (`suffix`, `best_of` > 1, `min_tokens` > 0), is a 400 naming it, never ignored.
+
+Must not know: the web framework, the engine's thread, or how responses are written.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..engine.params import FIELD_NAMES, SamplingParams, first_refused_field
+from ..errors import RequestError
+from .api_errors import APIError
+
+# OpenAI's bounds, tighter than minirt's own.
+MAX_N = 128
+MAX_LOGPROBS = 20
+
+# OpenAI's defaults where a body is silent (minirt's offline default is greedy).
+DEFAULT_MAX_TOKENS = 16
+DEFAULT_TEMPERATURE = 1.0
+
+# A SamplingParams field whose name the API spells otherwise.
+API_NAMES = {"max_new_tokens": "max_tokens", "prompt_logprobs": "echo"}
+
+PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+
+
+class Strict(BaseModel):
+    """No unknown field, and no conversion between types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Body(Strict):
+    """A request body: each names the model it is for (or leaves it out)."""
+
+    model: str | None = None
+
+
+class CompletionRequest(Body):
+    """`POST /v1/completions`: OpenAI's fields, then vLLM's extras (None: the default)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Known, and refused unless they ask for nothing.
+    suffix: str | None = None
+    best_of: int | None = None
+    # vLLM's extras.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+class TokenizeRequest(Body):
+    """`POST /tokenize` (vLLM's shape)."""
+
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(Body):
+    """`POST /detokenize` (vLLM's shape)."""
+
+    tokens: list[int]
+
+
+def parse_body(raw: bytes, model_class: type[Body]) -> Body:
+    """The body as `model_class`, or a 400 saying what is wrong and naming the field."""
+    if not raw.strip():
+        raise APIError(400, "the request has no body: send a JSON object")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise APIError(400, f"the body is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model_class.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """pydantic's first complaint, as one line naming the field."""
+    first = exc.errors()[0]
+    location = [str(part) for part in first["loc"]]
+    field = location[0] if location else None
+    if first["type"] == "extra_forbidden":
+        return APIError(400, f"unknown field {field!r}: minirt does not take it", param=field)
+    if first["type"] == "missing":
+        return APIError(400, f"{field} is required", param=field)
+    if field == "prompt":
+        return APIError(400, f"prompt must be {PROMPT_SHAPES}", param="prompt")
+    where = ".".join(location)
+    return APIError(400, f"{where}: {first['msg']}", param=field)
+
+
+def prompts_of(body: CompletionRequest) -> list:
+    """The prompts the body asks for: each a string or a list of token ids."""
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, f"prompt is an empty list; give {PROMPT_SHAPES}", param="prompt")
+    # A list of ids is one prompt.
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return list(prompt)
+
+
+def refuse_unsupported(body: CompletionRequest) -> None:
+    """Fields minirt knows but cannot honour, and bounds that are OpenAI's rather than minirt's."""
+    if body.suffix is not None:
+        raise APIError(400, "suffix is not supported: GPT-2 does not fill in the middle", "suffix")
+    if body.best_of is not None and body.best_of != 1:
+        raise APIError(400, "best_of > 1 is not supported; ask for n samples", "best_of")
+    if body.min_tokens != 0:
+        raise APIError(400, "min_tokens is not supported; use ignore_eos", "min_tokens")
+    if not 1 <= body.n <= MAX_N:
+        raise APIError(400, f"n must be from 1 to {MAX_N}, got {body.n}", "n")
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
+        message = f"logprobs must be from 0 to {MAX_LOGPROBS}, got {body.logprobs}"
+        raise APIError(400, message, "logprobs")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+
+
+def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) -> dict:
+    """The body's settings in SamplingParams' names, OpenAI's defaults where it is silent."""
+    if body.max_tokens is None:
+        # As long as the context allows.
+        max_tokens = max(1, n_positions - prompt_len)
+    else:
+        max_tokens = body.max_tokens
+    fields = {
+        "max_new_tokens": max_tokens,
+        "temperature": DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        # vLLM's -1 turns top_k off, as minirt's 0 does.
+        "top_k": 0 if body.top_k in (None, -1) else body.top_k,
+        "min_p": 0.0 if body.min_p is None else body.min_p,
+        "seed": body.seed,
+        "stop": body.stop,
+        "stop_token_ids": body.stop_token_ids,
+        "ignore_eos": body.ignore_eos,
+        "presence_penalty": body.presence_penalty or 0.0,
+        "frequency_penalty": body.frequency_penalty or 0.0,
+        "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        "logit_bias": body.logit_bias,
+        "logprobs": body.logprobs,
+        # echo with logprobs: the prompt's tokens get theirs too.
+        "prompt_logprobs": body.echo and body.logprobs is not None,
+        "n": body.n,
+    }
+    assert set(fields) <= set(FIELD_NAMES)
+    return fields
+
+
+def sampling_params(fields: dict) -> SamplingParams:
+    """SamplingParams of these fields; a refusal names the field as the API spells it."""
+    refused = first_refused_field(SamplingParams(), fields)
+    if refused is not None:
+        name, rule = refused
+        api_name = API_NAMES.get(name, name)
+        shown = json.dumps(fields[name])
+        message = f"{rule.replace(name, api_name, 1)}, got {shown}"
+        raise APIError(400, message, param=api_name)
+    try:
+        return SamplingParams(**fields)
+    except RequestError as exc:
+        # Refusals of two fields together (none today): the field that opens the message.
+        named = str(exc).split(" ")[0]
+        param = API_NAMES.get(named, named if named in fields else None)
+        raise APIError(400, str(exc), param=param) from None

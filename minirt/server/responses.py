@@ -1,0 +1,179 @@
+"""What a client gets back: completions in OpenAI's shapes, whole or as server-sent events.
+
+Owns: the JSON of a completion (`completion_body`), of each streamed chunk (`token_chunk`,
+`finish_chunk`, `usage_chunk`), OpenAI's `logprobs` object (`Logprobs`: tokens, token_logprobs,
+top_logprobs, text_offset), the `usage` count, minirt's own per-choice fields under "minirt"
+(`batching_fields`: the static group, the first and last round, the rounds waited, the token
+ids), and the
+server-sent event framing (`sse`, `DONE`).
+
+A token's string is the token decoded alone (a piece of a character shows as U+FFFD); its
+text_offset is where its text starts in the choice's text (after the prompt, with echo).  A
+log-probability of -inf (a token the model gives probability 0) is written -9999.0, as vLLM
+writes it, since JSON has no infinity.
+
+Must not know: the web framework, the engine or its thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..loading.tokenizer import Tokenizer
+from .engine_loop import Finished, Token
+
+DONE = "data: [DONE]\n\n"
+
+# JSON has no -inf.
+NO_PROBABILITY = -9999.0
+
+
+def sse(payload: dict) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def json_logprob(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if math.isfinite(value):
+        return value
+    return NO_PROBABILITY
+
+
+class Logprobs:
+    """OpenAI's logprobs object of one choice, built token by token."""
+
+    def __init__(self, tokenizer: Tokenizer, text_offset: int):
+        self.tokenizer = tokenizer
+        # Offsets count characters of the text as streamed: a decoder of its own.
+        self.decoder = tokenizer.stream()
+        self.offset = text_offset
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict | None] = []
+        self.text_offset: list[int] = []
+
+    def add(self, token_id: int, logprob: float | None, top) -> None:
+        """One token: its string, its logprob, the most likely tokens there with itself (as
+        OpenAI gives them: up to logprobs + 1), and where its text starts.  A logprob of None
+        is the prompt's first token's, which nothing comes before."""
+        token_text = self.tokenizer.decode([token_id])
+        self.tokens.append(token_text)
+        self.token_logprobs.append(json_logprob(logprob))
+        if logprob is None:
+            self.top_logprobs.append(None)
+        else:
+            alternatives = {self.tokenizer.decode([t]): json_logprob(lp) for t, lp in top or ()}
+            alternatives.setdefault(token_text, json_logprob(logprob))
+            self.top_logprobs.append(alternatives)
+        self.text_offset.append(self.offset)
+        self.offset += len(self.decoder.push(token_id))
+
+    def add_prompt(self, prompt_ids, prompt_logprobs) -> None:
+        """Echo: the prompt's tokens first, each with its logprob given those before it (the
+        first has none); minirt scores only the prompt's own tokens, so each position's
+        alternatives are that token alone."""
+        for token_id, logprob in zip(prompt_ids, prompt_logprobs, strict=True):
+            self.add(token_id, logprob, None)
+
+    def body(self, start: int = 0) -> dict:
+        """The object, of every token from `start` on."""
+        return {
+            "tokens": self.tokens[start:],
+            "token_logprobs": self.token_logprobs[start:],
+            "top_logprobs": self.top_logprobs[start:],
+            "text_offset": self.text_offset[start:],
+        }
+
+
+def batching_fields(final: Finished) -> dict:
+    """minirt's own per-choice fields: where the choice ran, in rounds, and the token ids it
+    produced (an EOS or stop token included)."""
+    return {
+        "group": final.group,
+        "first_round": final.first_round,
+        "finish_round": final.finish_round,
+        "rounds_waited": final.rounds_waited,
+        "token_ids": list(final.token_ids),
+    }
+
+
+def usage(prompt_lengths: list[int], finals: list[Finished]) -> dict:
+    """Tokens of each prompt once (whatever n is), and every token each choice produced."""
+    prompt_tokens = sum(prompt_lengths)
+    completion_tokens = sum(len(final.token_ids) for final in finals)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def header(completion_id: str, created: int, model: str) -> dict:
+    return {"id": completion_id, "object": "text_completion", "created": created, "model": model}
+
+
+def token_chunk(head: dict, event: Token, logprobs: Logprobs | None) -> dict:
+    """A streamed token: the text it made final, and its logprobs when asked."""
+    if logprobs is None:
+        shown = None
+    else:
+        logprobs.add(event.token_id, event.logprob, event.top_logprobs)
+        # This token's alone.
+        shown = logprobs.body(start=-1)
+    choice = {"index": event.choice, "text": event.text, "logprobs": shown, "finish_reason": None}
+    return {**head, "choices": [choice]}
+
+
+def finish_chunk(head: dict, final: Finished) -> dict:
+    """A choice's last chunk: the rest of its text, why it ended, and where it ran."""
+    choice = {
+        "index": final.choice,
+        "text": final.unshown_text,
+        "logprobs": None,
+        "finish_reason": final.finish_reason,
+        "minirt": batching_fields(final),
+    }
+    return {**head, "choices": [choice]}
+
+
+def usage_chunk(head: dict, prompt_lengths: list[int], finals: list[Finished]) -> dict:
+    return {**head, "choices": [], "usage": usage(prompt_lengths, finals)}
+
+
+def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, tokenizer) -> dict:
+    """One choice of a whole completion."""
+    if echo:
+        text = prompt_text + final.text
+    else:
+        text = final.text
+    if final.logprobs is None:
+        logprobs = None
+    else:
+        built = Logprobs(tokenizer, 0)
+        if echo:
+            assert final.prompt_logprobs is not None  # asked for with echo and logprobs
+            built.add_prompt(prompt_ids, final.prompt_logprobs)
+            # The completion's offsets follow the prompt's text, decoded afresh.
+            built.offset = len(prompt_text)
+            built.decoder = tokenizer.stream()
+        for k, token_id in enumerate(final.token_ids):
+            if final.top_logprobs is None:
+                top = None
+            else:
+                top = final.top_logprobs[k]
+            built.add(token_id, final.logprobs[k], top)
+        logprobs = built.body()
+    return {
+        "index": final.choice,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": final.finish_reason,
+        "minirt": batching_fields(final),
+    }
+
+
+def completion_body(head: dict, choices: list[dict], prompt_lengths, finals) -> dict:
+    return {**head, "choices": choices, "usage": usage(prompt_lengths, finals)}

@@ -1,0 +1,123 @@
+"""The server's process: its socket, uvicorn, its signals, and its one line when ready.
+
+Owns: `bind` (the listening socket, opened before the model loads, so that a port that is taken
+or not allowed is one line and exit 2 before anything else happens) and `serve_forever`: the
+engine's thread, the app, and uvicorn on that socket until SIGINT or SIGTERM.
+
+Shutting down: the first SIGINT or SIGTERM stops accepting (the socket closes; a completion
+still arriving on an open connection gets 503), and the requests in flight may finish within
+the grace period; when it ends, the engine aborts them, so that each stream gets an error event
+and [DONE] and each waiting client a 503.  Then the process exits 0.  A second Ctrl-C quits at
+once.
+
+Must not know: the routes, the request bodies, or how rounds are computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+
+import uvicorn
+
+from ..engine.engine import Engine
+from ..errors import MinirtError
+from .app import ServerSettings, build_app
+from .engine_loop import EngineLoop
+from .metrics import ServerMetrics
+
+# uvicorn's own limit waits this much longer than the grace period, so that the engine's
+# aborts (and the error events they send) come first.
+UVICORN_EXTRA_GRACE_S = 5.0
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: a free one), or one line saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise MinirtError(f"--host {host}: not an address here ({exc.strerror})") from None
+    family, kind, proto, _name, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    # A port left in TIME_WAIT by a server that just stopped is free again; one in use is not.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except PermissionError:
+        sock.close()
+        raise MinirtError(
+            f"--port {port}: not allowed here (ports below 1024 need privileges); "
+            "choose one from 1024 to 65535"
+        ) from None
+    except OSError as exc:
+        sock.close()
+        raise MinirtError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror}); "
+            "choose another port, or stop what holds it"
+        ) from None
+    return sock
+
+
+class MinirtServer(uvicorn.Server):
+    """uvicorn's server, which tells the engine when a signal asks it to stop, says when it is
+    ready, and exits 0 after a graceful shutdown (uvicorn's own raises the signal again)."""
+
+    def __init__(self, config, loop: EngineLoop, grace_s: float, ready_line: str):
+        super().__init__(config)
+        self.engine_loop = loop
+        self.grace_s = grace_s
+        self.ready_line = ready_line
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            print(self.ready_line, flush=True)
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            self.engine_loop.begin_shutdown(self.grace_s)
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """As uvicorn's, but the signal is not raised again once the server has stopped."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
+def serve_forever(
+    engine: Engine,
+    sock: socket.socket,
+    settings: ServerSettings,
+    max_queue: int,
+    shutdown_timeout_s: float,
+    run_seed: int,
+    describe: str,
+) -> None:
+    """Serve on `sock` until a signal stops the server."""
+    metrics = ServerMetrics(settings.model_name)
+    loop = EngineLoop(engine, metrics, max_queue=max_queue, run_seed=run_seed)
+    app = build_app(engine, loop, metrics, settings)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=int(shutdown_timeout_s + UVICORN_EXTRA_GRACE_S),
+        lifespan="on",
+    )
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    ready = f"minirt serve: http://{host}:{port}  ({describe}; Ctrl-C to stop)"
+    server = MinirtServer(config, loop, shutdown_timeout_s, ready)
+    server.run(sockets=[sock])
