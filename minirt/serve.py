@@ -227,6 +227,11 @@ def load(args) -> tuple[LLM, str]:
         policy=args.policy,
         round_token_budget=args.max_round_tokens,
     )
+    if llm.engine.kv_budget_positions < 1:
+        raise MinirtError(
+            f"--kv-budget {args.kv_budget} holds no token's keys and values for this model "
+            f"({llm.engine.kv_bytes_per_position} bytes each); give more"
+        )
     if args.served_model_name is not None:
         name = args.served_model_name
     elif args.model is not None:

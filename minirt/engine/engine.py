@@ -243,6 +243,21 @@ class Engine:
         self.aborted_since_step: list[Request] = []
         self.groups_ended_by_abort: list[GroupRecord] = []
 
+    def forget_history(self) -> None:
+        """Drop what a run keeps only for its reports: the rows each round ran and held, the
+        times to first token, the KV-limited rows, and the member lists of static groups that
+        have ended.  A run that never ends (a server that is never idle) calls this now and
+        then, so that it does not grow; counts, round numbers and the running group stay."""
+        del self.scheduler.active_rows[:]
+        del self.scheduler.held_rows[:]
+        del self.stats.first_token_seconds[:]
+        del self.stats.kv_limited_rows[:]
+        running = set(map(id, self.scheduler.running))
+        for group in self.scheduler.groups:
+            if not any(id(member) in running for member in group.members):
+                group.members = []
+                group.active_rows = []
+
     def seconds(self) -> float:
         """Seconds since the run started."""
         return time.perf_counter() - self.run_start

@@ -57,6 +57,7 @@ from .protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    check_text,
     parse_body,
     prompts_of,
     refuse_unsupported,
@@ -335,6 +336,11 @@ class CompletionsAPI:
         when asked), each choice's finish, the usage when asked, then [DONE].  A choice that
         fails ends the stream with an error event; a client that leaves aborts it."""
         finals: dict[int, Finished] = {}
+        options = body.stream_options
+        include_usage = options is not None and options.include_usage
+        if include_usage:
+            # OpenAI: with include_usage, every chunk has a usage, null until the last.
+            head = {**head, "usage": None}
         try:
             for choice in range(len(completion.choices)):
                 if body.echo:
@@ -361,8 +367,7 @@ class CompletionsAPI:
                     yield DONE
                     return
                 yield sse(finish_chunk(head, event))
-            options = body.stream_options
-            if options is not None and options.include_usage:
+            if include_usage:
                 lengths = [len(ids) for ids in prompted.ids]
                 ordered = [finals[k] for k in sorted(finals)]
                 yield sse(usage_chunk(head, lengths, ordered))
@@ -376,7 +381,7 @@ class CompletionsAPI:
     def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:
         """Each choice's logprobs builder, or None each when logprobs were not asked for."""
         tokenizer = self.engine.tokenizer
-        if body.logprobs is None or tokenizer is None:
+        if body.logprobs is None:
             return [None] * n_choices
         builders = []
         for choice in range(n_choices):
@@ -406,6 +411,10 @@ class CompletionsAPI:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
+        """200 while the engine's thread runs (it never should stop while the server does)."""
+        if not self.loop.thread.is_alive():
+            message = "the engine's thread has stopped"
+            return JSONResponse(error_body(503, message), status_code=503)
         return Response(status_code=200)
 
     async def metrics_text(self, request: Request) -> Response:
@@ -415,6 +424,7 @@ class CompletionsAPI:
         body = await self.body_of(request, TokenizeRequest)
         assert isinstance(body, TokenizeRequest)
         tokenizer = self.require_tokenizer()
+        check_text(body.prompt, "prompt")
         try:
             tokens = tokenizer.encode(body.prompt)
         except RequestError as exc:

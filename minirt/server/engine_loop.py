@@ -9,11 +9,11 @@ its SamplingParams and its sample number) and the events that come back (`Accept
 How requests and tokens cross, and why it is safe:
 
     handler -> engine   `submit`, `abort`, `begin_shutdown` and `stop` put a command on `inbox`,
-                        a queue.SimpleQueue (made for threads, and safe to put to even from a
-                        signal handler that interrupts another put).  Only the engine thread takes commands
-                        off it, and only the engine thread ever calls the Engine or reads or
-                        writes a `Request`: there is no lock to forget, because nothing of the
-                        engine's is shared.
+                        a queue.SimpleQueue (made for threads, and safe to put to even from
+                        a signal handler that interrupts another put).  Only the engine thread
+                        takes commands off it, and only the engine thread ever calls the Engine
+                        or reads or writes a `Request`: there is no lock to forget, because
+                        nothing of the engine's is shared.
     engine -> handler   after each round the engine thread turns each request's news into a
                         frozen event of plain values (ints, floats, strings, tuples: copies,
                         never the Request) and hands it to the completion's asyncio.Queue with
@@ -51,6 +51,9 @@ from .metrics import ServerMetrics
 
 # How long the sleeping loop waits on its inbox before it looks at the shutdown deadline again.
 IDLE_WAKE_S = 0.25
+
+# A run that never ends (the server is never idle) drops its report-only history this often.
+FORGET_EVERY_ROUNDS = 1000
 
 SHUTDOWN_ABORT = (
     "the server shut down before this completion finished (its --shutdown-timeout grace "
@@ -146,6 +149,14 @@ class Stop:
     pass
 
 
+def budget_refusal(reason: str) -> Refused:
+    """A request no round could take, in the client's words: over the KV budget (max_tokens is
+    the client's to lower), or a prompt over the round's token budget (a server flag)."""
+    if "round token budget" in reason:
+        return Refused(400, f"{reason} (the server's --max-round-tokens)", param="prompt")
+    return Refused(400, reason.replace("max_new_tokens", "max_tokens"), param="max_tokens")
+
+
 def finished_event(request: Request, choice: int, error: str | None = None) -> Finished:
     """The final event of a request, its values copied."""
     if request.want_logprobs:
@@ -239,17 +250,39 @@ class EngineLoop:
     # ------------------------------------------------------------------ the thread
 
     def run(self) -> None:
-        """Commands, then a round, while there is work; asleep on the inbox while there is none."""
+        """Iterations until stopped.  A fault in one (a bug, not a bad request: those are
+        refused before they get here) is logged, and every request held is ended and told so;
+        the thread itself never dies, or every later completion would wait for ever."""
         while not self.stopped:
-            if not self.engine.has_unfinished() and self.engine.round_number > 0:
-                # Nobody is left: a new run, so that the run's records stay small.
-                self.engine.start_run()
-            for command in self.take_commands():
-                self.apply(command)
-            self.abort_past_deadline()
-            if self.engine.has_unfinished():
-                self.run_step()
-            self.metrics.observe_engine(self.engine)
+            try:
+                self.iterate()
+            except Exception as exc:  # noqa: BLE001 (told to every client, and logged)
+                traceback.print_exc(file=sys.stderr)
+                self.fail_everything(exc)
+
+    def iterate(self) -> None:
+        """Commands, then a round if there is work; asleep on the inbox while there is none."""
+        if not self.engine.has_unfinished() and self.engine.round_number > 0:
+            # Nobody is left: a new run, so that the run's records stay small.
+            self.engine.start_run()
+        elif self.engine.round_number % FORGET_EVERY_ROUNDS == FORGET_EVERY_ROUNDS - 1:
+            # Never idle: the run's report-only history is dropped instead.
+            self.engine.forget_history()
+        for command in self.take_commands():
+            self.apply(command)
+        self.abort_past_deadline()
+        if self.engine.has_unfinished():
+            self.run_step()
+        self.metrics.observe_engine(self.engine)
+
+    def fail_everything(self, exc: Exception) -> None:
+        """After a fault of the server: every request held ends with an error, and the engine
+        starts a new run (whatever a half-done iteration left in it is dropped)."""
+        message = f"the server failed ({type(exc).__name__}: {exc}); retry it"
+        for request, (completion, choice) in self.tracked.items():
+            self.send(completion, finished_event(request, choice, error=message))
+        self.tracked.clear()
+        self.engine.reset_run()
 
     def take_commands(self) -> list:
         """Every command waiting; while the engine has no work, wait for one first."""
@@ -287,10 +320,20 @@ class EngineLoop:
         """Queue every choice of a completion, or none (`Refused`): shutting down, the queue
         full, or a choice no round could ever take."""
         waiting = len(self.engine.scheduler.waiting)
+        choices = len(completion.choices)
         if not self.accepting:
             refusal = Refused(503, "the server is shutting down; send it to another server")
-        elif waiting >= self.max_queue:
-            message = f"the queue is full ({waiting} requests wait, --max-queue); retry later"
+        elif choices > self.max_queue:
+            message = (
+                f"this completion asks for {choices} choices (prompts x n), more than the "
+                f"{self.max_queue} the server queues (--max-queue); send fewer at a time"
+            )
+            refusal = Refused(400, message, param="n")
+        elif waiting + choices > self.max_queue:
+            message = (
+                f"the queue is full ({waiting} requests wait, {self.max_queue} at most: "
+                "--max-queue); retry later"
+            )
             refusal = Refused(503, message)
         else:
             refusal = None
@@ -301,8 +344,7 @@ class EngineLoop:
         for request in requests:
             reason = self.engine.scheduler.refusal(request)
             if reason is not None:
-                message = reason.replace("max_new_tokens", "max_tokens")
-                self.send(completion, Refused(400, message, param="max_tokens"))
+                self.send(completion, budget_refusal(reason))
                 return
         self.send(completion, Accepted())
         for choice, request in enumerate(requests):
@@ -333,10 +375,7 @@ class EngineLoop:
             output = self.engine.step()
         except Exception as exc:  # noqa: BLE001 (told to every client, and logged)
             traceback.print_exc(file=sys.stderr)
-            message = f"the server failed in a round ({type(exc).__name__}: {exc}); retry it"
-            for request, (completion, choice) in self.tracked.items():
-                self.send(completion, finished_event(request, choice, error=message))
-            self.tracked.clear()
+            self.fail_everything(exc)
             return
         self.deliver(output, round_start)
 

@@ -157,7 +157,7 @@ class ServerMetrics:
         self.running.labels(name).set(len(running))
         self.waiting.labels(name).set(len(scheduler.waiting))
         reserved = sum(scheduler.kv_positions_needed(r) for r in running)
-        self.kv_usage.labels(name).set(reserved / engine.kv_budget_positions)
+        self.kv_usage.labels(name).set(reserved / max(1, engine.kv_budget_positions))
         self.kv_slots.labels(name).set(sum(1 for r in running if r.slot is not None))
 
     def exposition(self) -> bytes:

@@ -102,6 +102,9 @@ def parse_body(raw: bytes, model_class: type[Body]) -> Body:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
+        if "integer string conversion" in str(exc):
+            # Python's own guard against quadratic int parsing, not the client's concern.
+            raise APIError(400, "the body holds an integer of more than 4300 digits") from None
         raise APIError(400, f"the body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
@@ -126,16 +129,29 @@ def validation_error(exc: ValidationError) -> APIError:
     return APIError(400, f"{where}: {first['msg']}", param=field)
 
 
+def check_text(text: str, field: str) -> None:
+    """A JSON string may hold a lone surrogate ("\ud800"), which is no Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"{field} holds a lone surrogate, which is not text", field) from None
+
+
 def prompts_of(body: CompletionRequest) -> list:
-    """The prompts the body asks for: each a string or a list of token ids."""
+    """The prompts the body asks for: each a string or a list of token ids (an empty list of
+    ids, like an empty string, starts from the beginning-of-text token, as offline)."""
     prompt = body.prompt
     if isinstance(prompt, str):
+        check_text(prompt, "prompt")
         return [prompt]
     if not prompt:
         raise APIError(400, f"prompt is an empty list; give {PROMPT_SHAPES}", param="prompt")
     # A list of ids is one prompt.
     if isinstance(prompt[0], int):
         return [list(prompt)]
+    for text in prompt:
+        if isinstance(text, str):
+            check_text(text, "prompt")
     return list(prompt)
 
 
@@ -144,7 +160,8 @@ def refuse_unsupported(body: CompletionRequest) -> None:
     if body.suffix is not None:
         raise APIError(400, "suffix is not supported: GPT-2 does not fill in the middle", "suffix")
     if body.best_of is not None and body.best_of != 1:
-        raise APIError(400, "best_of > 1 is not supported; ask for n samples", "best_of")
+        message = f"best_of must be 1 or left out (no best-of search here), got {body.best_of}"
+        raise APIError(400, message + "; for more samples ask for n", "best_of")
     if body.min_tokens != 0:
         raise APIError(400, "min_tokens is not supported; use ignore_eos", "min_tokens")
     if not 1 <= body.n <= MAX_N:

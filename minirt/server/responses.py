@@ -7,8 +7,9 @@ top_logprobs, text_offset), the `usage` count, minirt's own per-choice fields un
 ids), and the
 server-sent event framing (`sse`, `DONE`).
 
-A token's string is the token decoded alone (a piece of a character shows as U+FFFD); its
-text_offset is where its text starts in the choice's text (after the prompt, with echo).  A
+A token's string is the token decoded alone (a piece of a character shows as U+FFFD; without a
+tokenizer, vLLM's "token_id:N"); its text_offset is where its text starts in the choice's text
+(after the prompt, with echo).  A
 log-probability of -inf (a token the model gives probability 0) is written -9999.0, as vLLM
 writes it, since JSON has no infinity.
 
@@ -45,10 +46,11 @@ def json_logprob(value: float | None) -> float | None:
 class Logprobs:
     """OpenAI's logprobs object of one choice, built token by token."""
 
-    def __init__(self, tokenizer: Tokenizer, text_offset: int):
+    def __init__(self, tokenizer: Tokenizer | None, text_offset: int):
         self.tokenizer = tokenizer
-        # Offsets count characters of the text as streamed: a decoder of its own.
-        self.decoder = tokenizer.stream()
+        # Offsets count characters of the text as streamed: a decoder of its own (none without
+        # a tokenizer: there is no text, and every offset is where it starts).
+        self.decoder = None if tokenizer is None else tokenizer.stream()
         self.offset = text_offset
         self.tokens: list[str] = []
         self.token_logprobs: list[float | None] = []
@@ -59,17 +61,24 @@ class Logprobs:
         """One token: its string, its logprob, the most likely tokens there with itself (as
         OpenAI gives them: up to logprobs + 1), and where its text starts.  A logprob of None
         is the prompt's first token's, which nothing comes before."""
-        token_text = self.tokenizer.decode([token_id])
+        token_text = self.token_string(token_id)
         self.tokens.append(token_text)
         self.token_logprobs.append(json_logprob(logprob))
         if logprob is None:
             self.top_logprobs.append(None)
         else:
-            alternatives = {self.tokenizer.decode([t]): json_logprob(lp) for t, lp in top or ()}
+            alternatives = {self.token_string(t): json_logprob(lp) for t, lp in top or ()}
             alternatives.setdefault(token_text, json_logprob(logprob))
             self.top_logprobs.append(alternatives)
         self.text_offset.append(self.offset)
-        self.offset += len(self.decoder.push(token_id))
+        if self.decoder is not None:
+            self.offset += len(self.decoder.push(token_id))
+
+    def token_string(self, token_id: int) -> str:
+        """The token decoded alone; without a tokenizer, vLLM's "token_id:N"."""
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id])
 
     def add_prompt(self, prompt_ids, prompt_logprobs) -> None:
         """Echo: the prompt's tokens first, each with its logprob given those before it (the
@@ -158,7 +167,7 @@ def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, token
             built.add_prompt(prompt_ids, final.prompt_logprobs)
             # The completion's offsets follow the prompt's text, decoded afresh.
             built.offset = len(prompt_text)
-            built.decoder = tokenizer.stream()
+            built.decoder = None if tokenizer is None else tokenizer.stream()
         for k, token_id in enumerate(final.token_ids):
             if final.top_logprobs is None:
                 top = None

@@ -130,6 +130,13 @@ def test_echo_with_logprobs_gives_the_prompt_first(client, llm, hf_tokenizer):
         expected.prompt_logprobs[1:] + expected.logprobs, abs=1e-5
     )
     assert choice.logprobs.text_offset[len(prompt_ids)] == len("ROMEO:")
+    # logprobs 0: no alternatives, but OpenAI always gives the chosen token's own (the prompt's first: null).
+    tops = choice.logprobs.top_logprobs
+    assert tops[0] is None
+    every_id = prompt_ids + expected.token_ids
+    every_logprob = [None] + expected.prompt_logprobs[1:] + expected.logprobs
+    for top, token, logprob in zip(tops[1:], every_id[1:], every_logprob[1:], strict=True):
+        assert top == {hf_tokenizer.decode([token]): pytest.approx(logprob, abs=1e-5)}
 
 
 def streamed(client, **kwargs) -> tuple[list, list]:

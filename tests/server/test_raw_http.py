@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import httpx
 import pytest
@@ -223,15 +222,26 @@ def test_a_client_that_leaves_while_waiting_is_aborted_too(server):
     )
 
 
-def test_a_full_queue_is_a_503_and_the_queue_drains():
+def test_a_full_queue_is_a_503_a_completion_bigger_than_the_queue_a_400_and_the_queue_drains():
     with Server("--batch-size", "2", "--max-queue", "4") as server:
-        sock = open_stream(server, {**LONG, "n": 6})  # 2 rows run, 4 wait: the queue is full
-        server.wait_for_metric("minirt:num_requests_waiting", 4, timeout=5)
-        answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        # Four choices fit the queue: 2 take the rows, 2 wait.
+        sock = open_stream(server, {**LONG, "n": 4})
+        server.wait_for_metric("minirt:num_requests_waiting", 2, timeout=5)
+        # Three more would make 5 waiting: refused, to retry later.
+        answer = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "n": 3}
+        )
         assert "queue is full" in assert_openai_error(answer, 503)["message"]
+        # One completion of more choices than the queue holds could never be queued: a 400, not a 503.
+        answer = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": ["x"] * 5, "max_tokens": 2}
+        )
+        assert "--max-queue" in assert_openai_error(answer, 400, "n")["message"]
         sock.close()
         server.wait_for_metric("minirt:num_requests_waiting", 0, timeout=5)
-        time.sleep(0.1)
-        answer = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        server.wait_for_metric("minirt:num_requests_running", 0, timeout=5)
+        answer = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "n": 3}
+        )
         assert answer.status_code == 200
         assert server.stop() == 0
