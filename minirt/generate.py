@@ -32,7 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-from .model.backend import BACKEND_NAMES
 from .loading.checkpoint import resolve_model_folder, shipped_model_folder
 from .cli.command import (
     EXIT_INTERRUPTED,
@@ -45,9 +44,9 @@ from .cli.command import (
 )
 from .cli.output_file import OutputFile, writing_changes
 from .cli.signals import StopSignals
-from .cli.kv_budget import parse_kv_budget
+from .cli.serving_flags import add_serving_flags, kv_budget_arguments
 from .errors import MinirtError, Terminated, require_at_least_one
-from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM, RunStats
+from .llm import DEFAULT_KV_BUDGET_MIB, LLM, RunStats
 from .cli.prompt_file import FORMATS, PromptEntry, read_prompts
 from .cli.sampling_flags import (
     add_sampling_flags,
@@ -63,7 +62,6 @@ from .cli.grids import continuous_grid, group_grid
 from .cli.summary import summary
 from .engine.request import Request
 from .engine.params import SamplingParams
-from .engine.scheduler import POLICIES
 
 
 EPILOG = (
@@ -118,7 +116,7 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_input_flags(p)
-    add_serving_flags(p)
+    add_serving_flags(p, default_policy="static")
     add_sampling_flags(
         p.add_argument_group("sampling (defaults for every request; a JSONL line may override any)")
     )
@@ -153,43 +151,6 @@ def add_input_flags(p) -> None:
         "--model",
         help="a model folder or a hub id in the local Hugging Face cache "
         "(default: the model shipped in weights/)",
-    )
-
-
-def add_serving_flags(p) -> None:
-    """How the requests are computed and batched."""
-    p.add_argument(
-        "--backend",
-        choices=BACKEND_NAMES,
-        default="auto",
-        help="array backend (default auto: cupy if a GPU is usable)",
-    )
-    p.add_argument(
-        "--dtype", default="float32", help="compute dtype: float32 (default), float16, float64"
-    )
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default="static",
-        help="static groups (default), or continuous batching that refills free rows every round",
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)"
-    )
-    p.add_argument(
-        "--max-round-tokens",
-        type=int,
-        default=DEFAULT_ROUND_TOKENS,
-        metavar="N",
-        help="continuous: tokens one round may process, a prefill counting its prompt "
-        f"(default {DEFAULT_ROUND_TOKENS})",
-    )
-    p.add_argument(
-        "--kv-budget",
-        default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
-        metavar="SIZE",
-        help="what a static group's (or the continuous pool's) KV cache may hold: tokens "
-        f"(20000) or memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)",
     )
 
 
@@ -258,13 +219,7 @@ def check_flags(args) -> None:
     require_at_least_one(args.batch_size, "--batch-size")
     require_at_least_one(args.max_round_tokens, "--max-round-tokens")
     # Memory, or a number of tokens.
-    unit, amount = parse_kv_budget(args.kv_budget)
-    if unit == "bytes":
-        args.kv_budget_mib = amount / 2**20
-        args.kv_budget_tokens = None
-    else:
-        args.kv_budget_mib = None
-        args.kv_budget_tokens = amount
+    args.kv_budget_mib, args.kv_budget_tokens = kv_budget_arguments(args.kv_budget)
     if args.seed < 0:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
     if (args.prompts is None) == (args.prompt is None):

@@ -21,12 +21,10 @@ import os
 from pathlib import Path
 
 from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
-from .cli.kv_budget import parse_kv_budget
-from .engine.scheduler import POLICIES
+from .cli.serving_flags import add_serving_flags, kv_budget_arguments
 from .errors import MinirtError, require_at_least_one
-from .llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM
+from .llm import DEFAULT_KV_BUDGET_MIB, LLM
 from .loading.checkpoint import resolve_model_folder, shipped_model_folder
-from .model.backend import BACKEND_NAMES
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUE = 256
@@ -90,41 +88,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def add_batching_flags(p) -> None:
-    """How requests are batched and computed."""
-    p.add_argument(
-        "--policy",
-        choices=POLICIES,
-        default="continuous",
-        help="continuous batching (default): free rows are refilled every round; "
-        "static: a group admits nobody until its longest member ends",
-    )
-    p.add_argument(
-        "--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)"
-    )
-    p.add_argument(
-        "--max-round-tokens",
-        type=int,
-        default=DEFAULT_ROUND_TOKENS,
-        metavar="N",
-        help="continuous: tokens one round may process, a prefill counting its "
-        f"prompt (default {DEFAULT_ROUND_TOKENS})",
-    )
-    p.add_argument(
-        "--kv-budget",
-        default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
-        metavar="SIZE",
-        help="what the KV cache may hold: tokens (20000) or memory (512MiB, 2GiB) "
-        f"(default {DEFAULT_KV_BUDGET_MIB}MiB)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=BACKEND_NAMES,
-        default="auto",
-        help="array backend (default auto: cupy if a GPU is usable)",
-    )
-    p.add_argument(
-        "--dtype", default="float32", help="compute dtype: float32 (default), float16, float64"
-    )
+    """How requests are batched and computed: generate's flags, continuous by default."""
+    add_serving_flags(p, default_policy="continuous")
     p.add_argument(
         "--seed",
         type=int,
@@ -188,13 +153,7 @@ def parse_args(argv: list[str] | None, prog: str):
     for flag, value in (("--model", args.model), ("--served-model-name", args.served_model_name)):
         if value is not None and not value.strip():
             raise MinirtError(f"{flag} is empty; give a value, or leave the flag out")
-    unit, amount = parse_kv_budget(args.kv_budget)
-    if unit == "bytes":
-        args.kv_budget_mib = amount / 2**20
-        args.kv_budget_tokens = None
-    else:
-        args.kv_budget_mib = DEFAULT_KV_BUDGET_MIB
-        args.kv_budget_tokens = amount
+    args.kv_budget_mib, args.kv_budget_tokens = kv_budget_arguments(args.kv_budget)
     return args
 
 
@@ -222,7 +181,7 @@ def load(args) -> tuple[LLM, str]:
         dtype=args.dtype,
         batch_size=args.batch_size,
         seed=args.seed,
-        kv_budget_mib=args.kv_budget_mib,
+        kv_budget_mib=DEFAULT_KV_BUDGET_MIB if args.kv_budget_mib is None else args.kv_budget_mib,
         kv_budget_tokens=args.kv_budget_tokens,
         policy=args.policy,
         round_token_budget=args.max_round_tokens,

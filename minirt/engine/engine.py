@@ -18,7 +18,8 @@ One step is one round:
                          KV cache, and each admitted request takes a slot of its own
     admit                each admitted request: its slot zeroed, its text decoder, and, if it
                          asked for prompt logprobs, the scoring pass of its prompt
-    batch metadata       each active row's new tokens, its slot and the keys it holds
+    batch metadata       each active row's new tokens, its slot and the keys it holds, the rows
+                         in slot order (a full cache is then read as one view)
     forward              one forward pass of the active rows: logits [B, V]
     pick tokens          each row picks its token from its own logits and its own stream,
                          appends it and checks its own stop rules
@@ -353,12 +354,16 @@ class Engine:
         # Someone waits or runs, so someone runs: a round of no rows would loop for ever.
         assert plan.active, "the scheduler chose no rows while requests wait"
         self.admit(plan)
-        batch = self.prepare_batch_metadata(plan.active)
+        # The rows in slot order: when they hold every slot of the cache (a full pool, a static
+        # group), a decode step reads their keys and values as one view instead of gathering a
+        # copy in every layer.  A row's numbers do not depend on its place.
+        active = sorted(plan.active, key=slot_of)
+        batch = self.prepare_batch_metadata(active)
         # One forward pass of the active rows: logits [B, V].
         logits = self.model.forward(batch, self.kv_cache)
-        new_tokens = self.pick_tokens(plan.active, logits)
+        new_tokens = self.pick_tokens(active, logits)
         ended_group = self.scheduler.complete(plan)
-        finished = self.release_finished(plan.active)
+        finished = self.release_finished(active)
         self.count_round(plan, new_tokens, finished)
         if ended_group is not None:
             # Only now may the next group start.
@@ -548,3 +553,9 @@ class Engine:
         """The group (or the run) is over: drop its KV cache before another is allocated."""
         self.kv_cache = None
         self.free_slots = []
+
+
+def slot_of(request: Request) -> int:
+    """The KV slot of an admitted request (every row of a round holds one)."""
+    assert request.slot is not None
+    return request.slot

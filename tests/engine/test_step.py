@@ -471,3 +471,43 @@ def test_a_stream_of_arrivals_grows_the_pool_twofold_not_row_by_row(model):
         engine.step()
         rows_after_each_arrival.append(len(engine.kv_cache.lengths))
     assert rows_after_each_arrival == [1, 2, 4, 4, 8]
+
+
+# ------------------------------------------------------------------ a run that never ends
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_forget_history_drops_what_only_reports_read_and_changes_no_result(model, policy):
+    """A server that is never idle never starts a new run; forgetting the run's report-only history every few
+    rounds must keep every request's tokens, group and rounds as they were, and leave nothing of ended groups."""
+
+    def served(forget_every: int | None):
+        engine = Engine(model, None, batch_size=2, policy=policy)
+        engine.start_run()
+        rng = np.random.default_rng(7)
+        requests = []
+        for step in range(60):
+            if step % 4 == 0 and len(requests) < 12:
+                prompt = rng.integers(1, 60, size=int(rng.integers(1, 6))).tolist()
+                request = engine.make_request(
+                    len(requests), prompt, greedy(int(rng.integers(1, 9)))
+                )
+                engine.add_request(request)
+                requests.append(request)
+            if forget_every is not None and step % forget_every == forget_every - 1:
+                engine.forget_history()
+                assert engine.scheduler.active_rows == [] and engine.stats.first_token_seconds == []
+                running = set(map(id, engine.scheduler.running))
+                for group in engine.scheduler.groups:
+                    if not any(id(member) in running for member in group.members):
+                        assert group.members == []
+            if engine.has_unfinished():
+                engine.step()
+        run_to_end(engine)
+        return [
+            (r.token_ids, r.group, r.first_round, r.finish_round, r.rounds_waited) for r in requests
+        ]
+
+    kept = served(None)
+    assert served(3) == kept and served(1) == kept
+    assert all(len(tokens) >= 1 for tokens, *_ in kept)

@@ -118,23 +118,31 @@ def test_with_include_usage_every_chunk_has_a_usage_null_until_the_last(server):
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
 
 
-def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_held():
+@pytest.mark.parametrize("where", ["in a round", "around a round"])
+def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_held(where):
     from minirt.server.engine_loop import Accepted, ChoiceSpec, Completion, EngineLoop, Finished
     from minirt.server.metrics import ServerMetrics
 
     llm = LLM(batch_size=2, policy="continuous")
     engine = llm.engine
-    real_step = engine.step
+    metrics = ServerMetrics("m")
+    loop = EngineLoop(engine, metrics, max_queue=8)
     faults = []
 
-    def failing_once():
-        if not faults:
-            faults.append(1)
-            raise RuntimeError("a bug in a round")
-        return real_step()
+    def fault_once(real):
+        def call(*args):
+            # Once, while a request is held.
+            if loop.tracked and not faults:
+                faults.append(where)
+                raise RuntimeError(f"a bug {where}")
+            return real(*args)
 
-    engine.step = failing_once
-    loop = EngineLoop(engine, ServerMetrics("m"), max_queue=8)
+        return call
+
+    if where == "in a round":
+        engine.step = fault_once(engine.step)
+    else:
+        metrics.observe_engine = fault_once(metrics.observe_engine)
     params = SamplingParams(max_new_tokens=3, ignore_eos=True)
     ids = tuple(engine.prompt_ids("ROMEO:"))
 
@@ -154,7 +162,8 @@ def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_
             await asyncio.to_thread(loop.stop)
 
     first, second = asyncio.run(two_completions())
+    assert faults == [where]
     assert isinstance(first[0], Accepted) and first[-1].finish_reason == "error"
-    assert "a bug in a round" in first[-1].error
+    assert f"a bug {where}" in first[-1].error
     (expected,) = offline_alone(llm, "ROMEO:", params)
     assert second[-1].finish_reason == "length" and list(second[-1].token_ids) == expected.token_ids

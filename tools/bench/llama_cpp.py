@@ -67,7 +67,7 @@ import time
 from pathlib import Path
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the sdist vendoring llama.cpp ggml-org/llama.cpp@0c1e57098
-TARGETS = ("llama-bench", "llama-batched-bench", "llama-simple", "llama-tokenize")
+TARGETS = ("llama-bench", "llama-batched-bench", "llama-simple", "llama-tokenize", "llama-server")
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py
 
@@ -131,7 +131,7 @@ def cmd_build(args) -> int:
             "-DGGML_METAL=OFF",
             "-DGGML_VULKAN=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_SERVER=ON",  # llama-server: tools/serve_bench.py
             f"-DLLAMA_BUILD_COMMIT={commit or 'unknown'}",
         ]
         run(

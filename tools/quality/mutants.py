@@ -15,6 +15,9 @@ Two mutants of minirt/distributed/ (worker_forgets_global_index, replay_chooses_
 are killed only by the tests marked `ray`: run the tool from an environment with the ray extra
 (`pip install -e ".[ray]"`), or they survive as blind spots of a suite that skipped those tests.
 
+The mutants of minirt/server/ and minirt/serve.py are killed only by the tests marked `serve`: run the tool
+with the serve extra and its test clients installed (`pip install -e ".[serve,test]"`).
+
 When you write new code in minirt/, add mutants for it here.
 """
 
@@ -1300,6 +1303,147 @@ MUTANTS = [
         "MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize)",
         "MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[0] * x.itemsize)",
         "the MLP's tiles are sized by n_embd, not n_inner: 4x the scratch it is allowed",
+    ),
+    # ---- #26: minirt serve (killed by tests/server, marked `serve`: run with the serve extra installed)
+    Mutant(
+        "server_drops_the_seed",
+        "minirt/server/protocol.py",
+        '"seed": body.seed,',
+        '"seed": None,',
+        "a seeded request over HTTP draws a stream of its own, not the one offline gives it",
+    ),
+    Mutant(
+        "server_max_tokens_default_not_openais",
+        "minirt/server/protocol.py",
+        "DEFAULT_MAX_TOKENS = 16",
+        "DEFAULT_MAX_TOKENS = 64",
+        "a body without max_tokens gets minirt's offline 64, not OpenAI's 16",
+    ),
+    Mutant(
+        "server_samples_share_one_stream",
+        "minirt/server/app.py",
+        "prompted.choices.append(ChoiceSpec(tuple(ids), params, sample))",
+        "prompted.choices.append(ChoiceSpec(tuple(ids), params, 0))",
+        "n samples of a prompt are n copies of sample 0",
+    ),
+    Mutant(
+        "server_ignores_a_waiting_clients_disconnect",
+        "minirt/server/app.py",
+        '            if message["type"] == "http.disconnect":\n                self.loop.abort(completion_id)',
+        '            if message["type"] == "http.disconnect":\n                pass',
+        "a client that leaves while its completion waits or runs unstreamed is still computed",
+    ),
+    Mutant(
+        "server_api_key_not_checked",
+        "minirt/server/app.py",
+        "if self.expected is not None and guarded:",
+        "if self.expected is not None and guarded and False:",
+        "--api-key is accepted and never enforced",
+    ),
+    Mutant(
+        "server_health_behind_the_key",
+        "minirt/server/app.py",
+        'guarded = scope["type"] == "http" and scope["path"].startswith("/v1")',
+        'guarded = scope["type"] == "http"',
+        "/health (and /metrics) need the API key, so a load balancer's probe fails",
+    ),
+    Mutant(
+        "server_streamed_body_limit_doubled",
+        "minirt/server/app.py",
+        "            if size > limit:",
+        "            if size > 2 * limit:",
+        "a chunked body (no Content-Length) may pass the limit",
+    ),
+    Mutant(
+        "server_one_completion_may_pass_the_queue",
+        "minirt/server/engine_loop.py",
+        "elif choices > self.max_queue:",
+        "elif choices > 10**9:",
+        "one completion of more choices than --max-queue is queued whole (or refused 503 for ever)",
+    ),
+    Mutant(
+        "server_engine_thread_dies_on_a_fault",
+        "minirt/server/engine_loop.py",
+        "            try:\n                self.iterate()\n            except Exception as exc:  # noqa: BLE001 (told to every client, and logged)\n                traceback.print_exc(file=sys.stderr)\n                self.fail_everything(exc)",
+        "            self.iterate()",
+        "a fault in the engine's thread kills it: every later completion waits for ever",
+    ),
+    Mutant(
+        "server_history_never_forgotten",
+        "minirt/engine/engine.py",
+        "        del self.scheduler.active_rows[:]",
+        "        return\n        del self.scheduler.active_rows[:]",
+        "a never-idle server keeps every round's rows and every ended group's members",
+    ),
+    Mutant(
+        "server_queue_unbounded",
+        "minirt/server/engine_loop.py",
+        "elif waiting + choices > self.max_queue:",
+        "elif waiting + choices > 10**9:",
+        "--max-queue is never enforced: no 503, the queue grows without bound",
+    ),
+    Mutant(
+        "server_usage_counts_one_choice",
+        "minirt/server/responses.py",
+        "completion_tokens = sum(len(final.token_ids) for final in finals)",
+        "completion_tokens = sum(len(final.token_ids) for final in finals[:1])",
+        "usage counts the first choice's tokens only",
+    ),
+    Mutant(
+        "server_text_offset_off_by_one",
+        "minirt/server/responses.py",
+        "self.text_offset.append(self.offset)",
+        "self.text_offset.append(self.offset + 1)",
+        "each token's text_offset points one character past its text",
+    ),
+    Mutant(
+        "server_top_logprobs_without_the_chosen_token",
+        "minirt/server/responses.py",
+        "            alternatives.setdefault(token_text, json_logprob(logprob))\n",
+        "",
+        "top_logprobs lacks the sampled token when it is not among the N most likely (logprobs 0: empty)",
+    ),
+    Mutant(
+        "server_echo_drops_the_prompt",
+        "minirt/server/responses.py",
+        "        text = prompt_text + final.text",
+        "        text = final.text",
+        "echo is accepted and ignored",
+    ),
+    Mutant(
+        "server_failed_choice_answered_200",
+        "minirt/server/app.py",
+        '            if final.finish_reason in ("error", "abort"):\n                raise choice_failure(final)',
+        '            if final.finish_reason in ("abort",):\n                raise choice_failure(final)',
+        "a completion whose logits went NaN is answered 200 as if it had finished",
+    ),
+    Mutant(
+        "server_no_grace_period",
+        "minirt/server/run.py",
+        "self.engine_loop.begin_shutdown(self.grace_s)",
+        "self.engine_loop.begin_shutdown(0.0)",
+        "SIGTERM aborts the streams in flight at once instead of letting them finish",
+    ),
+    Mutant(
+        "server_grace_period_never_ends",
+        "minirt/server/engine_loop.py",
+        "        if self.deadline is not None and time.monotonic() >= self.deadline:\n            self.abort_all()",
+        "        if self.deadline is not None and time.monotonic() >= self.deadline:\n            pass",
+        "after the grace period nothing is aborted: streams are cut by uvicorn without an error event",
+    ),
+    Mutant(
+        "server_policy_flag_ignored",
+        "minirt/serve.py",
+        "        policy=args.policy,",
+        '        policy="continuous",',
+        "minirt serve --policy static serves with continuous batching",
+    ),
+    Mutant(
+        "server_stream_cuts_at_a_finished_choice",
+        "minirt/server/app.py",
+        "                yield sse(finish_chunk(head, event))",
+        "                yield sse(finish_chunk(head, event))\n                break",
+        "with n > 1, a stream ends when its first choice does",
     ),
 ]
 

@@ -1,0 +1,64 @@
+"""The flags that say how requests are computed and batched, for every command that serves them
+(`generate` and `serve`): --backend, --dtype, --policy, --batch-size, --max-round-tokens and
+--kv-budget.
+
+Owns: `add_serving_flags` (the one definition of those flags, each command giving its own default
+policy) and `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens).
+
+Must not know: what a command does with them.
+"""
+
+from __future__ import annotations
+
+from ..engine.scheduler import POLICIES
+from ..llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS
+from ..model.backend import BACKEND_NAMES
+from .kv_budget import parse_kv_budget
+
+POLICY_HELP = {
+    "static": "static groups (default), or continuous batching that refills free rows every round",
+    "continuous": "continuous batching (default): free rows are refilled every round; static: a "
+    "group admits nobody until its longest member ends",
+}
+
+
+def add_serving_flags(p, default_policy: str) -> None:
+    """How the requests are computed and batched."""
+    p.add_argument(
+        "--backend",
+        choices=BACKEND_NAMES,
+        default="auto",
+        help="array backend (default auto: cupy if a GPU is usable)",
+    )
+    p.add_argument(
+        "--dtype", default="float32", help="compute dtype: float32 (default), float16, float64"
+    )
+    p.add_argument(
+        "--policy", choices=POLICIES, default=default_policy, help=POLICY_HELP[default_policy]
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=8, metavar="N", help="rows per round (default 8)"
+    )
+    p.add_argument(
+        "--max-round-tokens",
+        type=int,
+        default=DEFAULT_ROUND_TOKENS,
+        metavar="N",
+        help="continuous: tokens one round may process, a prefill counting its prompt "
+        f"(default {DEFAULT_ROUND_TOKENS})",
+    )
+    p.add_argument(
+        "--kv-budget",
+        default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
+        metavar="SIZE",
+        help="what a static group's (or the continuous pool's) KV cache may hold: tokens "
+        f"(20000) or memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)",
+    )
+
+
+def kv_budget_arguments(text: str) -> tuple[float | None, int | None]:
+    """--kv-budget as (MiB, None) for a memory size, or (None, tokens) for a number of tokens."""
+    unit, amount = parse_kv_budget(text)
+    if unit == "bytes":
+        return amount / 2**20, None
+    return None, amount
