@@ -9,7 +9,6 @@ import socket
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer as HFTokenizer
 
 from minirt.loading.checkpoint import shipped_model_folder
@@ -164,6 +163,8 @@ def test_metrics_count_what_a_completion_did(server):
         key = f"minirt:{name}_seconds_count"
         assert server.metric(key) == before[key] + 3
     server.wait_for_metric("minirt:num_requests_running", 0)
+    from prometheus_client.parser import text_string_to_metric_families
+
     families = {
         f.name for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)
     }
