@@ -214,7 +214,7 @@ class CompletionsAPI:
     def __init__(self, engine: Engine, loop: EngineLoop, metrics, settings: ServerSettings):
         self.engine = engine
         self.loop = loop
-        self.metrics_registry = metrics
+        self.metrics = metrics
         self.settings = settings
         self.created = int(time.time())
 
@@ -418,7 +418,7 @@ class CompletionsAPI:
         return Response(status_code=200)
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(self.metrics_registry.exposition(), media_type=CONTENT_TYPE_LATEST)
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def tokenize(self, request: Request) -> Response:
         body = await self.body_of(request, TokenizeRequest)

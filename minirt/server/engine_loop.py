@@ -28,8 +28,9 @@ call only the engine's pure checks (`Engine.prompt_ids`, `Engine.check_params`),
 tokenizer and the model's config, never anything this thread writes.
 
 When no request is left, the loop starts a new run (`Engine.start_run`): round numbers count from
-1 again, and the run's per-round records (and the static groups' member lists) do not grow for
-as long as the server lives.
+1 again.  A server that is never idle drops the run's report-only history instead, every
+FORGET_EVERY_ROUNDS rounds (`Engine.forget_history`): either way the per-round records and the
+static groups' member lists do not grow for as long as the server lives.
 
 Must not know: HTTP, the web framework, or the shape of a response.
 """
