@@ -418,7 +418,7 @@ def test_a_header_at_the_format_limit_is_read(tmp_path):
         ("U8", [2**63 - 1], True),  # the largest size an offset can hold
         ("U8", [2**63], False),
         ("I16", [2**62], False),  # 2**63 bytes
-        ("F32", [2**32, 2**32], False),  # 2**66
+        ("F32", [2**31, 2**31], False),  # 2**62 elements fit 64 bits; their 2**64 bytes do not
         ("U8", [2**31, 2**31, 2], False),  # 2**63, in three dimensions
     ],
 )
@@ -438,6 +438,15 @@ def test_a_tensor_past_2_63_bytes_is_refused_by_the_entry_check_alone(
     with pytest.raises(CheckpointError) as exc:
         read_entry(tmp_path / WEIGHTS, "t", info)
     assert f"tensor 't' has offsets 0..{size} that do not fit its shape" in str(exc.value)
+
+
+def test_a_shape_whose_element_count_overflows_64_bits_is_refused_before_its_offsets():
+    """2**32 * 2**32 = 2**64 elements: the format's reader overflows counting them, so the shape itself is
+    named, not the offsets (which could never be written to match)."""
+    info = {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 4 * 2**64]}
+    with pytest.raises(CheckpointError) as exc:
+        read_entry(Path("model.safetensors"), "t", info)
+    assert "tensor 't' has shape [4294967296, 4294967296], whose size overflows 64 bits" in str(exc.value)
 
 
 # ---------------------------------------------------------------- codes the format added since
