@@ -30,6 +30,13 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 2 * 2**20
+# Static groups online: how long the next group waits for members.  20 ms lets a burst of clients
+# that arrive together (each a few ms apart on loopback) share a group, yet it is small beside
+# what the group's prefill costs (a 124M model's round of 8 rows takes 50 ms and more here), so
+# a lone request waits for company a fraction of its time to first token.
+DEFAULT_BATCH_WINDOW_MS = 20.0
+# The longest --round-delay and --batch-window.
+MAX_PAUSE_MS = 60_000.0
 # What the server needs beyond minirt's own dependencies.
 WEB_STACK = ("starlette", "uvicorn", "pydantic", "prometheus_client")
 
@@ -38,12 +45,15 @@ examples:
   minirt serve                                  # the model shipped in weights/, on 127.0.0.1:8000
   minirt serve --model gpt2 --port 8080 --api-key sk-local
   minirt serve --policy static --batch-size 4   # static groups, to see what they cost online
+  minirt serve --policy static --batch-size 3 --round-delay 300
+                                                # then open http://127.0.0.1:8000/ and watch
 
   curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
        -d '{"prompt": "ROMEO:", "max_tokens": 20, "temperature": 0}'
 
 endpoints: POST /v1/completions (stream: true for server-sent events), GET /v1/models,
-GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize.
+GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize; the round-grid page
+at GET / (its feeds: GET /rounds/events, GET /rounds/recent, POST /rounds/exercise).
 A body over --max-body-bytes is refused with 413; with --max-queue requests already waiting,
 a completion is refused with 503 (retry later).  The README's "Serving over HTTP" has the fields
 and their defaults, the errors and the metrics.
@@ -96,6 +106,22 @@ def add_batching_flags(p) -> None:
         default=0,
         help="the seed of requests that set none (default 0); a request's own "
         "seed makes it reproducible",
+    )
+    p.add_argument(
+        "--batch-window",
+        type=float,
+        metavar="MS",
+        help="static groups: when no group runs, wait up to MS milliseconds from the first "
+        "request's arrival for the group to fill to --batch-size; a full group starts at once "
+        f"(default {DEFAULT_BATCH_WINDOW_MS:g}; 0 starts a group with whoever waits)",
+    )
+    p.add_argument(
+        "--round-delay",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="a teaching knob: pause MS milliseconds after every round, so that a person can "
+        "watch the round grid at http://HOST:PORT/ fill (default 0; it slows every request)",
     )
 
 
@@ -154,6 +180,17 @@ def parse_args(argv: list[str] | None, prog: str):
         if value is not None and not value.strip():
             raise MinirtError(f"{flag} is empty; give a value, or leave the flag out")
     args.kv_budget_mib, args.kv_budget_tokens = kv_budget_arguments(args.kv_budget)
+    if args.batch_window is not None and args.policy != "static":
+        raise MinirtError(
+            "--batch-window applies to static groups only: add --policy static, or leave it "
+            "out (continuous batching admits each request in the next round)"
+        )
+    if args.batch_window is None:
+        args.batch_window = DEFAULT_BATCH_WINDOW_MS
+    for flag, value in (("--batch-window", args.batch_window), ("--round-delay", args.round_delay)):
+        # NaN fails both comparisons, so it is refused too.
+        if not 0 <= value <= MAX_PAUSE_MS:
+            raise MinirtError(f"{flag} must be from 0 to {MAX_PAUSE_MS:g} ms, got {value:g}")
     return args
 
 
@@ -217,6 +254,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
             max_body_bytes=args.max_body_bytes,
         )
         describe = f"model {name}, {args.policy} batching of up to {args.batch_size} rows"
+        if args.round_delay > 0:
+            describe += f", {args.round_delay:g} ms between rounds"
         serve_forever(
             llm.engine,
             sock,
@@ -225,6 +264,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
             shutdown_timeout_s=args.shutdown_timeout,
             run_seed=args.seed,
             describe=describe,
+            round_delay_s=args.round_delay / 1000,
+            batch_window_s=args.batch_window / 1000,
         )
     finally:
         sock.close()

@@ -25,6 +25,8 @@ One step is one round:
                          appends it and checks its own stop rules
     free finished rows   a finished request leaves the compute and frees its slot; a static
                          group that has ended releases its cache (only now may the next start)
+    record               what the round did, row by row (`StepOutput.round_record`): the round
+                         grid of minirt/engine/round_record.py, for whoever draws it
 
 `serve(requests)`, the offline run that `LLM.generate` and `minirt generate` use, is a loop
 over `step()`: add every request, then step while any is unfinished, handing each step's new
@@ -54,6 +56,7 @@ from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
 from .params import SamplingParams
 from .request import Request, Status, abort_request, add_token, fail_request
+from .round_record import RoundRecord, record_round
 from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, KVShape, RoundPlan, Scheduler
 from .stats import RunStats
@@ -77,6 +80,8 @@ class StepOutput:
     finished: list[Request] = field(default_factory=list)
     # The static groups that ended: by an abort since the last step, or in this round.
     ended_groups: list[GroupRecord] = field(default_factory=list)
+    # What the round did, row by row (minirt/engine/round_record.py); None when no round ran.
+    round_record: RoundRecord | None = None
 
 
 class Engine:
@@ -129,6 +134,8 @@ class Engine:
         # that a callback or another thread cannot start a second run, or step this one behind
         # its back: taken without waiting, or a ReentryError.
         self.busy = threading.Lock()
+        # Runs are numbered across the engine's life (round numbers start again in each).
+        self.run_number = 0
         self.reset_run()
 
     # ------------------------------------------------------------------ making a request
@@ -219,6 +226,7 @@ class Engine:
 
     def reset_run(self) -> None:
         """A new run: a fresh queue, round numbers from 1, counts from 0, times from now."""
+        self.run_number += 1
         self.scheduler: Scheduler = SCHEDULERS[self.policy](
             self.batch_size,
             self.kv_budget_positions,
@@ -362,9 +370,12 @@ class Engine:
         # One forward pass of the active rows: logits [B, V].
         logits = self.model.forward(batch, self.kv_cache)
         new_tokens = self.pick_tokens(active, logits)
+        # Every request whose row this round's cache held, before the scheduler frees any.
+        holding = list(self.scheduler.running)
         ended_group = self.scheduler.complete(plan)
         finished = self.release_finished(active)
         self.count_round(plan, new_tokens, finished)
+        output.round_record = self.record(holding, active, output.finished + finished)
         if ended_group is not None:
             # Only now may the next group start.
             self.release_kv_cache()
@@ -548,6 +559,22 @@ class Engine:
                 arrived = request.arrival_s or 0.0
                 self.stats.first_token_seconds.append(request.first_token_s - arrived)
         self.stats.wall_seconds = self.seconds()
+
+    def record(self, holding, active, finished) -> RoundRecord:
+        """The round's record: who held each row of its cache, who ran, who waits."""
+        assert self.kv_cache is not None  # released only after the record is made
+        return record_round(
+            run=self.run_number,
+            round_number=self.round_number,
+            seconds=self.seconds(),
+            rows=len(self.kv_cache.lengths),
+            positions_per_row=self.kv_cache.capacity,
+            kv_budget_positions=self.kv_budget_positions,
+            holding=holding,
+            active=active,
+            waiting=self.scheduler.waiting,
+            finished=finished,
+        )
 
     def release_kv_cache(self) -> None:
         """The group (or the run) is over: drop its KV cache before another is allocated."""

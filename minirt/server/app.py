@@ -9,6 +9,7 @@ Owns: `build_app`, the ASGI application, and `ServerSettings`, what it is config
     GET  /metrics              Prometheus metrics (minirt/server/metrics.py)
     POST /tokenize             text -> token ids (vLLM's shape)
     POST /detokenize           token ids -> text (vLLM's shape)
+    GET  /, /rounds            the round-grid page, and its feeds under /rounds/ (rounds_page.py)
 
 A completion's way: the body is read (at most `max_body_bytes`: 413 past it) and checked
 (minirt/server/protocol.py: 400 naming the field), each prompt is turned into token ids and
@@ -44,15 +45,17 @@ from dataclasses import dataclass
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine.engine import Engine
 from ..errors import InputError, RequestError
 from .api_errors import APIError, error_body
+from .bodies import read_body
 from .engine_loop import Accepted, ChoiceSpec, Completion, EngineLoop, Finished, Refused, Token
 from .metrics import ServerMetrics
+from .rounds_page import RoundsPage
 from .protocol import (
     CompletionRequest,
     DetokenizeRequest,
@@ -102,6 +105,7 @@ class Prompted:
 def build_app(engine: Engine, loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings):
     """The ASGI app: the routes, the API key's guard, and errors in OpenAI's shape."""
     api = CompletionsAPI(engine, loop, metrics, settings)
+    rounds = RoundsPage(engine, loop, loop.feed, settings)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -110,6 +114,11 @@ def build_app(engine: Engine, loop: EngineLoop, metrics: ServerMetrics, settings
         Route("/metrics", api.metrics_text, methods=["GET"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
+        Route("/", rounds.page, methods=["GET"]),
+        Route("/rounds", rounds.page, methods=["GET"]),
+        Route("/rounds/events", rounds.events, methods=["GET"]),
+        Route("/rounds/recent", rounds.recent, methods=["GET"]),
+        Route("/rounds/exercise", rounds.exercise, methods=["POST"]),
     ]
 
     @contextlib.asynccontextmanager
@@ -130,15 +139,21 @@ def build_app(engine: Engine, loop: EngineLoop, metrics: ServerMetrics, settings
     return APIKeyGuard(app, settings.api_key)
 
 
+# Paths beyond /v1 that spend compute, and so need the key too.
+GUARDED_PATHS = ("/rounds/exercise",)
+
+
 class APIKeyGuard:
-    """ASGI middleware: every /v1 path needs `Authorization: Bearer KEY` when a key is set."""
+    """ASGI middleware: every /v1 path (and GUARDED_PATHS) needs `Authorization: Bearer KEY` when
+    a key is set."""
 
     def __init__(self, app, api_key: str | None):
         self.app = app
         self.expected = None if api_key is None else f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        guarded = scope["type"] == "http" and scope["path"].startswith("/v1")
+        path = scope.get("path", "")
+        guarded = scope["type"] == "http" and (path.startswith("/v1") or path in GUARDED_PATHS)
         if self.expected is not None and guarded:
             given = dict(scope["headers"]).get(b"authorization", b"")
             # In constant time: a key is not guessed a character at a time.
@@ -175,24 +190,6 @@ async def server_error_response(request: Request, exc: Exception) -> Response:
     traceback.print_exception(exc, file=sys.stderr)
     message = f"the server failed on this request ({type(exc).__name__}); see its log"
     return JSONResponse(error_body(500, message), status_code=500)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 once it passes `limit` bytes (declared or sent)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the body has {declared} bytes, over the limit of {limit} bytes")
-    chunks = []
-    size = 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"the body is over the limit of {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise APIError(400, "the client went away before sending the whole body") from None
-    return b"".join(chunks)
 
 
 def param_of(refusal: str) -> str | None:

@@ -32,6 +32,19 @@ When no request is left, the loop starts a new run (`Engine.start_run`): round n
 FORGET_EVERY_ROUNDS rounds (`Engine.forget_history`): either way the per-round records and the
 static groups' member lists do not grow for as long as the server lives.
 
+Every round's record (`StepOutput.round_record`) goes to the round feed
+(minirt/server/round_feed.py), for the round-grid page.
+
+Two teaching and batching knobs shape when rounds run:
+
+    round_delay_s    a pause after each round (`--round-delay`), so that a person can watch a
+                     small model's grid fill; commands that come meanwhile wait for it to end
+    batch_window_s   static groups only (`--batch-window`): when no group runs, the next one
+                     waits up to this long, from its first request's arrival, for the queue
+                     to fill to the batch size; a full group starts at once.  Requests reach a
+                     server one at a time, so without a window nearly every group would start
+                     with one member (the idea of Triton's dynamic batcher's max_queue_delay)
+
 Must not know: HTTP, the web framework, or the shape of a response.
 """
 
@@ -49,6 +62,7 @@ from ..engine.engine import Engine, StepOutput
 from ..engine.params import SamplingParams
 from ..engine.request import Request, unshown_text
 from .metrics import ServerMetrics
+from .round_feed import RoundFeed
 
 # How long the sleeping loop waits on its inbox before it looks at the shutdown deadline again.
 IDLE_WAKE_S = 0.25
@@ -132,7 +146,8 @@ class Finished:
 
 @dataclass(frozen=True)
 class Submit:
-    completion: Completion
+    # Queued in one step, in this order, before any round runs: all of them, or none.
+    completions: tuple[Completion, ...]
 
 
 @dataclass(frozen=True)
@@ -211,11 +226,25 @@ def token_event(request: Request, choice: int) -> Token:
 class EngineLoop:
     """The engine's thread: it alone steps the engine and touches its requests."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int, run_seed: int = 0):
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics,
+        max_queue: int,
+        run_seed: int = 0,
+        feed: RoundFeed | None = None,
+        round_delay_s: float = 0.0,
+        batch_window_s: float = 0.0,
+    ):
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
         self.run_seed = run_seed
+        if feed is None:
+            feed = RoundFeed()
+        self.feed = feed
+        self.round_delay_s = round_delay_s
+        self.batch_window_s = batch_window_s
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         # Each queued or running request: its completion, and which choice it is.
         self.tracked: dict[Request, tuple[Completion, int]] = {}
@@ -232,7 +261,12 @@ class EngineLoop:
         self.thread.start()
 
     def submit(self, completion: Completion) -> None:
-        self.inbox.put(Submit(completion))
+        self.inbox.put(Submit((completion,)))
+
+    def submit_together(self, completions: list[Completion]) -> None:
+        """Queue several completions in one step, in this order, so that they arrive in the same
+        instant (the round-grid page's exercise): each is accepted, or each is refused."""
+        self.inbox.put(Submit(tuple(completions)))
 
     def abort(self, completion_id: str) -> None:
         """The client has gone, or no longer wants it: its rows and KV slots are freed before
@@ -272,9 +306,26 @@ class EngineLoop:
         for command in self.take_commands():
             self.apply(command)
         self.abort_past_deadline()
-        if self.engine.has_unfinished():
+        if self.engine.has_unfinished() and self.window_left_s() == 0.0:
             self.run_step()
+            if self.round_delay_s > 0:
+                time.sleep(self.round_delay_s)
         self.metrics.observe_engine(self.engine)
+
+    def window_left_s(self) -> float:
+        """How much longer the next static group waits for members (0.0: start it now).  It
+        waits only while no group runs, the queue holds fewer than a group, and the server
+        still accepts requests."""
+        if self.batch_window_s <= 0 or self.engine.policy != "static" or not self.accepting:
+            return 0.0
+        scheduler = self.engine.scheduler
+        if scheduler.running or not scheduler.waiting:
+            return 0.0
+        if len(scheduler.waiting) >= self.engine.batch_size:
+            return 0.0
+        first_arrival = scheduler.waiting[0].arrival_s or 0.0
+        waited = self.engine.seconds() - first_arrival
+        return max(0.0, self.batch_window_s - waited)
 
     def fail_everything(self, exc: Exception) -> None:
         """After a fault of the server: every request held ends with an error, and the engine
@@ -286,11 +337,16 @@ class EngineLoop:
         self.engine.reset_run()
 
     def take_commands(self) -> list:
-        """Every command waiting; while the engine has no work, wait for one first."""
+        """Every command waiting; while the engine has no work, wait for one first (and while
+        a static group waits for members, wait at most until its window ends)."""
         commands = []
         if not self.engine.has_unfinished():
+            timeout = IDLE_WAKE_S
+        else:
+            timeout = self.window_left_s()
+        if timeout > 0:
             try:
-                commands.append(self.inbox.get(timeout=IDLE_WAKE_S))
+                commands.append(self.inbox.get(timeout=timeout))
             except queue.Empty:
                 return commands
         while True:
@@ -302,26 +358,30 @@ class EngineLoop:
     def apply(self, command) -> None:
         if isinstance(command, Submit):
             try:
-                self.admit(command.completion)
-            except Exception as exc:  # noqa: BLE001 (told to its client, and logged)
+                self.admit(command.completions)
+            except Exception as exc:  # noqa: BLE001 (told to its clients, and logged)
                 traceback.print_exc(file=sys.stderr)
                 message = f"the server failed to queue it ({type(exc).__name__}: {exc})"
-                self.send(command.completion, Refused(500, message))
+                for completion in command.completions:
+                    self.send(completion, Refused(500, message))
         elif isinstance(command, Abort):
             self.engine.abort(command.completion_id)
         elif isinstance(command, Shutdown):
             self.accepting = False
             self.deadline = command.deadline
+            # Open round-grid pages must not hold up the exit.
+            self.feed.close()
         elif isinstance(command, Stop):
             self.accepting = False
+            self.feed.close()
             self.abort_all()
             self.stopped = True
 
-    def admit(self, completion: Completion) -> None:
-        """Queue every choice of a completion, or none (`Refused`): shutting down, the queue
-        full, or a choice no round could ever take."""
+    def admit(self, completions: tuple[Completion, ...]) -> None:
+        """Queue every choice of these completions, or none (each told `Refused`): shutting
+        down, the queue full, or a choice no round could ever take."""
         waiting = len(self.engine.scheduler.waiting)
-        choices = len(completion.choices)
+        choices = sum(len(completion.choices) for completion in completions)
         if not self.accepting:
             refusal = Refused(503, "the server is shutting down; send it to another server")
         elif choices > self.max_queue:
@@ -338,24 +398,36 @@ class EngineLoop:
             refusal = Refused(503, message)
         else:
             refusal = None
+        made: list[list[Request]] = []
+        if refusal is None:
+            made = [
+                [self.make_request(completion, spec) for spec in completion.choices]
+                for completion in completions
+            ]
+            refusal = self.first_budget_refusal(made)
         if refusal is not None:
-            self.send(completion, refusal)
+            for completion in completions:
+                self.send(completion, refusal)
             return
-        requests = [self.make_request(completion, spec) for spec in completion.choices]
-        for request in requests:
-            reason = self.engine.scheduler.refusal(request)
-            if reason is not None:
-                self.send(completion, budget_refusal(reason))
-                return
-        self.send(completion, Accepted())
-        for choice, request in enumerate(requests):
-            self.engine.add_request(request)
-            if request.finished:
-                # Final at once (no step will report it): the handlers' checks let none through
-                # that would be, but its client must hear of it either way.
-                self.send(completion, finished_event(request, choice))
-            else:
-                self.tracked[request] = (completion, choice)
+        for completion, requests in zip(completions, made, strict=True):
+            self.send(completion, Accepted())
+            for choice, request in enumerate(requests):
+                self.engine.add_request(request)
+                if request.finished:
+                    # Final at once (no step will report it): the handlers' checks let none
+                    # through that would be, but its client must hear of it either way.
+                    self.send(completion, finished_event(request, choice))
+                else:
+                    self.tracked[request] = (completion, choice)
+
+    def first_budget_refusal(self, made: list[list[Request]]) -> Refused | None:
+        """The refusal of the first request no round could ever take, if any."""
+        for requests in made:
+            for request in requests:
+                reason = self.engine.scheduler.refusal(request)
+                if reason is not None:
+                    return budget_refusal(reason)
+        return None
 
     def make_request(self, completion: Completion, spec: ChoiceSpec) -> Request:
         self.requests_made += 1
@@ -379,6 +451,8 @@ class EngineLoop:
             self.fail_everything(exc)
             return
         self.deliver(output, round_start)
+        if output.round_record is not None:
+            self.feed.publish(output.round_record)
 
     def deliver(self, output: StepOutput, round_start: float) -> None:
         """Each new token, then each final record, to its completion's queue."""

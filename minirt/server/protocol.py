@@ -1,8 +1,9 @@
 """What a client may send, checked: the request bodies of the HTTP API, as pydantic models.
 
 Owns: `CompletionRequest` (the body of `POST /v1/completions`, OpenAI's fields and vLLM's extras),
-`TokenizeRequest` and `DetokenizeRequest`; `parse_body`, which turns raw bytes into one of them
-or an `APIError` naming the field; `prompts_of`, the prompts a completion asks for; and
+`TokenizeRequest`, `DetokenizeRequest` and `ExerciseRequest` (the round-grid page's exercise);
+`parse_body`, which turns raw bytes into one of them or an `APIError` naming the field;
+`prompts_of`, the prompts a completion asks for; and
 `sampling_params`, a prompt's `SamplingParams` from the body, with OpenAI's defaults where it is
 silent and every refusal naming its field as the API spells it.
 
@@ -93,6 +94,12 @@ class DetokenizeRequest(Body):
     """`POST /detokenize` (vLLM's shape)."""
 
     tokens: list[int]
+
+
+class ExerciseRequest(Body):
+    """`POST /rounds/exercise`: the output lengths of requests that arrive in one instant."""
+
+    lengths: list[int]
 
 
 def parse_body(raw: bytes, model_class: type[Body]) -> Body:

@@ -27,6 +27,7 @@ from ..errors import MinirtError
 from .app import ServerSettings, build_app
 from .engine_loop import EngineLoop
 from .metrics import ServerMetrics
+from .round_feed import RoundFeed
 
 # uvicorn's own limit waits this much longer than the grace period, so that the engine's
 # aborts (and the error events they send) come first.
@@ -104,10 +105,20 @@ def serve_forever(
     shutdown_timeout_s: float,
     run_seed: int,
     describe: str,
+    round_delay_s: float = 0.0,
+    batch_window_s: float = 0.0,
 ) -> None:
     """Serve on `sock` until a signal stops the server."""
     metrics = ServerMetrics(settings.model_name)
-    loop = EngineLoop(engine, metrics, max_queue=max_queue, run_seed=run_seed)
+    loop = EngineLoop(
+        engine,
+        metrics,
+        max_queue=max_queue,
+        run_seed=run_seed,
+        feed=RoundFeed(),
+        round_delay_s=round_delay_s,
+        batch_window_s=batch_window_s,
+    )
     app = build_app(engine, loop, metrics, settings)
     config = uvicorn.Config(
         app,
@@ -118,6 +129,6 @@ def serve_forever(
     host, port = sock.getsockname()[:2]
     if ":" in host:
         host = f"[{host}]"
-    ready = f"minirt serve: http://{host}:{port}  ({describe}; Ctrl-C to stop)"
+    ready = f"minirt serve: http://{host}:{port}  ({describe}; the round grid at /; Ctrl-C to stop)"
     server = MinirtServer(config, loop, shutdown_timeout_s, ready)
     server.run(sockets=[sock])

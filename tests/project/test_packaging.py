@@ -47,6 +47,18 @@ def test_the_wheel_carries_the_shipped_model_byte_for_byte(installed):
         ), name
 
 
+def test_the_wheel_carries_the_round_grid_page(installed, tmp_path):
+    packaged = installed / "minirt" / "server" / "static" / "rounds.html"
+    assert (
+        packaged.read_bytes()
+        == (ROOT / "minirt" / "server" / "static" / "rounds.html").read_bytes()
+    )
+    # The page is read through the package, as `minirt serve` reads it (no web stack needed for that).
+    code = "from importlib import resources; print(len(resources.files('minirt.server').joinpath('static/rounds.html').read_text()))"
+    done = run_installed(installed, tmp_path, "-c", code)
+    assert done.returncode == 0 and int(done.stdout) == len(packaged.read_text()), done
+
+
 def test_an_installed_minirt_runs_the_shipped_model_from_anywhere(installed, tmp_path):
     where = run_installed(installed, tmp_path, "-c", "import minirt; print(minirt.__file__)")
     assert where.stdout.startswith(str(installed)), where  # the wheel's copy, not the source tree

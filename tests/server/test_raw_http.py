@@ -86,7 +86,8 @@ def test_a_wrong_method_is_a_405_and_an_unknown_path_a_404(server):
     assert_openai_error(httpx.get(f"{server.url}/v1/completions"), 405)
     assert_openai_error(httpx.post(f"{server.url}/v1/models"), 405)
     assert_openai_error(httpx.get(f"{server.url}/v1/nothing-here"), 404)
-    assert_openai_error(httpx.get(f"{server.url}/"), 404)
+    assert_openai_error(httpx.get(f"{server.url}/no-such-page"), 404)
+    assert_openai_error(httpx.post(f"{server.url}/"), 405)
 
 
 def test_models_health_tokenize_and_detokenize_in_vllm_shapes(server):

@@ -1349,7 +1349,7 @@ MUTANTS = [
     ),
     Mutant(
         "server_streamed_body_limit_doubled",
-        "minirt/server/app.py",
+        "minirt/server/bodies.py",
         "            if size > limit:",
         "            if size > 2 * limit:",
         "a chunked body (no Content-Length) may pass the limit",

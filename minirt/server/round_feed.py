@@ -1,0 +1,162 @@
+"""The rounds the engine runs, handed to whoever watches them: the round-grid page's feed.
+
+Owns: `RoundFeed`, the last RECENT_ROUNDS round records (minirt/engine/round_record.py) and the
+watchers of `GET /rounds/events`, and `round_json`, a record as the page reads it.
+
+How a record crosses from the engine's thread to a watcher, and why it is safe:
+
+    publish    the engine's thread, after each round, appends the record (frozen, plain values)
+               to `recent` and, only if someone watches, turns it into JSON once and hands it
+               to each watcher's asyncio.Queue with `loop.call_soon_threadsafe`, as the
+               completions' tokens are handed over (minirt/server/engine_loop.py).  With nobody
+               watching, a round costs one deque append.
+    subscribe  a handler, on the event loop's thread, adds its watcher and copies `recent`
+               under the same lock that `publish` holds while it appends, so that a new watcher
+               gets every round exactly once: those before it in the backlog, those after it
+               through its queue.
+
+A watcher that falls SUBSCRIBER_BACKLOG rounds behind (a page in a background tab, a stalled
+client) is dropped rather than let its queue grow: its stream ends, and the page's EventSource
+reconnects and starts again from the backlog.  On shutdown `close` ends every stream, so that
+an open page never holds up the server's exit.
+
+Must not know: the web framework, HTTP, or how rounds are computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+
+from ..engine.round_record import RoundRecord
+
+# Rounds `GET /rounds/recent` and a new watcher's backlog may hold.
+RECENT_ROUNDS = 512
+
+# Rounds a watcher may fall behind before it is dropped.
+SUBSCRIBER_BACKLOG = 2048
+
+# What a watcher's queue holds last, when its stream must end.
+END = None
+
+
+class Watcher:
+    """One open `GET /rounds/events` stream: its event loop and its queue of rounds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.dropped = False
+
+    def offer(self, event: dict | None) -> None:
+        """On the event loop's thread: queue an event, or drop a watcher that is too far behind."""
+        if self.dropped:
+            return
+        if event is not END and self.queue.qsize() >= SUBSCRIBER_BACKLOG:
+            self.dropped = True
+            event = END
+        self.queue.put_nowait(event)
+
+
+class RoundFeed:
+    """The last rounds, and the watchers who hear of each new one."""
+
+    def __init__(self, keep: int = RECENT_ROUNDS):
+        # (when it was published, unix seconds; the record), oldest first.
+        self.recent: deque[tuple[float, RoundRecord]] = deque(maxlen=keep)
+        self.watchers: list[Watcher] = []
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def publish(self, record: RoundRecord) -> None:
+        """From the engine's thread: a round has run."""
+        published = time.time()
+        with self.lock:
+            self.recent.append((published, record))
+            watchers = list(self.watchers)
+        if not watchers:
+            return
+        event = round_json(published, record)
+        for watcher in watchers:
+            hand_over(watcher, event)
+
+    def subscribe(self) -> tuple[Watcher, list[dict]]:
+        """On the event loop: a new watcher, and the rounds before it (oldest first)."""
+        watcher = Watcher(asyncio.get_running_loop())
+        with self.lock:
+            backlog = list(self.recent)
+            if self.closed:
+                watcher.offer(END)
+            else:
+                self.watchers.append(watcher)
+        return watcher, [round_json(published, record) for published, record in backlog]
+
+    def unsubscribe(self, watcher: Watcher) -> None:
+        with self.lock:
+            if watcher in self.watchers:
+                self.watchers.remove(watcher)
+
+    def last(self, count: int) -> list[dict]:
+        """The last `count` rounds, oldest first."""
+        with self.lock:
+            chosen = list(self.recent)[-count:] if count > 0 else []
+        return [round_json(published, record) for published, record in chosen]
+
+    def close(self) -> None:
+        """The server is stopping: every stream ends, and no new one starts."""
+        with self.lock:
+            self.closed = True
+            watchers = list(self.watchers)
+            self.watchers.clear()
+        for watcher in watchers:
+            hand_over(watcher, END)
+
+
+def hand_over(watcher: Watcher, event: dict | None) -> None:
+    """Queue an event for a watcher, on its event loop's thread."""
+    try:
+        watcher.loop.call_soon_threadsafe(watcher.offer, event)
+    except RuntimeError:
+        # Its event loop has closed: nobody is left to read it.
+        pass
+
+
+def round_json(published: float, record: RoundRecord) -> dict:
+    """A round as the page reads it: request ids are the completions' ids, as clients got them."""
+    cells = [
+        {"row": cell.row, "request": cell.request_id, "sample": cell.sample, "state": cell.state}
+        for cell in record.cells
+    ]
+    waiting = [
+        {"request": w.request_id, "sample": w.sample, "waited": w.rounds_waited}
+        for w in record.waiting
+    ]
+    finished = [
+        {
+            "request": note.request_id,
+            "sample": note.sample,
+            "tokens": note.tokens,
+            "finish_reason": note.finish_reason,
+            "rounds_waited": note.rounds_waited,
+            "ttft_s": note.first_token_seconds,
+        }
+        for note in record.finished
+    ]
+    return {
+        "type": "round",
+        "run": record.run,
+        "round": record.round_number,
+        "time": published,
+        "seconds": record.seconds,
+        "rows": record.rows,
+        "cells": cells,
+        "waiting": waiting,
+        "waiting_count": record.waiting_count,
+        "kv": {
+            "allocated": record.kv_positions_allocated,
+            "budget": record.kv_positions_budget,
+        },
+        "finished": finished,
+    }

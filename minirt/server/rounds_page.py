@@ -1,0 +1,143 @@
+"""The round-grid page of `minirt serve`: batching, watched live.
+
+Owns the routes of the page and its feed:
+
+    GET  /  and  /rounds    the page (minirt/server/static/rounds.html: one file, its script
+                            and styles inside, nothing fetched from elsewhere)
+    GET  /rounds/events     server-sent events: first a "hello" (the server's policy, batch
+                            size, KV budget and knobs, and the rounds run before it, up to
+                            RECENT_ROUNDS), then one "round" event per round the engine runs
+    GET  /rounds/recent     the last K rounds as JSON (?rounds=K, default DEFAULT_RECENT)
+    POST /rounds/exercise   {"lengths": [2, 5, 8, 4]}: one greedy completion per length, each of
+                            exactly that many tokens (ignore_eos) from the empty prompt, queued in
+                            one step and in that order, so that they arrive in the same instant
+                            as in the offline lesson; answers with their completion ids
+
+Each round event is the engine's own record (minirt/engine/round_record.py, turned into JSON by
+minirt/server/round_feed.py): the page draws rounds and rows as the engine ran them.  The page
+and its feeds are open like /metrics (they show ids and counts, never text); the exercise
+spends compute, so with --api-key it needs the key, like every /v1 path.
+
+Must not know: how rounds are computed, or how the process starts and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from ..engine.engine import Engine
+from ..engine.params import SamplingParams
+from .api_errors import APIError
+from .bodies import read_body
+from .engine_loop import ChoiceSpec, Completion, EngineLoop, Refused
+from .protocol import ExerciseRequest, parse_body
+from .responses import sse
+from .round_feed import END, RECENT_ROUNDS, RoundFeed
+
+# Rounds `GET /rounds/recent` gives when not told how many.
+DEFAULT_RECENT = 64
+
+# The exercise: at most this many requests, each of at most this many tokens.
+MAX_EXERCISE_REQUESTS = 16
+MAX_EXERCISE_LENGTH = 256
+
+
+def page_html() -> str:
+    """The page, as shipped inside the package."""
+    return resources.files("minirt.server").joinpath("static/rounds.html").read_text("utf-8")
+
+
+class RoundsPage:
+    """The page's handlers, sharing the engine's thread, its feed and the server's facts."""
+
+    def __init__(self, engine: Engine, loop: EngineLoop, feed: RoundFeed, settings):
+        self.engine = engine
+        self.loop = loop
+        self.feed = feed
+        self.settings = settings
+        self.html = page_html()
+
+    def server_facts(self) -> dict:
+        """What the page says beside the grid, and how many lines it draws."""
+        return {
+            "model": self.settings.model_name,
+            "policy": self.engine.policy,
+            "batch_size": self.engine.batch_size,
+            "kv_budget_positions": self.engine.kv_budget_positions,
+            "max_round_tokens": self.engine.round_token_budget,
+            "round_delay_ms": round(1000 * self.loop.round_delay_s, 3),
+            "batch_window_ms": round(1000 * self.loop.batch_window_s, 3),
+            "api_key_required": self.settings.api_key is not None,
+        }
+
+    async def page(self, request: Request) -> Response:
+        return HTMLResponse(self.html)
+
+    async def recent(self, request: Request) -> Response:
+        text = request.query_params.get("rounds", str(DEFAULT_RECENT))
+        if not text.isdigit() or not 1 <= int(text) <= RECENT_ROUNDS:
+            message = f"rounds must be an integer from 1 to {RECENT_ROUNDS}, got {text!r}"
+            raise APIError(400, message, param="rounds")
+        rounds = self.feed.last(int(text))
+        return JSONResponse({"server": self.server_facts(), "rounds": rounds})
+
+    async def events(self, request: Request) -> Response:
+        watcher, backlog = self.feed.subscribe()
+        hello = {"type": "hello", "server": self.server_facts(), "rounds": backlog}
+
+        async def stream():
+            try:
+                yield sse(hello)
+                while True:
+                    event = await watcher.queue.get()
+                    if event is END:
+                        return
+                    yield sse(event)
+            finally:
+                self.feed.unsubscribe(watcher)
+
+        no_buffering = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=no_buffering)
+
+    async def exercise(self, request: Request) -> Response:
+        received = time.perf_counter()
+        raw = await read_body(request, self.settings.max_body_bytes)
+        body = parse_body(raw, ExerciseRequest)
+        assert isinstance(body, ExerciseRequest)
+        lengths = self.checked_lengths(body.lengths)
+        # The empty prompt: the beginning-of-text token alone, as in `minirt rounds`' lesson.
+        prompt_ids = tuple(self.engine.prompt_ids([]))
+        completions = []
+        for length in lengths:
+            params = SamplingParams(max_new_tokens=length, ignore_eos=True)
+            choice = ChoiceSpec(prompt_ids, params, sample=0)
+            completions.append(Completion(f"cmpl-{uuid.uuid4().hex}", [choice], received))
+        self.loop.submit_together(completions)
+        answers = await asyncio.gather(*(c.events.get() for c in completions))
+        for answer in answers:
+            if isinstance(answer, Refused):
+                raise APIError(answer.status, answer.message, param=answer.param)
+        ids = [completion.id for completion in completions]
+        facts = {"policy": self.engine.policy, "batch_size": self.engine.batch_size}
+        return JSONResponse({"ids": ids, "lengths": lengths, **facts})
+
+    def checked_lengths(self, lengths: list[int]) -> list[int]:
+        """1 to MAX_EXERCISE_REQUESTS lengths, each a number of tokens the model can make."""
+        if not 1 <= len(lengths) <= MAX_EXERCISE_REQUESTS:
+            message = (
+                f"lengths must hold 1 to {MAX_EXERCISE_REQUESTS} output lengths, got {len(lengths)}"
+            )
+            raise APIError(400, message, param="lengths")
+        # The prompt takes one position of the model's context.
+        longest = min(MAX_EXERCISE_LENGTH, self.engine.model.config.n_positions - 1)
+        for length in lengths:
+            if not 1 <= length <= longest:
+                message = f"every length must be from 1 to {longest} tokens, got {length}"
+                raise APIError(400, message, param="lengths")
+        return lengths
