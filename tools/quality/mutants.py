@@ -16,7 +16,9 @@ are killed only by the tests marked `ray`: run the tool from an environment with
 (`pip install -e ".[ray]"`), or they survive as blind spots of a suite that skipped those tests.
 
 The mutants of minirt/server/ and minirt/serve.py are killed only by the tests marked `serve`: run the tool
-with the serve extra and its test clients installed (`pip install -e ".[serve,test]"`).
+with the serve extra and its test clients installed (`pip install -e ".[serve,test]"`); those of the round-grid
+page (minirt/server/static/rounds.html) only by the tests marked `browser`, which need the browser extra and
+Debian's Chromium too (`pip install -e ".[serve,test,browser]"`, `apt-get install chromium`).
 
 When you write new code in minirt/, add mutants for it here.
 """
@@ -1343,7 +1345,7 @@ MUTANTS = [
     Mutant(
         "server_health_behind_the_key",
         "minirt/server/app.py",
-        'guarded = scope["type"] == "http" and scope["path"].startswith("/v1")',
+        'guarded = scope["type"] == "http" and (path.startswith("/v1") or path in GUARDED_PATHS)',
         'guarded = scope["type"] == "http"',
         "/health (and /metrics) need the API key, so a load balancer's probe fails",
     ),
@@ -1444,6 +1446,91 @@ MUTANTS = [
         "                yield sse(finish_chunk(head, event))",
         "                yield sse(finish_chunk(head, event))\n                break",
         "with n > 1, a stream ends when its first choice does",
+    ),
+    # ---- the round grid: the engine's records, the feed, the page, the batch window and the delay
+    Mutant(
+        "record_held_rows_drawn_active",
+        "minirt/engine/round_record.py",
+        "        if id(request) in ran:",
+        "        if True:",
+        "a finished member of a static group shows as active while its row is only held",
+    ),
+    Mutant(
+        "record_rows_read_after_the_scheduler_freed_them",
+        "minirt/engine/engine.py",
+        "output.round_record = self.record(holding, active, output.finished + finished)",
+        "output.round_record = self.record(list(self.scheduler.running), active, output.finished + finished)",
+        "a static group's last round (and a continuous row's last token) is missing from the grid",
+    ),
+    Mutant(
+        "record_waiting_rounds_off_by_one",
+        "minirt/engine/round_record.py",
+        "        waited = round_number - request.arrival_round",
+        "        waited = round_number - request.arrival_round - 1",
+        "the queue says a request has waited one round fewer than it has",
+    ),
+    Mutant(
+        "feed_keeps_no_recent_rounds",
+        "minirt/server/round_feed.py",
+        "            self.recent.append((published, record))",
+        "            pass",
+        "GET /rounds/recent and a new page's backlog are empty",
+    ),
+    Mutant(
+        "feed_not_closed_on_shutdown",
+        "minirt/server/engine_loop.py",
+        "            # Open round-grid pages must not hold up the exit.\n            self.feed.close()",
+        "            # Open round-grid pages must not hold up the exit.",
+        "an open page holds the server's exit until uvicorn's own limit",
+    ),
+    Mutant(
+        "window_waits_for_a_full_group",
+        "minirt/server/engine_loop.py",
+        "        if len(scheduler.waiting) >= self.engine.batch_size:",
+        "        if len(scheduler.waiting) >= self.engine.batch_size + 1:",
+        "a full static group still waits out its batch window",
+    ),
+    Mutant(
+        "window_never_waits",
+        "minirt/server/engine_loop.py",
+        "        return max(0.0, self.batch_window_s - waited)",
+        "        return 0.0",
+        "--batch-window does nothing: online static groups start with one member",
+    ),
+    Mutant(
+        "round_delay_ignored",
+        "minirt/server/engine_loop.py",
+        "                time.sleep(self.round_delay_s)",
+        "                pass",
+        "--round-delay does nothing",
+    ),
+    Mutant(
+        "exercise_not_behind_the_key",
+        "minirt/server/app.py",
+        'GUARDED_PATHS = ("/rounds/exercise",)',
+        "GUARDED_PATHS: tuple[str, ...] = ()",
+        "anyone may spend the server's compute through the exercise when --api-key is set",
+    ),
+    Mutant(
+        "exercise_takes_a_length_of_0",
+        "minirt/server/rounds_page.py",
+        "            if not 1 <= length <= longest:",
+        "            if not 0 <= length <= longest:",
+        "a length of 0 reaches the engine",
+    ),
+    Mutant(
+        "page_draws_every_held_row_active",
+        "minirt/server/static/rounds.html",
+        "      cell.dataset.state = holder.state;",
+        '      cell.dataset.state = "active";',
+        "the page hides what a static group costs: held rows look active",
+    ),
+    Mutant(
+        "page_form_keeps_only_the_last_piece",
+        "minirt/server/static/rounds.html",
+        "        text.textContent += choice.text;",
+        "        text.textContent = choice.text;",
+        "the form shows the last streamed piece, not the completion",
     ),
 ]
 
