@@ -10,6 +10,7 @@ write the test that kills it, and check by hand that the test fails on the mutan
     python tools/quality/mutants.py                  # every mutant, two at a time; exits 1 if any survived
     python tools/quality/mutants.py --list           # the mutants, one line each
     python tools/quality/mutants.py --only top_p_boundary reused_slot_not_zeroed --jobs 1
+    python tools/quality/mutants.py --only window_never_waits --tests tests/server   # a quick look
 
 Two mutants of minirt/distributed/ (worker_forgets_global_index, replay_chooses_groups_early)
 are killed only by the tests marked `ray`: run the tool from an environment with the ray extra
@@ -1561,7 +1562,9 @@ def default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_one(mutant: Mutant | None, timeout: float) -> tuple[Mutant | None, str, str, float]:
+def run_one(
+    mutant: Mutant | None, timeout: float, tests: list[str]
+) -> tuple[Mutant | None, str, str, float]:
     """(mutant, "killed" | "survived", first failing test or note, seconds) for one mutant in its own copy;
     None runs the unmutated suite, the baseline every verdict rests on."""
     start = time.perf_counter()
@@ -1575,7 +1578,7 @@ def run_one(mutant: Mutant | None, timeout: float) -> tuple[Mutant | None, str, 
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             done = subprocess.run(
-                [sys.executable, *PYTEST],
+                [sys.executable, *PYTEST, *tests],
                 cwd=tree,
                 env=env,
                 capture_output=True,
@@ -1608,6 +1611,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--timeout", type=float, default=300, help="seconds per mutant before it counts as killed"
     )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument(
+        "--tests",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="run only these test files or folders against each mutant (default: the whole quick "
+        "suite); a mutant that survives them may still die elsewhere, so quote a full run",
+    )
     return parser.parse_args(argv)
 
 
@@ -1630,13 +1641,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"mutant {m.name}: its old text does not occur exactly once in {m.file}"
             )
     print(
-        f"{len(chosen)} mutants, {args.jobs} at a time, each against `pytest {' '.join(PYTEST[2:])}`",
+        f"{len(chosen)} mutants, {args.jobs} at a time, each against "
+        f"`pytest {' '.join(PYTEST[2:] + args.tests)}`",
         file=sys.stderr,
     )
     start = time.perf_counter()
-    _, verdict, note, seconds = run_one(
-        None, args.timeout
-    )  # a kill means something only if this passes
+    # A kill means something only if this passes.
+    _, verdict, note, seconds = run_one(None, args.timeout, args.tests)
     if verdict != "survived":
         print(f"the suite fails with no mutant at all ({note}); fix that first", file=sys.stderr)
         return 2
@@ -1644,7 +1655,7 @@ def main(argv: list[str] | None = None) -> int:
     survivors = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for n, (mutant, verdict, note, seconds) in enumerate(
-            pool.map(lambda m: run_one(m, args.timeout), chosen), start=1
+            pool.map(lambda m: run_one(m, args.timeout, args.tests), chosen), start=1
         ):
             print(
                 f"[{n:2d}/{len(chosen)}] {verdict:8s} {mutant.name:42s} {seconds:5.1f} s  {note}",
