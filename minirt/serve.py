@@ -32,8 +32,8 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 2 * 2**20
 # Static groups online: how long the next group waits for members.  20 ms lets a burst of clients
 # that arrive together (each a few ms apart on loopback) share a group, yet it is small beside
-# what the group's prefill costs (a 124M model's round of 8 rows takes 50 ms and more here), so
-# a lone request waits for company a fraction of its time to first token.
+# what a round costs (a 124M model's decode round of 8 rows takes about 93 ms here, docs/serving.md;
+# a prefill more), so a lone request waits for company a fraction of its time to first token.
 DEFAULT_BATCH_WINDOW_MS = 20.0
 # The longest --round-delay and --batch-window.
 MAX_PAUSE_MS = 60_000.0

@@ -31,6 +31,15 @@ The servers, each with --threads threads (2) and 8 rows:
     llama        llama-server -m GGUF --parallel 8 -c 8192 (1024 positions a slot, the model's context)
                  -ctk f32 -ctv f32 -t THREADS (continuous batching is its default; flash attention its "auto")
     static       python -m minirt.serve --model M --batch-size 8 --policy static
+    watched      as minirt, with a round-grid page's feed open all along (GET /rounds/events, read by a thread)
+    baseline     as minirt, but run from another checkout (--baseline-tree DIR, e.g. a `git worktree` of an
+                 earlier commit): what a change costs, side by side
+
+What the round grid costs with no page open:
+    git worktree add /tmp/minirt-before COMMIT_BEFORE_THE_PAGE
+    flock /tmp/bench.lock python tools/bench/serve_bench.py --model weights/shakespeare-gpt2-tiny \\
+        --sides minirt,baseline,watched --baseline-tree /tmp/minirt-before --requests 256 --rate 40 \\
+        --prompt-lens 16:128 --repeats 5
 
 Both run the same f32 arithmetic on the same random gpt2-124M (llama.cpp's f32 GGUF of it), with f32 KV caches.
 Each repeat runs the sides in turn (minirt, llama, static, then again); the table gives each figure's median over
@@ -63,7 +72,9 @@ import blas_env
 from llama_cpp import ensure_model, source_dir
 
 REPO = Path(__file__).resolve().parent.parent.parent
-SIDES = ("minirt", "llama", "static")
+SIDES = ("minirt", "llama", "static", "watched", "baseline")
+# The sides run when --sides is not given.
+DEFAULT_SIDES = ("minirt", "llama", "static")
 ROWS = 8
 READY_TIMEOUT_S = 180.0
 
@@ -123,12 +134,17 @@ def start_server(side: str, args, port: int) -> subprocess.Popen:
     else:
         policy = "static" if side == "static" else "continuous"
         command = [
-            sys.executable, "-m", "minirt.serve", "--model", str(args.model), "--port", str(port),
+            sys.executable, "-m", "minirt.serve", "--model", str(args.model.resolve()), "--port", str(port),
             "--batch-size", str(ROWS), "--policy", policy, "--served-model-name", "bench",
         ]  # fmt: skip
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+    tree = REPO
+    if side == "baseline":
+        # That checkout's minirt, ahead of the one installed here.
+        tree = args.baseline_tree.resolve()
+        env["PYTHONPATH"] = str(tree)
     process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        command, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     wait_healthy(process, port)
     return process
@@ -149,6 +165,30 @@ def wait_healthy(process: subprocess.Popen, port: int) -> None:
         time.sleep(0.2)
     process.kill()
     raise SystemExit(f"no server answered on port {port} within {READY_TIMEOUT_S:.0f} s")
+
+
+class FeedWatcher:
+    """A round-grid page's feed, open on a server for a whole run: a thread reads GET /rounds/events."""
+
+    def __init__(self, port: int):
+        self.url = f"http://127.0.0.1:{port}/rounds/events"
+        self.rounds = 0
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self) -> None:
+        import httpx
+
+        try:
+            with httpx.stream("GET", self.url, timeout=None) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith('data: {"type":"round"') or line.startswith(
+                        'data: {"type": "round"'
+                    ):
+                        self.rounds += 1
+        except httpx.HTTPError:
+            # The server stopped: the stream ends.
+            pass
 
 
 def stop_server(process: subprocess.Popen) -> None:
@@ -293,6 +333,19 @@ def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
         lines.append(
             f"minirt / llama-server: throughput {throughput:.2f}x (target >= 0.9), p99 TTFT {ttft:.2f}x (target <= 1)"
         )
+    for side in ("watched", "baseline"):
+        if "minirt" in runs and side in runs:
+            # Per repeat (the sides ran back to back), then the median and range of those ratios.
+            parts = []
+            for key in ("throughput", "tpot_p50", "ttft_p99"):
+                ratios = [
+                    run[key] / base[key]
+                    for run, base in zip(runs[side], runs["minirt"], strict=True)
+                ]
+                low = min(ratios)
+                high = max(ratios)
+                parts.append(f"{key} {statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})")
+            lines.append(f"{side} / minirt, per repeat: " + ", ".join(parts))
     if "minirt" in runs and "static" in runs:
         ttft = median("static", "ttft_p99") / median("minirt", "ttft_p99")
         lines.append(f"static / continuous: p99 TTFT {ttft:.2f}x (continuous wins when > 1)")
@@ -307,7 +360,14 @@ def main() -> int:
     p.add_argument("--gguf", type=Path, default=Path("/tmp/gpt2-124m-random-f32.gguf"))
     p.add_argument("--llama-dir", type=Path, default=Path("/tmp/llama-cpp"))
     p.add_argument(
-        "--sides", default=",".join(SIDES), help=f"which, in order (default {','.join(SIDES)})"
+        "--sides",
+        default=",".join(DEFAULT_SIDES),
+        help=f"which, in order, from {','.join(SIDES)} (default {','.join(DEFAULT_SIDES)})",
+    )
+    p.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="the checkout the side 'baseline' runs minirt from (a git worktree of an earlier commit)",
     )
     p.add_argument("--requests", type=int, default=128)
     p.add_argument(
@@ -335,6 +395,10 @@ def main() -> int:
     unknown = set(sides) - set(SIDES)
     if unknown:
         p.error(f"unknown sides {sorted(unknown)}; choose from {','.join(SIDES)}")
+    if "baseline" in sides and (
+        args.baseline_tree is None or not (args.baseline_tree / "minirt").is_dir()
+    ):
+        p.error("the side 'baseline' needs --baseline-tree DIR, a checkout with minirt/ in it")
     ensure_model(args.model)
     config = json.loads((args.model / "config.json").read_text())
     work = workload(args, config["vocab_size"])
@@ -349,10 +413,14 @@ def main() -> int:
         for side in sides:
             port = free_port()
             server = start_server(side, args, port)
+            watcher = FeedWatcher(port) if side == "watched" else None
             try:
                 outcomes, wall = run_load(port, work, args)
             finally:
                 stop_server(server)
+            if watcher is not None:
+                watcher.thread.join(10)
+                print(f"  the feed carried {watcher.rounds} rounds", flush=True)
             figures = summary(outcomes)
             runs[side].append(figures)
             errors = sorted({o.error for o in outcomes if o.error})[:3]
