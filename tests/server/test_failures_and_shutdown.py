@@ -91,10 +91,14 @@ def stream_in_thread(
 ) -> threading.Thread:
     def run():
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as answer:
+            # A stream's headers come once the engine's thread has queued every choice: from here
+            # the completion is in flight, whether its first token has come or not (on a loaded
+            # machine, the last of four completions of 16 choices waits many seconds for a row).
+            if answer.status_code == 200:
+                started.set()
             for line in answer.iter_lines():
                 if line.startswith("data: "):
                     into.append(line[len("data: ") :])
-                    started.set()
 
     thread = threading.Thread(target=run)
     thread.start()
