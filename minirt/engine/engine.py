@@ -347,6 +347,9 @@ class Engine:
         self.aborted_since_step = []
         self.groups_ended_by_abort = []
         if not self.scheduler.has_work():
+            if output.finished:
+                # Aborts that no round follows: the grid still hears that they ended.
+                output.round_record = self.record(list(self.scheduler.running), [], output.finished)
             return output
         try:
             self.run_round(output)
@@ -561,14 +564,21 @@ class Engine:
         self.stats.wall_seconds = self.seconds()
 
     def record(self, holding, active, finished) -> RoundRecord:
-        """The round's record: who held each row of its cache, who ran, who waits."""
-        assert self.kv_cache is not None  # released only after the record is made
+        """The round's record: who held each row of its cache, who ran, who waits.  Without a
+        cache (aborts reported by a step that ran no round), it holds no row."""
+        if self.kv_cache is None:
+            rows = 0
+            positions_per_row = 0
+        else:
+            rows = len(self.kv_cache.lengths)
+            positions_per_row = self.kv_cache.capacity
         return record_round(
             run=self.run_number,
             round_number=self.round_number,
+            ran_round=bool(active),
             seconds=self.seconds(),
-            rows=len(self.kv_cache.lengths),
-            positions_per_row=self.kv_cache.capacity,
+            rows=rows,
+            positions_per_row=positions_per_row,
             kv_budget_positions=self.kv_budget_positions,
             holding=holding,
             active=active,

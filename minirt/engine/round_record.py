@@ -3,8 +3,10 @@
 Owns: `RoundRecord` (one round: its number within its run, each KV row and the request that
 held it, active or held, the waiting queue, the KV cache in use, who finished) and
 `record_round`, which the engine calls once a round has picked its tokens, before the
-scheduler frees any row.  A record holds copies (strings, ints, floats, tuples), never a
-`Request`, so that another thread may read it while the engine runs the next round.
+scheduler frees any row (and for a step that ran no round but reported aborts, so that whoever
+draws the grid hears that they ended).  A record holds copies (strings, ints, floats,
+tuples), never a `Request`, so that another thread may read it while the engine runs the next
+round.
 
 A row of the KV cache is in one of three states in a round:
 
@@ -13,6 +15,7 @@ A row of the KV cache is in one of three states in a round:
              the row and its KV slot stay reserved until the group ends
     free     no request holds it (a row is listed only when a request holds it)
 
+Rows, waiters and notes are named tuples, the cheapest objects with names: a round makes dozens.
 The records are the engine's own truth: the rows are the KV slots the round's batch used, and
 the rounds are the engine's round numbers.  Building one costs a few tuples per row and per
 waiting request (at most WAITING_SHOWN of those), nothing next to the round's GEMMs.
@@ -22,17 +25,17 @@ Must not know: HTTP, JSON, pages, or how records are shown.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .request import Request
 
 # A record names at most this many waiting requests, the first in the queue; it counts them all.
-WAITING_SHOWN = 64
+WAITING_SHOWN = 16
 
 
-@dataclass(frozen=True)
-class RowCell:
+class RowCell(NamedTuple):
     """One KV row in one round: the request holding it, and whether it ran."""
 
     row: int
@@ -41,8 +44,7 @@ class RowCell:
     state: str  # "active" or "held"
 
 
-@dataclass(frozen=True)
-class Waiter:
+class Waiter(NamedTuple):
     """A request still in the queue after this round was planned."""
 
     request_id: str
@@ -50,8 +52,7 @@ class Waiter:
     rounds_waited: int  # rounds run since it arrived, this one included
 
 
-@dataclass(frozen=True)
-class FinishedNote:
+class FinishedNote(NamedTuple):
     """A request whose record became final in this round (or was aborted just before it)."""
 
     request_id: str
@@ -67,7 +68,10 @@ class RoundRecord:
     """One round of one run, as the engine ran it."""
 
     run: int  # the engine's runs are numbered from 1; round numbers start again in each
-    round_number: int
+    round_number: int  # with ran_round False: the last round that ran
+    # False for a step that ran no round but reported aborts: only `finished` and the queue
+    # are news.
+    ran_round: bool
     seconds: float  # since the run started, when the round ended
     rows: int  # rows (KV slots) of the cache this round used
     cells: tuple[RowCell, ...]  # each row a request held, in row order
@@ -81,6 +85,7 @@ class RoundRecord:
 def record_round(
     run: int,
     round_number: int,
+    ran_round: bool,
     seconds: float,
     rows: int,
     positions_per_row: int,
@@ -104,13 +109,14 @@ def record_round(
         cells.append(RowCell(request.slot, request.id, request.sample, state))
     cells.sort(key=lambda cell: cell.row)
     waiters = []
-    for request in list(waiting)[:WAITING_SHOWN]:
+    for request in itertools.islice(waiting, WAITING_SHOWN):
         waited = round_number - request.arrival_round
         waiters.append(Waiter(request.id, request.sample, waited))
     notes = tuple(finished_note(request) for request in finished)
     return RoundRecord(
         run=run,
         round_number=round_number,
+        ran_round=ran_round,
         seconds=seconds,
         rows=rows,
         cells=tuple(cells),

@@ -200,17 +200,31 @@ class StaticScheduler(Scheduler):
 
     def choose_group(self) -> tuple[list[Request], bool]:
         """Arrival order, up to max_rows, while members x the longest need fits the KV budget."""
-        members: list[Request] = []
+        count, kv_limited = self.next_group_size()
+        members = [self.waiting.popleft() for _ in range(count)]
+        return members, kv_limited
+
+    def next_group_size(self) -> tuple[int, bool]:
+        """How many of the waiting requests the next group would take now, and whether the KV
+        budget (not max_rows or the queue) stops it there.  Changes nothing."""
+        count = 0
         longest = 0
-        while self.waiting and len(members) < self.max_rows:
-            candidate = self.waiting[0]
+        for candidate in self.waiting:
+            if count == self.max_rows:
+                break
             longest_with_it = max(longest, self.kv_positions_needed(candidate))
-            if members and (len(members) + 1) * longest_with_it > self.kv_budget:
+            if count and (count + 1) * longest_with_it > self.kv_budget:
                 # Full by memory: the candidate heads the next group.
-                return members, True
-            members.append(self.waiting.popleft())
+                return count, True
+            count += 1
             longest = longest_with_it
-        return members, False
+        return count, False
+
+    def next_group_is_full(self) -> bool:
+        """Whether waiting longer could add no member to the next group: it has max_rows, or
+        the KV budget holds no more (later arrivals queue behind the one that does not fit)."""
+        count, kv_limited = self.next_group_size()
+        return kv_limited or count >= self.max_rows
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
         """Returns the group when its last member has just finished: only then may the next

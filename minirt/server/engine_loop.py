@@ -38,7 +38,8 @@ Every round's record (`StepOutput.round_record`) goes to the round feed
 Two teaching and batching knobs shape when rounds run:
 
     round_delay_s    a pause after each round (`--round-delay`), so that a person can watch a
-                     small model's grid fill; commands that come meanwhile wait for it to end
+                     small model's grid fill; commands are applied as they come meanwhile, and
+                     a shutdown ends the pause
     batch_window_s   static groups only (`--batch-window`): when no group runs, the next one
                      waits up to this long, from its first request's arrival, for the queue
                      to fill to the batch size; a full group starts at once.  Requests reach a
@@ -60,6 +61,7 @@ from dataclasses import dataclass
 
 from ..engine.engine import Engine, StepOutput
 from ..engine.params import SamplingParams
+from ..engine.scheduler import StaticScheduler
 from ..engine.request import Request, unshown_text
 from .metrics import ServerMetrics
 from .round_feed import RoundFeed
@@ -308,20 +310,36 @@ class EngineLoop:
         self.abort_past_deadline()
         if self.engine.has_unfinished() and self.window_left_s() == 0.0:
             self.run_step()
-            if self.round_delay_s > 0:
-                time.sleep(self.round_delay_s)
+            if self.round_delay_s > 0 and self.engine.has_unfinished():
+                self.pause_between_rounds()
         self.metrics.observe_engine(self.engine)
+
+    def pause_between_rounds(self) -> None:
+        """--round-delay: wait before the next round, awake to commands all the while (an abort
+        is applied at once; a shutdown or stop ends the pause, so it never holds up the exit)."""
+        deadline = time.monotonic() + self.round_delay_s
+        while self.accepting and not self.stopped:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                command = self.inbox.get(timeout=left)
+            except queue.Empty:
+                return
+            self.apply(command)
 
     def window_left_s(self) -> float:
         """How much longer the next static group waits for members (0.0: start it now).  It
-        waits only while no group runs, the queue holds fewer than a group, and the server
-        still accepts requests."""
+        waits only while no group runs, the waiting requests do not fill a group (by rows or
+        by the KV budget), and the server still accepts requests."""
         if self.batch_window_s <= 0 or self.engine.policy != "static" or not self.accepting:
             return 0.0
         scheduler = self.engine.scheduler
         if scheduler.running or not scheduler.waiting:
             return 0.0
-        if len(scheduler.waiting) >= self.engine.batch_size:
+        assert isinstance(scheduler, StaticScheduler)  # the window is for static groups only
+        if scheduler.next_group_is_full():
+            # Full by rows, or by memory: waiting longer could add nobody.
             return 0.0
         first_arrival = scheduler.waiting[0].arrival_s or 0.0
         waited = self.engine.seconds() - first_arrival

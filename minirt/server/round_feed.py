@@ -148,6 +148,7 @@ def round_json(published: float, record: RoundRecord) -> dict:
         "type": "round",
         "run": record.run,
         "round": record.round_number,
+        "ran_round": record.ran_round,
         "time": published,
         "seconds": record.seconds,
         "rows": record.rows,

@@ -81,7 +81,9 @@ class RoundsPage:
 
     async def recent(self, request: Request) -> Response:
         text = request.query_params.get("rounds", str(DEFAULT_RECENT))
-        if not text.isdigit() or not 1 <= int(text) <= RECENT_ROUNDS:
+        # ASCII digits only: str.isdigit() also takes '²', which int() refuses.
+        digits = text.isascii() and text.isdigit()
+        if not digits or not 1 <= int(text) <= RECENT_ROUNDS:
             message = f"rounds must be an integer from 1 to {RECENT_ROUNDS}, got {text!r}"
             raise APIError(400, message, param="rounds")
         rounds = self.feed.last(int(text))
@@ -128,11 +130,13 @@ class RoundsPage:
         return JSONResponse({"ids": ids, "lengths": lengths, **facts})
 
     def checked_lengths(self, lengths: list[int]) -> list[int]:
-        """1 to MAX_EXERCISE_REQUESTS lengths, each a number of tokens the model can make."""
-        if not 1 <= len(lengths) <= MAX_EXERCISE_REQUESTS:
-            message = (
-                f"lengths must hold 1 to {MAX_EXERCISE_REQUESTS} output lengths, got {len(lengths)}"
-            )
+        """1 to MAX_EXERCISE_REQUESTS lengths (at most --max-queue), each a number of tokens the
+        model can make."""
+        most = min(MAX_EXERCISE_REQUESTS, self.loop.max_queue)
+        if not 1 <= len(lengths) <= most:
+            message = f"lengths must hold 1 to {most} output lengths, got {len(lengths)}"
+            if most < MAX_EXERCISE_REQUESTS:
+                message += " (the server queues at most --max-queue requests)"
             raise APIError(400, message, param="lengths")
         # The prompt takes one position of the model's context.
         longest = min(MAX_EXERCISE_LENGTH, self.engine.model.config.n_positions - 1)

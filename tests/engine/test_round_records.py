@@ -153,3 +153,26 @@ def test_every_round_record_holds_the_invariants_of_a_round(
             r.round_number for r in records for note in r.finished if note.request_id == request.id
         ]
         assert finished_in == [request.finish_round]
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_an_abort_that_no_round_follows_still_has_its_record(model, policy):
+    engine = Engine(model, None, batch_size=2, policy=policy)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    running = engine.make_request(0, [1, 2, 3], params, request_id="running")
+    engine.add_request(running)
+    first = engine.step().round_record
+    assert first is not None and first.ran_round and first.cells[0].state == "active"
+    engine.abort("running")
+    output = engine.step()
+    assert output.round_number is None
+    record = output.round_record
+    assert record is not None and not record.ran_round
+    # No row is held any more, nobody waits, and the abort is the news.  A static group's cache went with
+    # it; the continuous pool stays, its row free.
+    assert record.cells == () and record.waiting == ()
+    assert record.rows == (0 if policy == "static" else 1)
+    assert [(n.request_id, n.finish_reason, n.tokens) for n in record.finished] == [
+        ("running", "abort", 1)
+    ]
+    assert record.round_number == 1

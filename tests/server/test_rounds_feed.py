@@ -248,7 +248,7 @@ def test_bad_exercises_and_recent_queries_are_refused_in_openais_shape():
             httpx.post(f"{url}/rounds/exercise", json={"lengths": [2]}, headers=key).status_code
             == 200
         )
-        for query in ("0", "513", "x", "-1"):
+        for query in ("0", "513", "x", "-1", "²", "١٢"):
             answer = httpx.get(f"{url}/rounds/recent", params={"rounds": query})
             assert answer.status_code == 400 and answer.json()["error"]["param"] == "rounds"
         assert httpx.get(f"{url}/rounds/recent").status_code == 200
@@ -315,3 +315,71 @@ def test_bad_window_and_delay_flags_are_one_line_and_exit_2(flags, message):
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_client_that_leaves_is_the_feeds_news_even_when_no_round_follows():
+    with Server("--batch-size", "2", "--round-delay", "50") as server:
+        body = {"prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", f"{server.url}/v1/completions", json=body) as answer:
+                chunks = (line for line in answer.iter_lines() if line.startswith("data: "))
+                completion_id = json.loads(next(chunks)[6:])["id"]
+                next(chunks)
+        # It was alone: its abort is reported by a step that runs no round.
+        rounds = wait_for_finish(server.url, completion_id)
+        last = rounds[-1]
+        assert last["ran_round"] is False and last["cells"] == [] and last["waiting"] == []
+        assert [(n["request"], n["finish_reason"]) for n in last["finished"]] == [
+            (completion_id, "abort")
+        ]
+        assert all(r["ran_round"] for r in rounds[:-1])
+        assert server.stop() == 0
+
+
+def test_a_long_round_delay_never_holds_up_a_shutdown():
+    with Server("--round-delay", "20000") as server:
+        body = {"prompt": "ROMEO:", "max_tokens": 5, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", f"{server.url}/v1/completions", json=body) as answer:
+                lines = answer.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                started = time.monotonic()
+                server.process.send_signal(signal.SIGTERM)
+                rest = [line[6:] for line in lines if line.startswith("data: ")]
+        # The pause ends with the shutdown: the stream finishes its 5 tokens at once and ends with [DONE].
+        assert rest[-1] == "[DONE]"
+        finals = [json.loads(e)["choices"][0] for e in [first[6:], *rest[:-1]]]
+        assert finals[-1]["finish_reason"] == "length"
+        assert len(finals[-1]["minirt"]["token_ids"]) == 5
+        assert server.process.wait(30) == 0
+        assert time.monotonic() - started < 10
+
+
+def test_a_static_group_the_kv_budget_has_filled_does_not_wait_out_its_window():
+    # 40 KV positions: two requests of 3 + 24 positions each cannot share a group, so the first group is full
+    # by memory with one member, and waiting longer could add nobody.
+    flags = [
+        "--policy",
+        "static",
+        "--batch-size",
+        "4",
+        "--batch-window",
+        "60000",
+        "--kv-budget",
+        "40",
+    ]
+    with Server(*flags) as server:
+        started = time.monotonic()
+        answers = httpx.post(
+            f"{server.url}/rounds/exercise", json={"lengths": [25, 25]}, timeout=60
+        )
+        ids = answers.json()["ids"]
+        rounds = wait_for_finish(server.url, ids[0], timeout=50)
+        assert time.monotonic() - started < 20, (
+            "the group waited for a member the KV budget holds no room for"
+        )
+        ran = [r for r in rounds if r["ran_round"]]
+        assert [sorted({c["request"] for c in r["cells"]}) for r in ran] == [[ids[0]]] * 25
+        # The second waited beside it, for a row the budget had no room for.
+        assert all([w["request"] for w in r["waiting"]] == [ids[1]] for r in ran)
+        assert server.stop() == 0

@@ -221,3 +221,27 @@ def test_the_forms_streamed_text_is_the_openai_clients_completion(browser):
         assert page.errors == []
         page.close()
         assert server.stop() == 0
+
+
+def test_a_reconnection_redraws_without_doubles_and_an_idle_rate_falls_to_0(browser):
+    with Server("--batch-size", "3") as server:
+        page = Page(browser, server.url)
+        with page.tab.expect_response("**/rounds/exercise") as response:
+            page.tab.click("#exercise")
+        ids = response.value.json()["ids"]
+        page.tab.wait_for_selector("#exercise-waited", timeout=WAIT_MS)
+        before = page.cells()
+        # What the browser does after a dropped stream: a new EventSource, whose hello brings the rounds again.
+        page.tab.evaluate("() => connect()")
+        page.tab.wait_for_timeout(3700)
+        after = page.cells()
+        assert sorted(map(str, after)) == sorted(map(str, before))
+        finished = page.tab.eval_on_selector_all(
+            "#finished-table tbody tr", "rows => rows.map(r => r.dataset.request)"
+        )
+        assert sorted(finished) == sorted(ids)
+        # Nothing has run for over 3 seconds: the rate says so.
+        assert page.tab.text_content("#rounds-per-second") == "0.0"
+        assert page.errors == []
+        page.close()
+        assert server.stop() == 0

@@ -1486,9 +1486,9 @@ MUTANTS = [
     ),
     Mutant(
         "window_waits_for_a_full_group",
-        "minirt/server/engine_loop.py",
-        "        if len(scheduler.waiting) >= self.engine.batch_size:",
-        "        if len(scheduler.waiting) >= self.engine.batch_size + 1:",
+        "minirt/engine/scheduler.py",
+        "        return kv_limited or count >= self.max_rows",
+        "        return kv_limited or count > self.max_rows",
         "a full static group still waits out its batch window",
     ),
     Mutant(
@@ -1499,10 +1499,17 @@ MUTANTS = [
         "--batch-window does nothing: online static groups start with one member",
     ),
     Mutant(
+        "window_waits_when_full_by_memory",
+        "minirt/engine/scheduler.py",
+        "        return kv_limited or count >= self.max_rows",
+        "        return count >= self.max_rows",
+        "a static group that the KV budget has already filled waits out its batch window",
+    ),
+    Mutant(
         "round_delay_ignored",
         "minirt/server/engine_loop.py",
-        "                time.sleep(self.round_delay_s)",
-        "                pass",
+        "        deadline = time.monotonic() + self.round_delay_s",
+        "        deadline = time.monotonic()",
         "--round-delay does nothing",
     ),
     Mutant(
