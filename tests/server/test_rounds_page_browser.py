@@ -96,7 +96,9 @@ def wait_until_listed_as_finished(page: Page, ids: list[str]) -> None:
     exercise's fourth request ends in round 6 and its longest in round 8, so the fourth's result alone
     does not mean the grid is whole."""
     for request_id in ids:
-        page.tab.wait_for_selector(f"#finished-table tr[data-request='{request_id}']", timeout=WAIT_MS)
+        page.tab.wait_for_selector(
+            f"#finished-table tr[data-request='{request_id}']", timeout=WAIT_MS
+        )
 
 
 def grid_marks(cells: list[dict], request_id: str) -> tuple[str, set[int]]:
