@@ -352,6 +352,8 @@ def load(args, folder: Path) -> tuple[LLM, float]:
         kv_budget_tokens=args.kv_budget_tokens,
         policy=args.policy,
         round_token_budget=args.max_round_tokens,
+        prefix_cache=args.prefix_cache,
+        chunked_prefill=args.chunked_prefill,
     )
     load_seconds = time.perf_counter() - start
     check_flags_for_model(llm.check_params, args.overrides)

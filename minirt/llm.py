@@ -135,6 +135,8 @@ class LLM:
         policy: str = "static",
         round_token_budget: int = DEFAULT_ROUND_TOKENS,
         kv_budget_tokens: int | None = None,
+        prefix_cache: bool = True,
+        chunked_prefill: bool = True,
     ):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
@@ -165,6 +167,8 @@ class LLM:
             policy=policy,
             round_token_budget=round_token_budget,
             kv_budget_tokens=kv_budget_tokens,
+            prefix_cache=prefix_cache,
+            chunked_prefill=chunked_prefill,
         )
         self.seed = seed
         self.last_stats: RunStats | None = None

@@ -69,10 +69,14 @@ EPILOG = """examples:
   python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
   python -m minirt.rounds --lengths 2,5,8,4 --prompt-lengths 3,9,1,4 --batch-size 3 --json
   python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
+  python -m minirt.rounds --lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 \
+      --batch-size 2 --max-round-tokens 24
 
-Marks in the grid: '#' active (the request produces a token), '-' waiting for a row,
-'.' finished while its static group still runs.  The scheduler is the engine's own:
-python -m minirt.generate --policy static|continuous runs real requests through it."""
+Marks in the grid: '#' active (the request produces a token), '~' fed a chunk of its prompt
+(no token yet), '-' waiting for a row, '.' finished while its static group still runs.  The
+table's "cached" column is the prompt tokens the prefix cache gave (no round computed them).
+The scheduler is the engine's own: python -m minirt.generate --policy static|continuous runs
+real requests through it."""
 
 
 def build_parser(prog: str = "python -m minirt.rounds") -> argparse.ArgumentParser:
@@ -143,8 +147,30 @@ def add_run_flags(p) -> None:
         type=int,
         default=DEFAULT_ROUND_TOKENS,
         metavar="N",
-        help="continuous: tokens per round, a prefill counting its prompt "
-        f"(default {DEFAULT_ROUND_TOKENS})",
+        help="continuous: tokens per round, decode rows first, a prompt counting the tokens it "
+        f"feeds (default {DEFAULT_ROUND_TOKENS})",
+    )
+    p.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        help="continuous: feed each prompt whole in one round (one over --max-round-tokens can "
+        "never run) instead of in chunks over several",
+    )
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every prompt starts with the same N tokens (the rest are its own), which the "
+        "prefix cache, in blocks of 16, gives to requests admitted after the first has "
+        "prefilled them (default 0)",
+    )
+    p.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="simulate without the prefix cache",
     )
 
 
@@ -161,7 +187,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.rounds") -
             "--svg is empty; give a file for the drawing (rounds.svg), or leave --svg out"
         )
     report = report_lengths if args.lengths is not None else report_workload
-    report(args, {"kv_budget": args.kv_budget, "round_tokens": args.max_round_tokens})
+    settings = {
+        "kv_budget": args.kv_budget,
+        "round_tokens": args.max_round_tokens,
+        "chunked_prefill": args.chunked_prefill,
+        "shared_prefix": args.shared_prefix,
+        "prefix_cache": args.prefix_cache,
+    }
+    if args.shared_prefix < 0:
+        raise MinirtError(f"--shared-prefix must be an integer >= 0, got {args.shared_prefix}")
+    report(args, settings)
     return EXIT_OK
 
 

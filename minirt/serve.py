@@ -222,6 +222,8 @@ def load(args) -> tuple[LLM, str]:
         kv_budget_tokens=args.kv_budget_tokens,
         policy=args.policy,
         round_token_budget=args.max_round_tokens,
+        prefix_cache=args.prefix_cache,
+        chunked_prefill=args.chunked_prefill,
     )
     if llm.engine.kv_budget_positions < 1:
         raise MinirtError(

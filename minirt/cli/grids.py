@@ -18,11 +18,15 @@ from ..engine.stats import RunStats
 
 
 def cell_mark(request: Request, round_number: int, row_held_until: int | None) -> str:
-    """One cell of a round grid: '#' it produced a token, '-' it was waiting for a row, '.' it had
-    finished but its row was still held (by its static group), blank once its row was freed."""
+    """One cell of a round grid: '#' it produced a token, '~' it was fed a chunk of its prompt
+    that did not end it (no token yet), '-' it was waiting for a row, '.' it had finished but its
+    row was still held (by its static group), blank once its row was freed."""
     first = request.first_round
     finish = request.finish_round
     if first is not None and finish is not None and first <= round_number <= finish:
+        # Its prompt's rounds before the last gave no token.
+        if round_number < first + request.prefill_rounds - 1:
+            return "~"
         return "#"
     if first is not None and round_number < first:
         return "-"
@@ -69,13 +73,20 @@ def request_grid(
         (
             request_label(r),
             "".join(cell_mark(r, n, held_until(r)) for n in rounds),
-            f"   {plural(len(r.token_ids), 'token')}, {finish_word(r)}",
+            f"   {plural(len(r.token_ids), 'token')}, {finish_word(r)}{cached_words(r)}",
         )
         for r in members
     ]
     return [title] + grid_lines(
         rows, rounds, active_rows, "active rows", gap=2, header_note="   (round, last digit)"
     )
+
+
+def cached_words(request: Request) -> str:
+    """', 32 prompt tokens from the prefix cache' when the cache saved it their prefill."""
+    if not request.cached_prompt_tokens:
+        return ""
+    return f", {request.cached_prompt_tokens} prompt tokens from the prefix cache"
 
 
 def finish_word(request: Request) -> str:

@@ -22,7 +22,7 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
     )
     lines = [
         f"{sim.policy}: {counts}, utilization {sim.utilization:.1%}   "
-        "(# active, - waiting, . finished but row held)"
+        "(# active, ~ prefill chunk, - waiting, . finished but row held)"
     ]
     if len(rounds) > max_columns:
         lines.append(
@@ -37,26 +37,33 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
 
 
 def request_table(sim: Simulation) -> str:
+    """A line per request: its length, rounds waited, first and last round, its prompt's
+    tokens, those the prefix cache gave, and the rounds its prompt took."""
     rows = [
         f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} "
-        f"{r.finish_round:6d}"
+        f"{r.finish_round:6d} {r.prompt_len:6d} {r.cached_prompt_tokens:6d} "
+        f"{r.prefill_rounds:7d}"
         for r in sim.requests
     ]
-    return "\n".join(
-        [f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s}"] + rows
+    header = (
+        f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s} "
+        f"{'prompt':>6s} {'cached':>6s} {'prefill':>7s}"
     )
+    return "\n".join([header] + rows)
 
 
 def comparison_table(sims: list[Simulation]) -> str:
     lines = [
         f"{'policy':12s} {'rounds':>7s} {'utilization':>12s} {'mean waited':>12s} "
-        f"{'mean finish':>12s}"
+        f"{'mean finish':>12s} {'prefill saved':>14s}"
     ]
     for sim in sims:
         waited = np.mean([r.rounds_waited for r in sim.requests])
         finish = np.mean([r.finish_round for r in sim.requests])
+        # Prompt tokens the prefix cache gave, so no round computed them.
+        saved = sum(r.cached_prompt_tokens for r in sim.requests)
         lines.append(
             f"{sim.policy:12s} {sim.total_rounds:7d} {sim.utilization:12.1%} {waited:12.1f} "
-            f"{finish:12.1f}"
+            f"{finish:12.1f} {saved:14d}"
         )
     return "\n".join(lines)

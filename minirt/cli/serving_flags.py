@@ -1,6 +1,6 @@
 """The flags that say how requests are computed and batched, for every command that serves them
-(`generate` and `serve`): --backend, --dtype, --policy, --batch-size, --max-round-tokens and
---kv-budget.
+(`generate` and `serve`): --backend, --dtype, --policy, --batch-size, --max-round-tokens,
+--kv-budget, --no-prefix-cache and --no-chunked-prefill.
 
 Owns: `add_serving_flags` (the one definition of those flags, each command giving its own default
 policy) and `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens).
@@ -44,15 +44,31 @@ def add_serving_flags(p, default_policy: str) -> None:
         type=int,
         default=DEFAULT_ROUND_TOKENS,
         metavar="N",
-        help="continuous: tokens one round may process, a prefill counting its prompt "
-        f"(default {DEFAULT_ROUND_TOKENS})",
+        help="continuous: tokens one round may process, decode rows first, a prompt fed in "
+        f"chunks over several rounds when it does not fit what is left (default "
+        f"{DEFAULT_ROUND_TOKENS})",
     )
     p.add_argument(
         "--kv-budget",
         default=f"{DEFAULT_KV_BUDGET_MIB}MiB",
         metavar="SIZE",
         help="what a static group's (or the continuous pool's) KV cache may hold: tokens "
-        f"(20000) or memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB)",
+        f"(20000) or memory (512MiB, 2GiB) (default {DEFAULT_KV_BUDGET_MIB}MiB); the prefix "
+        "cache keeps what the running requests leave of it",
+    )
+    p.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="compute every prompt in full (by default a prompt whose first tokens, in blocks "
+        "of 16, an earlier prompt had copies their keys and values from the prefix cache)",
+    )
+    p.add_argument(
+        "--no-chunked-prefill",
+        dest="chunked_prefill",
+        action="store_false",
+        help="continuous: feed each prompt whole in its first round (one over "
+        "--max-round-tokens is refused) instead of in chunks beside the decoding rows",
     )
 
 

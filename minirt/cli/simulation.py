@@ -3,8 +3,9 @@
 Owns: `simulate` (each request finishes after its output length, through the engine's schedulers,
 `Request` records and stop rule), `Simulation` (one policy's run: rounds, utilization, who waited)
 and `long_tailed_workload`.  A round is one forward pass; a request with output length L is active
-for L consecutive rounds, the first being its prefill.  Utilization = active row-rounds / held
-row-rounds.
+for L consecutive rounds, the first being its prefill (and in C - 1 rounds before those when
+continuous batching chunks its prompt over C rounds, as the engine does).  Utilization = active
+row-rounds / held row-rounds.
 
 Must not know: models, arrays or text.
 """
@@ -17,8 +18,9 @@ import numpy as np
 
 from ..engine.engine import DEFAULT_ROUND_TOKENS
 from ..engine.params import SamplingParams
-from ..engine.request import Request, add_token
-from ..engine.scheduler import RoundPlan, SCHEDULERS, Scheduler
+from ..engine.request import Request, add_token, note_prefill
+from ..engine.prefix_cache import PrefixCache
+from ..engine.scheduler import RoundPlan, SCHEDULERS, Scheduler, no_cached_tokens
 from ..errors import MinirtError
 from .plural import plural
 
@@ -60,6 +62,8 @@ class Simulation:
                 "rounds_waited": r.rounds_waited,
                 "first_round": r.first_round,
                 "finish_round": r.finish_round,
+                "cached_prompt_tokens": r.cached_prompt_tokens,
+                "prefill_rounds": r.prefill_rounds,
             }
             for r in self.requests
         ]
@@ -78,27 +82,26 @@ def simulate(
     kv_budget: int = UNLIMITED,
     round_tokens: int = DEFAULT_ROUND_TOKENS,
     on_plan: Callable[[Scheduler, RoundPlan], None] | None = None,
+    chunked_prefill: bool = True,
+    shared_prefix: int = 0,
+    prefix_cache: bool = True,
 ) -> Simulation:
-    """Run requests with the given output (and prompt) lengths through the engine's scheduler."""
+    """Run requests with the given output (and prompt) lengths through the engine's scheduler
+    (whose continuous policy chunks long prompts, as the engine's does, unless told not to).
+    Each prompt starts with the same `shared_prefix` tokens, the rest its own; with
+    `prefix_cache`, the engine's prefix cache (its bookkeeping, without numbers) serves them."""
     prompt_lens = prompt_lens or [1] * len(output_lens)
-    if len(prompt_lens) != len(output_lens):
-        raise MinirtError(
-            f"got {plural(len(output_lens), 'output length')} but "
-            f"{plural(len(prompt_lens), 'prompt length')}"
-        )
-    if any(n < 1 for n in output_lens) or any(p < 1 for p in prompt_lens):
-        raise MinirtError("every output and prompt length must be at least 1")
-    requests = [
-        Request(
-            index=i,
-            id=str(i),
-            prompt=None,
-            prompt_ids=[0] * p,
-            params=SamplingParams(max_new_tokens=n, ignore_eos=True),
-        )
-        for i, (n, p) in enumerate(zip(output_lens, prompt_lens, strict=True))
-    ]
-    scheduler = SCHEDULERS[policy](rows, kv_budget, UNLIMITED, round_tokens)
+    check_lengths(output_lens, prompt_lens)
+    requests = made_requests(output_lens, prompt_lens, shared_prefix)
+    cache = SimulatedCache(kv_budget) if prefix_cache else None
+    scheduler = SCHEDULERS[policy](
+        rows,
+        kv_budget,
+        UNLIMITED,
+        round_tokens,
+        chunked_prefill=chunked_prefill,
+        cached_tokens=no_cached_tokens if cache is None else cache.cached_tokens,
+    )
     for request in requests:
         reason = scheduler.refusal(request)
         if reason is not None:
@@ -108,13 +111,98 @@ def simulate(
     while scheduler.has_work():
         round_number += 1
         plan = scheduler.plan(round_number)
+        if cache is not None:
+            cache.admit(plan)
         if on_plan:
             on_plan(scheduler, plan)
-        # The "forward pass": every active row produces one token (id 0).
-        for request in plan.active:
-            add_token(request, 0, None, round_number, None, UNLIMITED)
-        scheduler.complete(plan)
+        run_round(plan, round_number, cache)
+        ended_group = scheduler.complete(plan)
+        if cache is not None and ended_group is not None:
+            cache.allocated(0)
     return Simulation(policy, rows, requests, scheduler)
+
+
+def check_lengths(output_lens: list[int], prompt_lens: list[int]) -> None:
+    """As many prompt lengths as output lengths, each at least 1, or a one-line error."""
+    if len(prompt_lens) != len(output_lens):
+        raise MinirtError(
+            f"got {plural(len(output_lens), 'output length')} but "
+            f"{plural(len(prompt_lens), 'prompt length')}"
+        )
+    if any(n < 1 for n in output_lens) or any(p < 1 for p in prompt_lens):
+        raise MinirtError("every output and prompt length must be at least 1")
+
+
+def run_round(plan: RoundPlan, round_number: int, cache: SimulatedCache | None) -> None:
+    """The "forward pass": every active row feeds its tokens, and each whose prompt is then all
+    in produces one token (id 0) and gives its prompt's blocks to the cache."""
+    for request in plan.active:
+        if request in plan.prefill_to:
+            note_prefill(request, plan.prefill_to[request])
+            if request.prompt_done and cache is not None:
+                cache.prefix_cache.insert(request.prompt_ids, NO_NUMBERS, 0)
+        if request.prompt_done:
+            add_token(request, 0, None, round_number, None, UNLIMITED)
+
+
+class NoNumbers:
+    """A KV cache of positions without numbers: what the prefix cache copies in and out when
+    only its bookkeeping is simulated."""
+
+    def read_positions(self, slot: int, start: int, end: int) -> tuple[None, None]:
+        return None, None
+
+    def write_positions(self, slot: int, start: int, keys, values) -> None:
+        return None
+
+
+NO_NUMBERS = NoNumbers()
+
+
+class SimulatedCache:
+    """The engine's prefix cache, within what the KV budget leaves beside the KV cache that the
+    plans allocate, as the engine keeps it."""
+
+    def __init__(self, kv_budget: int):
+        self.kv_budget = kv_budget
+        self.prefix_cache = PrefixCache()
+        self.allocated(0)
+
+    def allocated(self, positions: int) -> None:
+        self.prefix_cache.set_limit(self.kv_budget - positions)
+
+    def cached_tokens(self, request: Request) -> int:
+        return self.prefix_cache.cached_tokens(request.prompt_ids)
+
+    def admit(self, plan: RoundPlan) -> None:
+        """A new group or pool allocates its KV cache; each admitted request takes what the
+        cache holds of its prompt."""
+        if plan.kv_shape is not None:
+            self.allocated(plan.kv_shape.rows * plan.kv_shape.capacity)
+        for request in plan.admitted:
+            cached = self.prefix_cache.use(request.prompt_ids, NO_NUMBERS, 0)
+            request.prefilled = cached
+            request.cached_prompt_tokens = cached
+
+
+def made_requests(
+    output_lens: list[int], prompt_lens: list[int], shared_prefix: int = 0
+) -> list[Request]:
+    """A request per length pair, its output that many tokens, its prompt that many tokens: the
+    first `shared_prefix` of them (0) the same for every request, the rest its own (its index
+    + 1)."""
+    requests = []
+    for i, (n, p) in enumerate(zip(output_lens, prompt_lens, strict=True)):
+        shared = min(shared_prefix, p)
+        request = Request(
+            index=i,
+            id=str(i),
+            prompt=None,
+            prompt_ids=[0] * shared + [i + 1] * (p - shared),
+            params=SamplingParams(max_new_tokens=n, ignore_eos=True),
+        )
+        requests.append(request)
+    return requests
 
 
 def long_tailed_workload(n: int, seed: int) -> tuple[list[int], list[int]]:

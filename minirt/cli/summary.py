@@ -54,10 +54,18 @@ def summary(stats: RunStats, load_seconds: float) -> str:
         *kv_limit_lines(stats),
         f"rounds       {stats.rounds}",
         f"utilization  {stats.utilization:.1%} active rows ({active} of {row_rounds} row-rounds)",
-        f"tokens       {stats.prompt_tokens} prompt, {stats.generated_tokens} generated",
+        f"tokens       {stats.prompt_tokens} prompt{cached_note(stats)}, "
+        f"{stats.generated_tokens} generated",
         f"speed        {tokens_per_second(stats):.1f} generated tokens/s",
         f"first token  {ttft[len(ttft) // 2]:.3f} s median, {ttft[-1]:.3f} s at most "
         "(time to first token)",
         f"wall time    {stats.wall_seconds:.2f} s generating, {load_seconds:.2f} s loading",
     ]
     return "\n".join(lines) + "\n"
+
+
+def cached_note(stats: RunStats) -> str:
+    """' (96 of them from the prefix cache, not computed)', when the cache gave any."""
+    if not stats.cached_prompt_tokens:
+        return ""
+    return f" ({stats.cached_prompt_tokens} of them from the prefix cache, not computed)"

@@ -230,6 +230,8 @@ def records_dataset(args, model_folder: Path, source, cpus: int):
         "policy": args.policy,
         "round_token_budget": args.max_round_tokens,
         "kv_budget_tokens": args.kv_budget_tokens,
+        "prefix_cache": args.prefix_cache,
+        "chunked_prefill": args.chunked_prefill,
     }
     if args.kv_budget_mib is not None:
         llm_kwargs["kv_budget_mib"] = args.kv_budget_mib

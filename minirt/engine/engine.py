@@ -16,13 +16,19 @@ One step is one round:
     plan                 who runs (the scheduler, minirt/engine/scheduler.py: static groups or
                          continuous batching); a new group, or a new or grown pool, gets its
                          KV cache, and each admitted request takes a slot of its own
-    admit                each admitted request: its slot zeroed, its text decoder, and, if it
-                         asked for prompt logprobs, the scoring pass of its prompt
-    batch metadata       each active row's new tokens, its slot and the keys it holds, the rows
+    admit                each admitted request: its slot zeroed, the start of its prompt copied
+                         from the prefix cache (minirt/engine/prefix_cache.py) when it holds it,
+                         its text decoder, and, if it asked for prompt logprobs, the scoring pass
+                         of its prompt
+    batch metadata       each active row's new tokens (its prompt, or the chunk of it the plan
+                         gives; else its last token), its slot and the keys it holds, the rows
                          in slot order (a full cache is then read as one view)
     forward              one forward pass of the active rows: logits [B, V]
-    pick tokens          each row picks its token from its own logits and its own stream,
-                         appends it and checks its own stop rules
+    prefill done         each row whose prompt is now all in its slot gives the prefix cache
+                         its blocks
+    pick tokens          each row whose prompt is in picks its token from its own logits and
+                         its own stream, appends it and checks its own stop rules (a row fed
+                         a chunk that does not end its prompt gets no token this round)
     free finished rows   a finished request leaves the compute and frees its slot; a static
                          group that has ended releases its cache (only now may the next start)
     record               what the round did, row by row (`StepOutput.round_record`): the round
@@ -33,7 +39,8 @@ over `step()`: add every request, then step while any is unfinished, handing eac
 tokens and finished requests to the caller's callbacks.  A run ends when `serve` returns (or
 is interrupted), or when a round raises: the engine then starts a new one, with round numbers
 from 1 again.  Rounds are numbered across a run; a
-request that produces L tokens is active in L consecutive rounds, the first being its prefill.
+request that produces L tokens is active in L consecutive rounds, the first being its prefill
+(and in C - 1 more before them when its prefill was chunked into C rounds).
 A finished request costs no compute later and never stops or alters the others.
 
 Must not know: the layers' arithmetic, files, command-line flags or output formats.
@@ -55,7 +62,8 @@ from ..model.batch import Batch, check_token_ids
 from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
 from .params import SamplingParams
-from .request import Request, Status, abort_request, add_token, fail_request
+from .prefix_cache import PrefixCache
+from .request import Request, Status, abort_request, add_token, fail_request, note_prefill
 from .round_record import RoundRecord, record_round
 from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, KVShape, RoundPlan, Scheduler
@@ -96,18 +104,16 @@ class Engine:
         policy: str = "static",
         round_token_budget: int = DEFAULT_ROUND_TOKENS,
         kv_budget_tokens: int | None = None,
+        prefix_cache: bool = True,
+        chunked_prefill: bool = True,
     ):
         """The KV budget is `kv_budget_mib` of memory, or `kv_budget_tokens` positions (one
-        token's keys and values in every layer) when that is given."""
+        token's keys and values in every layer) when that is given.  `prefix_cache`: reuse the
+        keys and values of prompt prefixes across requests (and runs), within that budget;
+        `chunked_prefill`: continuous batching may feed a long prompt over several rounds."""
         if policy not in POLICIES:
             choices = ", ".join(POLICIES)
             raise RequestError(f"unknown policy {policy!r}: choose one of {choices}")
-        # A number of MiB: inf and NaN are refused too.
-        is_number = isinstance(kv_budget_mib, (int, float, np.number))
-        if not is_number or not 0 < kv_budget_mib < 2**40:
-            raise RequestError(
-                f"the KV budget must be a positive number of MiB below 2**40, got {kv_budget_mib!r}"
-            )
         self.batch_size = require_at_least_one(batch_size, "batch size")
         self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
         self.model = model
@@ -117,26 +123,39 @@ class Engine:
         self.kv_bytes_per_position = KVCache.bytes_needed(
             c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
         )
-        if kv_budget_tokens is None:
-            self.kv_budget_positions = int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
-        else:
-            self.kv_budget_positions = require_at_least_one(
-                kv_budget_tokens, "the KV budget in tokens"
-            )
-        if tokenizer is not None:
-            self.eos_token_id = tokenizer.eos_token_id
-            self.bos_token_id = tokenizer.bos_token_id
-        else:
-            special = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
-            self.eos_token_id = special[0]
-            self.bos_token_id = special[1]
+        self.kv_budget_positions = self.budget_in_positions(kv_budget_mib, kv_budget_tokens)
+        special = self.special_tokens()
+        self.eos_token_id = special[0]
+        self.bos_token_id = special[1]
         # Held while `serve` runs or `step` runs a round (and while `start_run` starts one), so
         # that a callback or another thread cannot start a second run, or step this one behind
         # its back: taken without waiting, or a ReentryError.
         self.busy = threading.Lock()
         # Runs are numbered across the engine's life (round numbers start again in each).
         self.run_number = 0
+        self.chunked_prefill = chunked_prefill
+        # Kept across runs: a prefix cached by one run serves the next.
+        self.prefix_cache: PrefixCache | None = PrefixCache() if prefix_cache else None
         self.reset_run()
+
+    def budget_in_positions(self, kv_budget_mib: float, kv_budget_tokens: int | None) -> int:
+        """The KV budget in positions: `kv_budget_tokens`, or what `kv_budget_mib` holds."""
+        # A number of MiB: inf and NaN are refused too.
+        is_number = isinstance(kv_budget_mib, (int, float, np.number))
+        if not is_number or not 0 < kv_budget_mib < 2**40:
+            raise RequestError(
+                f"the KV budget must be a positive number of MiB below 2**40, got {kv_budget_mib!r}"
+            )
+        if kv_budget_tokens is None:
+            return int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
+        return require_at_least_one(kv_budget_tokens, "the KV budget in tokens")
+
+    def special_tokens(self) -> tuple[int | None, int | None]:
+        """(EOS, BOS): the tokenizer's, else the model config's that lie in its vocabulary."""
+        if self.tokenizer is not None:
+            return self.tokenizer.eos_token_id, self.tokenizer.bos_token_id
+        c = self.model.config
+        return special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
 
     # ------------------------------------------------------------------ making a request
 
@@ -232,6 +251,8 @@ class Engine:
             self.kv_budget_positions,
             self.model.config.n_positions,
             self.round_token_budget,
+            chunked_prefill=self.chunked_prefill,
+            cached_tokens=self.cached_tokens,
         )
         # The run's counts; the scheduler's per-round lists grow as it runs.
         self.stats = RunStats(
@@ -248,6 +269,8 @@ class Engine:
         # cache no running request holds.
         self.kv_cache: KVCache | None = None
         self.free_slots: list[int] = []
+        # With no KV cache allocated, the prefix cache may hold the whole budget.
+        self.limit_prefix_cache()
         # Aborted requests, and static groups their abort ended, for the next step to report.
         self.aborted_since_step: list[Request] = []
         self.groups_ended_by_abort: list[GroupRecord] = []
@@ -266,6 +289,23 @@ class Engine:
             if not any(id(member) in running for member in group.members):
                 group.members = []
                 group.active_rows = []
+
+    def cached_tokens(self, request: Request) -> int:
+        """How many of a waiting request's first prompt tokens the prefix cache holds now (what
+        the scheduler plans with)."""
+        if self.prefix_cache is None:
+            return 0
+        return self.prefix_cache.cached_tokens(request.prompt_ids)
+
+    def limit_prefix_cache(self) -> None:
+        """The prefix cache may hold what the KV budget leaves beside the KV cache allocated
+        now; called whenever that allocation changes."""
+        if self.prefix_cache is None:
+            return
+        allocated = 0
+        if self.kv_cache is not None:
+            allocated = len(self.kv_cache.lengths) * self.kv_cache.capacity
+        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)
 
     def seconds(self) -> float:
         """Seconds since the run started."""
@@ -369,9 +409,10 @@ class Engine:
         # group), a decode step reads their keys and values as one view instead of gathering a
         # copy in every layer.  A row's numbers do not depend on its place.
         active = sorted(plan.active, key=slot_of)
-        batch = self.prepare_batch_metadata(active)
+        batch = self.prepare_batch_metadata(active, plan)
         # One forward pass of the active rows: logits [B, V].
         logits = self.model.forward(batch, self.kv_cache)
+        self.note_prefills(active, plan)
         new_tokens = self.pick_tokens(active, logits)
         # Every request whose row this round's cache held, before the scheduler frees any.
         holding = list(self.scheduler.running)
@@ -482,10 +523,16 @@ class Engine:
             request.slot = self.free_slots.pop(0)
             # Zeroed, so that nothing of an earlier occupant can leak in.
             self.kv_cache.reset_slot(request.slot)
+            if self.prefix_cache is not None:
+                # The start of its prompt, if cached: it prefills only the rest.
+                cached = self.prefix_cache.use(request.prompt_ids, self.kv_cache, request.slot)
+                request.prefilled = cached
+                request.cached_prompt_tokens = cached
             if self.tokenizer is not None:
                 request.decoder = self.tokenizer.stream()
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
+        self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)
 
     def shape_kv_cache(self, shape: KVShape) -> None:
         """Allocate the KV cache at `shape`, or grow the running pool to it: the slots that
@@ -500,6 +547,7 @@ class Engine:
         else:
             self.free_slots = list(range(shape.rows))
         self.kv_cache = new_cache
+        self.limit_prefix_cache()
 
     def score_prompt(self, request: Request) -> None:
         """Prompt logprobs: one scoring pass of the request's own prompt, without a KV cache,
@@ -507,24 +555,52 @@ class Engine:
         prompt_logits = self.model.logits([request.prompt_ids])[0]
         request.prompt_logprobs = prompt_logprobs(prompt_logits, request.prompt_ids)
 
-    def prepare_batch_metadata(self, active: list[Request]) -> Batch:
+    def prepare_batch_metadata(self, active: list[Request], plan: RoundPlan) -> Batch:
         """The batch for this round: each active row's new tokens, its slot and what the slot
         holds."""
         assert self.kv_cache is not None  # a round runs within its group's (or the pool's) cache
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
-        # The whole prompt at prefill, then one token a round.
-        new_tokens = [r.token_ids[-1:] or r.prompt_ids for r in active]
+        new_tokens = [self.new_tokens_of(r, plan) for r in active]
         past_lens = self.kv_cache.lengths[slots]  # [B]
         return Batch(new_tokens, self.model.backend, slots=slots, past_lens=past_lens)
 
+    def new_tokens_of(self, request: Request, plan: RoundPlan) -> list[int]:
+        """What a row feeds this round: the prompt from where its slot's keys end to where the
+        plan's chunk ends (the prompt's end, unless chunked), or its last token."""
+        if request in plan.prefill_to:
+            end = plan.prefill_to[request]
+            # The scheduler planned with what the cache held; an eviction since can only have
+            # left the slot shorter, and the row then feeds more of its prompt.
+            assert request.prefilled < end <= request.prompt_len
+            return request.prompt_ids[request.prefilled : end]
+        return request.token_ids[-1:]
+
+    def note_prefills(self, active: list[Request], plan: RoundPlan) -> None:
+        """After the forward pass: each prefilling row's slot holds its prompt up to the plan's
+        end; a row whose whole prompt is now in gives its full blocks to the prefix cache."""
+        for request in active:
+            if request not in plan.prefill_to:
+                continue
+            note_prefill(request, plan.prefill_to[request])
+            if request.prompt_done and self.prefix_cache is not None:
+                assert self.kv_cache is not None and request.slot is not None
+                self.prefix_cache.insert(request.prompt_ids, self.kv_cache, request.slot)
+
     def pick_tokens(self, active: list[Request], logits) -> list[Request]:
-        """Each active row picks its token from its own logits row, appends it, and checks its
-        own stops.  Returns the requests that got a token (a row whose logits are not finite
-        fails alone: its peers' rows are untouched and go on)."""
+        """Each active row whose prompt is in picks its token from its own logits row, appends
+        it, and checks its own stops (a row fed a chunk short of its prompt's end gets none).
+        Returns the requests that got a token (a row whose logits are not finite fails alone:
+        its peers' rows are untouched and go on)."""
         n_positions = self.model.config.n_positions
-        choices = choose_tokens(self.model.backend, logits, active)
+        ready = [index for index, request in enumerate(active) if request.prompt_done]
+        if len(ready) < len(active):
+            logits = logits[self.model.backend.asarray(np.array(ready, dtype=np.int64))]  # [B', V]
+        producing = [active[index] for index in ready]
+        if not producing:
+            return []
+        choices = choose_tokens(self.model.backend, logits, producing)
         got_token = []
-        for request, (token, logprob, top) in zip(active, choices, strict=True):
+        for request, (token, logprob, top) in zip(producing, choices, strict=True):
             if token is None:
                 number = len(request.token_ids) + 1
                 fail_request(
@@ -556,10 +632,11 @@ class Engine:
         self.stats.rounds = self.round_number
         self.stats.generated_tokens += len(new_tokens)
         self.stats.failed += sum(1 for r in finished if r.error is not None)
-        for request in plan.admitted:
-            if request.first_token_s is not None:
+        for request in new_tokens:
+            if len(request.token_ids) == 1:
                 # Its time to first token, from when it arrived.
                 arrived = request.arrival_s or 0.0
+                assert request.first_token_s is not None  # set with its first token
                 self.stats.first_token_seconds.append(request.first_token_s - arrived)
         self.stats.wall_seconds = self.seconds()
 
@@ -590,6 +667,7 @@ class Engine:
         """The group (or the run) is over: drop its KV cache before another is allocated."""
         self.kv_cache = None
         self.free_slots = []
+        self.limit_prefix_cache()
 
 
 def slot_of(request: Request) -> int:

@@ -52,13 +52,18 @@ class RequestOutput:
     prompt_logprobs: list[float | None] | None
 
     # Where it ran.  `group` is the static group that served it (1-based; None under continuous
-    # batching, or if refused); `first_round` the round that gave its first token (its prefill;
-    # None if it never ran); `finish_round` the round that gave its last token;
-    # `rounds_waited` the rounds that ran before its first.
+    # batching, or if refused); `first_round` the round it was admitted in, its prefill (None if
+    # it never ran), which gave its first token unless its prompt was chunked over several
+    # rounds; `finish_round` the round that gave its last token; `rounds_waited` the rounds
+    # that ran before its first.
     group: int | None
     first_round: int | None
     finish_round: int | None
     rounds_waited: int | None
+
+    # How many of its prompt tokens were copied from the prefix cache instead of computed (0
+    # when none were, or the cache is off).
+    cached_prompt_tokens: int
 
     # Seconds from the start of the run: when it was queued, when its first token came (None if
     # it never ran), and when its record became final.
@@ -101,6 +106,7 @@ class RequestOutput:
             first_round=request.first_round,
             finish_round=request.finish_round,
             rounds_waited=request.rounds_waited,
+            cached_prompt_tokens=request.cached_prompt_tokens,
             arrival_s=request.arrival_s,
             first_token_s=request.first_token_s,
             finish_s=request.finish_s,
@@ -133,6 +139,7 @@ class RequestOutput:
             "first_round": self.first_round,
             "finish_round": self.finish_round,
             "prompt_tokens": prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "error": self.error,
             **timing,
         }

@@ -84,6 +84,14 @@ class Request:
     first_token_s: float | None = None
     finish_s: float | None = None  # when its record became final
 
+    # Its prompt's way into its KV slot: `prefilled` prompt tokens are there (all of them once
+    # its prompt is in), `cached_prompt_tokens` of those were copied from the prefix cache, and
+    # `prefill_rounds` rounds fed it prompt tokens (1, or more when its prefill was chunked; the
+    # last of them gave its first token).
+    prefilled: int = 0
+    cached_prompt_tokens: int = 0
+    prefill_rounds: int = 0
+
     # Streaming text: the decoder turns its tokens into text as they come; `decoded` is all
     # text so far, before stop-string cutting; `shown` is how much of `text` a stream has
     # handed out (`unshown_text`).
@@ -103,6 +111,18 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
+    @property
+    def prompt_done(self) -> bool:
+        """Whether its whole prompt is in its slot: from then on it gets a token each round."""
+        return self.prefilled >= self.prompt_len
+
+
+def note_prefill(request: Request, prefilled_to: int) -> None:
+    """A round fed it prompt tokens up to position `prefilled_to` (its whole prompt, or a chunk
+    of it)."""
+    request.prefilled = prefilled_to
+    request.prefill_rounds += 1
+
 
 def fail_request(request: Request, message: str, round_number: int | None = None) -> None:
     """Finish with an error of its own: before it runs, or in `round_number` (its logits were
@@ -119,7 +139,9 @@ def abort_request(request: Request) -> None:
     tokens and text it had are kept; its last round is the one that gave its last token)."""
     if request.status is Status.RUNNING and request.token_ids:
         assert request.first_round is not None  # it ran, so it was admitted in some round
-        request.finish_round = request.first_round + len(request.token_ids) - 1
+        # Its prompt's rounds, the last of which gave its first token, then a token a round.
+        first_token_round = request.first_round + request.prefill_rounds - 1
+        request.finish_round = first_token_round + len(request.token_ids) - 1
     request.status = Status.FINISHED
     request.finish_reason = "abort"
     request.decoder = None

@@ -8,9 +8,11 @@ draws the grid hears that they ended).  A record holds copies (strings, ints, fl
 tuples), never a `Request`, so that another thread may read it while the engine runs the next
 round.
 
-A row of the KV cache is in one of three states in a round:
+A row of the KV cache is in one of four states in a round:
 
     active   the request that holds it produced a token this round
+    prefill  the request that holds it was fed a chunk of its prompt that did not end it, so
+             it produced no token (continuous batching with chunked prefill)
     held     its request has finished (or was aborted), but its static group still runs, so
              the row and its KV slot stay reserved until the group ends
     free     no request holds it (a row is listed only when a request holds it)
@@ -41,7 +43,7 @@ class RowCell(NamedTuple):
     row: int
     request_id: str
     sample: int  # which of its completion's samples (n > 1 gives several rows one id)
-    state: str  # "active" or "held"
+    state: str  # "active", "prefill" or "held"
 
 
 class Waiter(NamedTuple):
@@ -102,7 +104,9 @@ def record_round(
     cells = []
     for request in holding:
         assert request.slot is not None  # a request holds a row once it is admitted
-        if id(request) in ran:
+        if id(request) in ran and not request.prompt_done:
+            state = "prefill"
+        elif id(request) in ran:
             state = "active"
         else:
             state = "held"

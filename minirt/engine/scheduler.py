@@ -7,8 +7,8 @@ Owns: one scheduler class per policy, behind the small interface that the engine
     submit(request)   queue it in arrival order, at any time; nothing else
     remove(request)   take an aborted request out of the queue or the running rows
     has_work()        whether anyone waits or runs
-    plan(round)       who runs, who is admitted, and the KV shape when a group or pool starts
-                      or grows
+    plan(round)       who runs, who is admitted, how far each prefilling row's prompt goes
+                      this round, and the KV shape when a group or pool starts or grows
     complete(plan)    after the round: free the rows of finished requests (the static group,
                       once it has ended)
 
@@ -21,8 +21,19 @@ held, per round: the static group's members, or the continuous pool's rows) and 
                        member has finished.
   ContinuousScheduler  Every round, finished rows are freed and waiting requests admitted
                        (arrival order, skipping any that do not fit) while the rows, the round's
-                       token budget (a prefill costs its prompt, a decode row one token) and the
-                       KV budget allow.
+                       token budget (a prefill costs the prompt tokens it feeds, a decode row one
+                       token) and the KV budget allow.
+
+Chunked prefill (continuous only, on unless turned off).  The decode rows go first, a token
+each; then the rows still prefilling, and then new admissions, take what the round's token
+budget leaves, in arrival order: a prompt that does not fit what is left is fed in chunks over
+several rounds (vLLM's order).  A row still prefilling gets at least one token a round, so that
+its rounds are consecutive; it gets its first token in the round its prompt ends.  Without
+chunking, a prompt is fed whole in its first round (and one over the budget is refused); static
+groups always prefill in one round, since that is the lesson they teach.
+
+A prompt's first tokens may be in the prefix cache (minirt/engine/prefix_cache.py): the engine
+tells the scheduler how many (`cached_tokens`), and a prefill then costs only the rest.
 
 The continuous pool grows.  Requests may arrive while it runs (`Engine.add_request`), so it
 cannot be sized once by the first requests it sees.  It starts as the requests then waiting
@@ -48,6 +59,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .request import Request, Status
 
@@ -84,6 +96,14 @@ class RoundPlan:
     kv_shape: KVShape | None = None
     # The KV budget held that new group or pool below max_rows.
     kv_limited: bool = False
+    # Each row that feeds prompt tokens this round, and the prompt position its feeding ends at
+    # (its prompt's length, unless the prefill is chunked); the other rows decode a token.
+    prefill_to: dict[Request, int] = field(default_factory=dict)
+
+
+def no_cached_tokens(request: Request) -> int:
+    """Without a prefix cache, no prompt token is cached."""
+    return 0
 
 
 def mark_admitted(request: Request, group: int | None, round_number: int) -> None:
@@ -106,12 +126,18 @@ class Scheduler:
         kv_budget_positions: int,
         n_positions: int,
         round_token_budget: int | None = None,
+        chunked_prefill: bool = False,
+        cached_tokens: Callable[[Request], int] = no_cached_tokens,
     ):
         self.max_rows = max_rows
         self.kv_budget = kv_budget_positions
         self.n_positions = n_positions
         # Tokens one round may process (continuous batching only).
         self.token_budget = round_token_budget
+        # Continuous batching: may a prompt be fed over several rounds?
+        self.chunked_prefill = chunked_prefill
+        # How many of a waiting request's first prompt tokens the prefix cache holds now.
+        self.cached_tokens = cached_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Per round: rows that ran, and rows whose KV slots were held (utilization: active / held).
@@ -180,7 +206,9 @@ class StaticScheduler(Scheduler):
         # One slot per member, each as long as the longest member needs.
         longest = max(self.kv_positions_needed(r) for r in members)
         shape = KVShape(rows=len(members), capacity=longest)
-        return RoundPlan(round_number, list(members), list(members), shape, kv_limited)
+        # The whole group prefills in its first round.
+        prefill_to = {r: r.prompt_len for r in members}
+        return RoundPlan(round_number, list(members), list(members), shape, kv_limited, prefill_to)
 
     def remove(self, request: Request) -> GroupRecord | None:
         """A running member that is aborted keeps its row until the group ends, as a finished
@@ -252,10 +280,10 @@ class ContinuousScheduler(Scheduler):
     def refusal(self, request: Request) -> str | None:
         too_big = super().refusal(request)
         over_round = self.token_budget is not None and request.prompt_len > self.token_budget
-        if too_big is None and over_round:
+        if too_big is None and over_round and not self.chunked_prefill:
             return (
                 f"its prompt of {request.prompt_len} tokens exceeds the round token budget of "
-                f"{self.token_budget}; raise the budget"
+                f"{self.token_budget}; raise the budget, or let its prefill be chunked"
             )
         return too_big
 
@@ -308,46 +336,75 @@ class ContinuousScheduler(Scheduler):
             shape, kv_limited = self.next_pool()
         if shape is not None:
             self.pool = shape
-        admitted = self.admissions()
+        prefill_to: dict[Request, int] = {}
+        tokens = self.running_tokens(prefill_to)
+        admitted = self.admissions(tokens, prefill_to)
         for request in admitted:
             self.waiting.remove(request)
             mark_admitted(request, None, round_number)
         self.running += admitted
-        return RoundPlan(round_number, list(self.running), admitted, shape, kv_limited)
+        return RoundPlan(round_number, list(self.running), admitted, shape, kv_limited, prefill_to)
 
-    def admissions(self) -> list[Request]:
+    def running_tokens(self, prefill_to: dict[Request, int]) -> int:
+        """This round's tokens of the rows already running: the decode rows first, one each;
+        then each row still prefilling (a chunked prompt) its next chunk, as much of the budget
+        as is left, at least one token.  Their chunks go into `prefill_to`."""
+        decoding = [r for r in self.running if r.prompt_done]
+        tokens = len(decoding)
+        for request in self.running:
+            if request.prompt_done:
+                continue
+            chunk = max(1, self.prompt_chunk(request.prompt_len - request.prefilled, tokens))
+            prefill_to[request] = request.prefilled + chunk
+            tokens += chunk
+        return tokens
+
+    def admissions(self, tokens: int, prefill_to: dict[Request, int]) -> list[Request]:
         """Waiting requests that fit beside the running ones this round, in arrival order; one
-        that does not fit is skipped, not blocking (none while the pool drains)."""
+        that does not fit is skipped, not blocking (none while the pool drains).  `tokens`: what
+        the running rows take of the round's budget.  Each admitted prompt's end this round goes
+        into `prefill_to`."""
         assert self.pool is not None  # made in the first round's plan
         if self.draining:
             return []
-        # KV positions held by running requests, and this round's tokens (a decode row: one).
+        # KV positions held by running requests.
         reserved = sum(self.kv_positions_needed(r) for r in self.running)
-        tokens = len(self.running)
         admitted: list[Request] = []
         for candidate in self.waiting:
             if len(self.running) + len(admitted) >= self.pool.rows:
                 break
             # A request needing longer rows than the pool has waits for it to grow.
-            too_long = self.kv_positions_needed(candidate) > self.pool.capacity
-            if not too_long and self.fits(candidate, reserved, tokens):
-                reserved += self.kv_positions_needed(candidate)
-                tokens += candidate.prompt_len
-                admitted.append(candidate)
+            needed = self.kv_positions_needed(candidate)
+            if needed > self.pool.capacity or reserved + needed > self.kv_budget:
+                continue
+            # Its prompt after what the prefix cache holds of it.
+            start = self.cached_tokens(candidate)
+            chunk = self.prompt_chunk(candidate.prompt_len - start, tokens)
+            if chunk == 0:
+                continue
+            reserved += needed
+            tokens += chunk
+            prefill_to[candidate] = start + chunk
+            admitted.append(candidate)
         return admitted
+
+    def prompt_chunk(self, remaining: int, tokens: int) -> int:
+        """How many of a prompt's `remaining` tokens this round can feed, with `tokens` of its
+        budget taken: all of them if they fit; else, chunked, what is left, and unchunked none
+        (the prompt waits for a round with room)."""
+        if self.token_budget is None:
+            return remaining
+        left = max(0, self.token_budget - tokens)
+        if remaining <= left:
+            return remaining
+        if self.chunked_prefill:
+            return left
+        return 0
 
     def rows_held(self) -> int:
         assert self.pool is not None  # made in the first round's plan
         # The pool's rows, each with its slot, from the first round to the last.
         return self.pool.rows
-
-    def fits(self, candidate: Request, reserved_positions: int, round_tokens: int) -> bool:
-        """Would `candidate` fit beside what is already running or admitted?"""
-        if reserved_positions + self.kv_positions_needed(candidate) > self.kv_budget:
-            return False
-        if self.token_budget is None:
-            return True
-        return round_tokens + candidate.prompt_len <= self.token_budget
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
         """Finished requests leave at once: their rows take waiting requests next round."""

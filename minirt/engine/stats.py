@@ -28,6 +28,8 @@ class RunStats:
     aborted: int = 0
     rounds: int = 0
     prompt_tokens: int = 0
+    # Of those, the ones copied from the prefix cache instead of computed.
+    cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     wall_seconds: float = 0.0
     # Static groups (none under continuous batching).

@@ -80,6 +80,27 @@ class KVCache:
         self.lengths[slot] = 0
         self.written[slot] = False
 
+    def read_positions(self, slot: int, start: int, end: int):
+        """Copies of one slot's keys and values at positions start..end-1, every layer:
+        [n_layer, H, end - start, D] each (what a prefix cache keeps of a finished prompt)."""
+        keys = self.keys[:, slot, :, start:end].copy()  # [n_layer, H, end - start, D]
+        values = self.values[:, slot, :, start:end].copy()  # [n_layer, H, end - start, D]
+        return keys, values
+
+    def write_positions(self, slot: int, start: int, keys, values) -> None:
+        """Put keys and values [n_layer, H, n, D] at positions start..start+n-1 of a slot (a
+        cached prefix copied into a new request's slot); the slot then holds start + n keys."""
+        end = start + keys.shape[2]
+        if end > self.capacity:
+            raise ValueError(
+                f"KV slot {slot} would hold {end} positions, but the cache was allocated with "
+                f"capacity {self.capacity}"
+            )
+        self.keys[:, slot, :, start:end] = keys  # [n_layer, H, n, D]
+        self.values[:, slot, :, start:end] = values  # [n_layer, H, n, D]
+        self.lengths[slot] = end
+        self.written[slot] = True
+
     def prepare_round(self, batch: Batch) -> None:
         """Before a round writes: refuse one that would write past a slot's capacity, and note
         every slot it writes (from now on a new occupant must get it zeroed, even if the round then

@@ -144,6 +144,8 @@ class Finished:
     first_round: int | None
     finish_round: int | None
     rounds_waited: int | None
+    # Prompt tokens copied from the prefix cache.
+    cached_prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -203,6 +205,7 @@ def finished_event(request: Request, choice: int, error: str | None = None) -> F
         first_round=request.first_round,
         finish_round=request.finish_round,
         rounds_waited=request.rounds_waited,
+        cached_prompt_tokens=request.cached_prompt_tokens,
     )
 
 

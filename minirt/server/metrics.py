@@ -70,6 +70,9 @@ class ServerMetrics:
             self.kv_usage,
             self.kv_slots,
             self.prompt_tokens,
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.prefix_cache_positions,
             self.generation_tokens,
             self.ttft,
             self.tpot,
@@ -90,6 +93,10 @@ class ServerMetrics:
             "KV positions the running requests reserve, over the KV budget (1 is full).",
         )
         self.kv_slots = gauge("minirt:kv_slots_used", "KV slots held by running requests.")
+        self.prefix_cache_positions = gauge(
+            "minirt:prefix_cache_positions",
+            "KV positions the prefix cache holds (within what the KV budget leaves).",
+        )
 
     def make_counters(self) -> None:
         """Counters: prometheus_client adds `_total` to each name."""
@@ -98,6 +105,12 @@ class ServerMetrics:
             return Counter(name, what, list(labels), registry=self.registry)
 
         self.prompt_tokens = counter("minirt:prompt_tokens", "Prompt tokens prefilled.")
+        self.prefix_cache_queries = counter(
+            "minirt:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_cache_hits = counter(
+            "minirt:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)."
+        )
         self.generation_tokens = counter("minirt:generation_tokens", "Tokens generated.")
         self.success = counter(
             "minirt:request_success",
@@ -130,6 +143,8 @@ class ServerMetrics:
         `queued_seconds` for its round to start."""
         name = self.model_name
         self.prompt_tokens.labels(name).inc(request.prompt_len)
+        self.prefix_cache_queries.labels(name).inc(request.prompt_len)
+        self.prefix_cache_hits.labels(name).inc(request.cached_prompt_tokens)
         self.ttft.labels(name).observe(seconds)
         self.queue_time.labels(name).observe(max(0.0, queued_seconds))
 
@@ -159,6 +174,8 @@ class ServerMetrics:
         reserved = sum(scheduler.kv_positions_needed(r) for r in running)
         self.kv_usage.labels(name).set(reserved / max(1, engine.kv_budget_positions))
         self.kv_slots.labels(name).set(sum(1 for r in running if r.slot is not None))
+        cache = engine.prefix_cache
+        self.prefix_cache_positions.labels(name).set(0 if cache is None else cache.positions)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format."""

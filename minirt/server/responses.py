@@ -105,18 +105,29 @@ def batching_fields(final: Finished) -> dict:
         "first_round": final.first_round,
         "finish_round": final.finish_round,
         "rounds_waited": final.rounds_waited,
+        "cached_prompt_tokens": final.cached_prompt_tokens,
         "token_ids": list(final.token_ids),
     }
 
 
 def usage(prompt_lengths: list[int], finals: list[Finished]) -> dict:
-    """Tokens of each prompt once (whatever n is), and every token each choice produced."""
+    """Tokens of each prompt once (whatever n is), and every token each choice produced.  Of
+    the prompt tokens, `prompt_tokens_details.cached_tokens` came from the prefix cache, as
+    OpenAI reports it: per prompt, the fewest that any of its n choices took from the cache
+    (choice i is prompt i // n's)."""
     prompt_tokens = sum(prompt_lengths)
     completion_tokens = sum(len(final.token_ids) for final in finals)
+    n = max(1, len(finals) // max(1, len(prompt_lengths)))
+    cached_per_prompt: dict[int, int] = {}
+    for final in finals:
+        prompt = final.choice // n
+        cached = final.cached_prompt_tokens
+        cached_per_prompt[prompt] = min(cached, cached_per_prompt.get(prompt, cached))
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(cached_per_prompt.values())},
     }
 
 

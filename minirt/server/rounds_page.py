@@ -71,6 +71,8 @@ class RoundsPage:
             "batch_size": self.engine.batch_size,
             "kv_budget_positions": self.engine.kv_budget_positions,
             "max_round_tokens": self.engine.round_token_budget,
+            "chunked_prefill": self.engine.chunked_prefill,
+            "prefix_cache": self.engine.prefix_cache is not None,
             "round_delay_ms": round(1000 * self.loop.round_delay_s, 3),
             "batch_window_ms": round(1000 * self.loop.batch_window_s, 3),
             "api_key_required": self.settings.api_key is not None,

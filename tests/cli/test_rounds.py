@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from conftest import random_model
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine.engine import Engine
+from minirt.errors import MinirtError
 from minirt.rounds import main
 from minirt.cli.simulation import simulate
 from minirt.cli.svg import svg_panels
@@ -46,6 +47,8 @@ def test_cli_json_for_the_seed_exercise(capsys):
         "rounds_waited": 8,
         "first_round": 9,
         "finish_round": 12,
+        "cached_prompt_tokens": 0,
+        "prefill_rounds": 1,
     }
     assert continuous["requests"][3]["first_round"] == 3
     assert static["utilization"] == pytest.approx(
@@ -62,8 +65,16 @@ def test_every_request_gets_exactly_its_tokens(output_lens, rows, data):
     for policy in ("static", "continuous"):
         sim = simulate(output_lens, policy, rows, prompts, round_tokens=16)
         for r, n in zip(sim.requests, output_lens, strict=True):
-            assert len(r.token_ids) == n and r.finish_round - r.first_round + 1 == n
-        assert sum(sim.scheduler.active_rows) == sum(output_lens)
+            # Its prompt's rounds (more than one when continuous batching chunks it), the last giving its
+            # first token, then a token a round; static groups prefill in one round.
+            assert r.prefill_rounds == 1 or policy == "continuous"
+            assert (
+                len(r.token_ids) == n
+                and r.finish_round - r.first_round + 1 == n + r.prefill_rounds - 1
+            )
+        assert sum(sim.scheduler.active_rows) == sum(output_lens) + sum(
+            r.prefill_rounds - 1 for r in sim.requests
+        )
         assert max(sim.scheduler.active_rows) <= rows
 
 
@@ -99,12 +110,18 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         st.integers(max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True)), 80)
     )
     round_tokens = data.draw(st.integers(max(prompts), 30))
+    chunked = data.draw(st.booleans())
     checked = []
 
     def check(scheduler, plan):
         reserved = sum(scheduler.kv_positions_needed(r) for r in plan.active)
-        admitted = {id(r) for r in plan.admitted}
-        tokens = sum(r.prompt_len if id(r) in admitted else 1 for r in plan.active)
+        # A prefilling row feeds its prompt from where it stands to the plan's end (no cache here: an admitted
+        # one from 0), a decode row one token.
+        fed = [plan.prefill_to[r] - r.prefilled if r in plan.prefill_to else 1 for r in plan.active]
+        assert all(n >= 1 for n in fed)
+        tokens = sum(fed)
+        if not chunked:
+            assert all(plan.prefill_to[r] == r.prompt_len for r in plan.prefill_to)
         # The pool gives each row the longest need, so the budget may cap the rows below `rows`, and says so;
         # it never has more rows than requests.
         longest_need = max(p + n - 1 for p, n in zip(prompts, output_lens, strict=True))
@@ -114,11 +131,19 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
             assert (plan.kv_shape.rows, plan.kv_shape.capacity) == (pool_rows, longest_need)
             # The budget, not the queue, held it down.
             assert plan.kv_limited == (pool_rows < min(rows, len(output_lens)))
-        assert reserved <= kv_budget and tokens <= round_tokens and len(plan.active) <= pool_rows
+        # Chunked, a row still prefilling feeds at least one token, even past the budget.
+        assert (
+            reserved <= kv_budget
+            and tokens <= max(round_tokens, len(plan.active))
+            and len(plan.active) <= pool_rows
+        )
         if len(plan.active) < pool_rows:  # a free row: nobody waiting may fit it
             for waiting in scheduler.waiting:
                 fits_kv = reserved + scheduler.kv_positions_needed(waiting) <= kv_budget
-                fits_tokens = tokens + waiting.prompt_len <= round_tokens
+                if chunked:
+                    fits_tokens = tokens < round_tokens
+                else:
+                    fits_tokens = tokens + waiting.prompt_len <= round_tokens
                 assert not (fits_kv and fits_tokens), f"row idle while request {waiting.index} fits"
         checked.append(len(plan.active))
 
@@ -130,6 +155,7 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         kv_budget=kv_budget,
         round_tokens=round_tokens,
         on_plan=check,
+        chunked_prefill=chunked,
     )
     assert checked == sim.scheduler.active_rows  # the check ran on every round's plan
 
@@ -219,3 +245,40 @@ def test_workload_comparison_and_errors(capsys):
             code = exc.code
         assert code == EXIT_USAGE
         assert fragment in capsys.readouterr().err
+
+
+def test_a_shared_prefix_is_cached_for_those_admitted_after_the_first_prefill_and_chunks_are_drawn(
+    capsys,
+):
+    flags = "--lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 --batch-size 2"
+    assert main([*flags.split(), "--max-round-tokens", "24", "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)["policies"]
+    static = report["static"]["requests"]
+    continuous = report["continuous"]["requests"]
+    # By hand: 32 shared tokens are two blocks of 16, and a 40-token prompt may use (40 - 1) // 16 = 2 of them.
+    # Static: requests 0 and 1 prefill together (nothing is cached yet), 2 and 3 find both blocks.
+    assert [r["cached_prompt_tokens"] for r in static] == [0, 0, 32, 32]
+    assert [r["prefill_rounds"] for r in static] == [1, 1, 1, 1]
+    # Continuous, 24 tokens a round, decode rows first: request 0 is fed 24 + 16 (rounds 1-2); request 1 gets
+    # what is left, 8 in round 2, 23 in round 3 beside one decode row, 9 in round 4.  Rows free up in rounds
+    # 5 and 7, after both prompts are cached: 2 and 3 prefill their last 8 tokens in one round each.
+    assert [r["cached_prompt_tokens"] for r in continuous] == [0, 0, 32, 32]
+    assert [r["prefill_rounds"] for r in continuous] == [2, 3, 1, 1]
+    assert [(r["first_round"], r["finish_round"]) for r in continuous] == [
+        (1, 5),
+        (2, 7),
+        (6, 9),
+        (8, 11),
+    ]
+    assert main([*flags.split(), "--max-round-tokens", "24"]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert "req 0   ~ # # # #" in text and "req 1   - ~ ~ # # # #" in text
+    assert main([*flags.split(), "--no-prefix-cache", "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)["policies"]
+    assert all(r["cached_prompt_tokens"] == 0 for p in report.values() for r in p["requests"])
+
+
+def test_unchunked_a_prompt_over_the_round_budget_can_never_run(capsys):
+    flags = "--lengths 2 --prompt-lengths 30 --max-round-tokens 20 --no-chunked-prefill"
+    with pytest.raises(MinirtError, match="exceeds the round token budget of 20"):
+        main(flags.split())

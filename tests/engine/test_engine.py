@@ -534,22 +534,37 @@ def queued(index: int, prompt_len: int, max_new_tokens: int):
     max_new=st.integers(1, 10),
     token_budget=st.one_of(st.none(), st.integers(1, 30)),
     tokens=st.integers(0, 30),
+    chunked=st.booleans(),
 )
 def test_continuous_admission_rule_keeps_both_budgets_by_itself(
-    budget, reserved, prompt_len, max_new, token_budget, tokens
+    budget, reserved, prompt_len, max_new, token_budget, tokens, chunked
 ):
-    """The rule is checked directly, not through the pool's shape, which happens to
-    keep the budget too.  A candidate fits when its KV need fits beside what is reserved, and its prompt beside
-    this round's tokens: the arithmetic by hand."""
-    from minirt.engine.scheduler import ContinuousScheduler
+    """The rule is checked directly, not through the pool's shape, which happens to keep the budget too.  A
+    candidate is admitted when its KV need fits beside what is reserved and some of its prompt fits beside
+    this round's tokens: all of it, or, chunked, what the round's budget leaves.  The arithmetic by hand."""
+    from minirt.engine.scheduler import ContinuousScheduler, KVShape
 
-    scheduler = ContinuousScheduler(4, budget, 64, token_budget)
+    scheduler = ContinuousScheduler(4, budget, 64, token_budget, chunked_prefill=chunked)
+    scheduler.pool = KVShape(rows=4, capacity=64)
+    if reserved:
+        holder = queued(1, reserved, 1)  # its prompt in, it reserves `reserved` positions
+        holder.prefilled = reserved
+        scheduler.running = [holder]
     candidate = queued(0, prompt_len, max_new)
+    scheduler.submit(candidate)
     need = prompt_len + max_new - 1  # its prompt and every output token but the last
-    want = reserved + need <= budget and (
-        token_budget is None or tokens + prompt_len <= token_budget
-    )
-    assert scheduler.fits(candidate, reserved, tokens) == want
+    if token_budget is None or tokens + prompt_len <= token_budget:
+        fed = prompt_len
+    elif chunked:
+        fed = max(0, token_budget - tokens)
+    else:
+        fed = 0
+    prefill_to = {}
+    admitted = scheduler.admissions(tokens, prefill_to)
+    if reserved + need <= budget and fed > 0:
+        assert admitted == [candidate] and prefill_to == {candidate: fed}
+    else:
+        assert admitted == [] and prefill_to == {}
 
 
 def test_requests_submitted_while_the_pool_runs_are_admitted_within_the_budget():

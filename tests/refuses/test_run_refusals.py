@@ -85,13 +85,31 @@ def test_a_budget_that_one_request_fits_runs_and_the_other_fails_alone(tmp_path)
     assert "needs 14 KV cache positions, over the budget of 4" in records[1]["error"]
 
 
-def test_a_round_token_budget_under_every_prompt_is_exit_2(tmp_path):
+def test_a_round_token_budget_under_every_prompt_is_exit_2_when_prefill_is_not_chunked(tmp_path):
     lines = [[1, 2, 3], [4, 5, 6, 7]]
     status, stderr, output = run(
-        tmp_path, lines, ["--policy", "continuous", "--max-round-tokens", "2"]
+        tmp_path,
+        lines,
+        ["--policy", "continuous", "--max-round-tokens", "2", "--no-chunked-prefill"],
     )
     assert status == 2 and len(stderr) == 1 and "exceeds the round token budget of 2" in stderr[0]
     assert output == OLD
+
+
+def test_a_round_token_budget_under_every_prompt_chunks_them_and_changes_no_token(tmp_path):
+    lines = [[1, 2, 3], [4, 5, 6, 7]]
+    flags = ["--policy", "continuous", "--max-new-tokens", "5"]
+    status, stderr, output = run(tmp_path, lines, [*flags, "--max-round-tokens", "2"])
+    assert status == 0, stderr
+    chunked = [json.loads(line) for line in output.splitlines()]
+    status, stderr, output = run(tmp_path, lines, [*flags, "--no-chunked-prefill"])
+    assert status == 0, stderr
+    whole = [json.loads(line) for line in output.splitlines()]
+    assert [r["token_ids"] for r in chunked] == [r["token_ids"] for r in whole]
+    # Two tokens a round, decode rows first: the first prompt's 3 tokens take rounds 1-2 (its first token
+    # comes in 2, then one a round to 6); the second's 4 take what is left, rounds 2-5, so its 5 tokens end in 9.
+    assert [r["first_round"] for r in chunked] == [1, 2]
+    assert [r["finish_round"] for r in chunked] == [6, 9]
 
 
 @pytest.mark.parametrize("suffix", ["txt", "jsonl"])

@@ -70,7 +70,8 @@ def test_logprobs_on_a_model_without_a_tokenizer_name_tokens_as_vllm_does():
 
 @pytest.fixture(scope="module")
 def server():
-    with Server("--max-round-tokens", "8") as running:
+    # Unchunked, so that a prompt over the round's budget is refused (chunked, it is fed over several rounds).
+    with Server("--max-round-tokens", "8", "--no-chunked-prefill") as running:
         yield running
         assert running.stop() == 0
 

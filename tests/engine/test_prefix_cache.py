@@ -1,0 +1,298 @@
+"""The prefix cache and chunked prefill: neither changes a request's tokens.
+
+The references are invariants: a request's tokens (greedy and seeded sampling) and logprobs with the cache
+and chunking are those it gets alone, with neither; the keys and values copied from the cache are the ones
+its own prefill computes; the cache's bookkeeping (what it holds, what it evicts, how much a request took
+from it) is held to counts made by hand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import random_model
+from minirt.engine.engine import Engine
+from minirt.engine.params import SamplingParams
+from minirt.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
+from minirt.model.batch import Batch
+
+MODEL = random_model(seed=11, vocab_size=60, n_positions=160, n_embd=16, n_head=2, n_layer=2)
+B = BLOCK_TOKENS
+
+
+def prompt(seed: int, length: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(1, 60, length)]
+
+
+def params(max_new: int, seed: int | None = None) -> SamplingParams:
+    if seed is None:
+        return SamplingParams(max_new_tokens=max_new, ignore_eos=True, logprobs=0)
+    return SamplingParams(
+        max_new_tokens=max_new, ignore_eos=True, temperature=1.0, seed=seed, logprobs=0
+    )
+
+
+def alone(prompt_ids, sampling: SamplingParams):
+    """The request served by itself: no cache, no chunking, its own group."""
+    engine = Engine(MODEL, None, batch_size=1, prefix_cache=False, chunked_prefill=False)
+    request = engine.make_request(0, prompt_ids, sampling)
+    engine.serve([request])
+    assert request.error is None
+    return request.token_ids, request.logprobs
+
+
+# ------------------------------------------------------------------ the cache alone
+
+
+def kv_of(prompt_ids):
+    """A slot holding the prompt's keys and values, computed by a prefill."""
+    cache = MODEL.new_kv_cache(n_slots=1, capacity=len(prompt_ids))
+    MODEL.forward(Batch([prompt_ids], MODEL.backend), cache)
+    return cache
+
+
+def test_a_prompt_finds_its_full_blocks_but_always_leaves_its_last_token_to_prefill():
+    ids = prompt(1, 3 * B)
+    cache = PrefixCache()
+    cache.set_limit(10_000)
+    assert cache.insert(ids, kv_of(ids), 0) == 3
+    assert cache.positions == 3 * B
+    # The same prompt: its last token must be fed, so two blocks of three.
+    assert cache.cached_tokens(ids) == 2 * B
+    # A longer prompt starting with it takes all three; one differing in block 2 takes only block 1.
+    assert cache.cached_tokens(ids + [5, 6]) == 3 * B
+    changed = list(ids)
+    changed[B + 3] = (changed[B + 3] % 59) + 1
+    assert cache.cached_tokens(changed + [5]) == B
+    # One differing in its first token finds nothing.
+    assert cache.cached_tokens([(ids[0] % 59) + 1] + ids[1:]) == 0
+    # A prompt shorter than a block has nothing to find.
+    assert cache.cached_tokens(ids[: B - 1]) == 0
+
+
+def test_the_keys_and_values_copied_into_a_slot_are_those_its_prefill_computes():
+    ids = prompt(2, 2 * B + 5)
+    source = kv_of(ids)
+    cache = PrefixCache()
+    cache.set_limit(10_000)
+    cache.insert(ids, source, 0)
+    target = MODEL.new_kv_cache(n_slots=3, capacity=len(ids))
+    assert cache.use(ids, target, 2) == 2 * B
+    assert target.lengths[2] == 2 * B
+    np.testing.assert_array_equal(target.keys[:, 2, :, : 2 * B], source.keys[:, 0, :, : 2 * B])
+    np.testing.assert_array_equal(target.values[:, 2, :, : 2 * B], source.values[:, 0, :, : 2 * B])
+    # Nothing past the copied prefix, and no other slot, was written.
+    assert not target.keys[:, 2, :, 2 * B :].any() and not target.keys[:, :2].any()
+    assert (cache.queried_tokens, cache.hit_tokens) == (len(ids), 2 * B)
+
+
+def test_colliding_keys_cost_a_miss_never_another_prompts_keys():
+    # Every block has the same key: only the tokens can tell them apart.
+    cache = PrefixCache(key_function=lambda parent, tokens: 0)
+    cache.set_limit(10_000)
+    first = prompt(3, 2 * B)
+    second = prompt(4, 2 * B)
+    assert cache.insert(first, kv_of(first), 0) == 1  # block 2's key is block 1's: taken
+    assert (
+        cache.insert(second, kv_of(second), 0) == 0
+    )  # its first block's key is taken by other tokens
+    assert cache.cached_tokens(second + [1]) == 0
+    assert cache.cached_tokens(first + [1]) == B
+
+
+def test_the_least_recently_used_blocks_go_first_and_a_prefix_keeps_its_head():
+    cache = PrefixCache()
+    cache.set_limit(4 * B)
+    a = prompt(5, 2 * B)
+    b = prompt(6, 2 * B)
+    cache.insert(a, kv_of(a), 0)
+    cache.insert(b, kv_of(b), 0)
+    assert cache.positions == 4 * B
+    # `a` used again: `b` is now the least recent.
+    assert cache.cached_tokens(a + [1]) == 2 * B
+    cache.use(a + [1], MODEL.new_kv_cache(n_slots=1, capacity=2 * B + 1), 0)
+    cache.set_limit(3 * B)
+    # One block went: b's second (a prefix's tail goes before its head).
+    assert cache.cached_tokens(b + [1]) == B and cache.cached_tokens(a + [1]) == 2 * B
+    cache.set_limit(B)
+    assert cache.cached_tokens(a + [1]) == B and cache.cached_tokens(b + [1]) == 0
+    assert cache.evicted_blocks == 3
+    cache.set_limit(0)
+    assert cache.positions == 0
+
+
+def test_a_prefix_too_big_for_the_limit_keeps_what_fits_without_evicting_its_own_blocks():
+    cache = PrefixCache()
+    cache.set_limit(2 * B)
+    ids = prompt(7, 4 * B)
+    assert cache.insert(ids, kv_of(ids), 0) == 2
+    assert cache.cached_tokens(ids) == 2 * B
+
+
+# ------------------------------------------------------------------ in the engine
+
+
+def test_two_requests_with_one_prefix_the_second_copies_it_and_gets_the_same_tokens():
+    prefix = prompt(8, 3 * B + 4)
+    first = prefix + prompt(9, 5)
+    second = prefix + prompt(10, 7)
+    engine = Engine(MODEL, None, batch_size=2, policy="continuous")
+    requests = [engine.make_request(i, p, params(6)) for i, p in enumerate([first, second])]
+    engine.serve(requests[:1])
+    stats = engine.serve(requests[1:])
+    # The cache outlives a run: the second run's request finds the first's three full blocks.
+    assert [r.cached_prompt_tokens for r in requests] == [0, 3 * B]
+    assert stats.cached_prompt_tokens == 3 * B and stats.prompt_tokens == len(second)
+    for request, ids in zip(requests, [first, second], strict=True):
+        tokens, logprobs = alone(ids, params(6))
+        assert request.token_ids == tokens
+        np.testing.assert_allclose(request.logprobs, logprobs, rtol=0, atol=1e-5)
+
+
+def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and_gets_its_tokens():
+    prefix = prompt(11, 2 * B + 8)  # 40 tokens: two full blocks
+    late = prefix + [3]
+    # A budget of 64 positions, one row: while the 40-token request runs (43 positions) one block fits beside
+    # it; the 60-token request after it (63 positions) leaves room for none, evicting it before `late` runs.
+    engine = Engine(MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static")
+    made = [
+        engine.make_request(0, prefix, params(4)),
+        engine.make_request(1, prompt(12, 60), params(4)),
+        engine.make_request(2, late, params(4)),
+    ]
+    engine.serve(made)
+    assert [r.cached_prompt_tokens for r in made] == [0, 0, 0]
+    assert made[2].token_ids == alone(late, params(4))[0]
+    # Without the long request between them, the block kept is found.
+    engine = Engine(MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static")
+    made = [engine.make_request(0, prefix, params(4)), engine.make_request(2, late, params(4))]
+    engine.serve(made)
+    assert [r.cached_prompt_tokens for r in made] == [0, B]
+    assert made[1].token_ids == alone(late, params(4))[0]
+
+
+def test_the_cache_never_holds_more_than_the_budget_leaves_beside_the_kv_cache():
+    engine = Engine(MODEL, None, batch_size=2, kv_budget_tokens=200, policy="continuous")
+    prompts = [prompt(20 + i, 30 + 17 * i) for i in range(5)]
+    made = [engine.make_request(i, p, params(5)) for i, p in enumerate(prompts)]
+    for request in made:
+        engine.add_request(request)
+    while engine.has_unfinished():
+        engine.step()
+        allocated = (
+            0
+            if engine.kv_cache is None
+            else len(engine.kv_cache.lengths) * engine.kv_cache.capacity
+        )
+        assert engine.prefix_cache.positions + allocated <= 200
+
+
+def test_chunked_prefill_feeds_decode_rows_first_and_gives_the_first_token_when_the_prompt_ends():
+    engine = Engine(
+        MODEL, None, batch_size=2, policy="continuous", round_token_budget=8, prefix_cache=False
+    )
+    short = engine.make_request(0, prompt(30, 3), params(10))
+    long = engine.make_request(1, prompt(31, 20), params(2))
+    engine.add_request(short)
+    engine.add_request(long)
+    fed = []
+    while engine.has_unfinished():
+        output = engine.step()
+        fed.append(sorted(r.index for r in output.new_tokens))
+    # Round 1: the short prompt (3) and 5 tokens of the long one; then the short row decodes (1) and the
+    # long one takes 7 a round: 5 + 7 + 7 = 19, then the last token with its first output token in round 4.
+    assert long.prefill_rounds == 4 and long.first_round == 1
+    assert fed[:4] == [[0], [0], [0], [0, 1]]
+    assert long.finish_round == 5 and short.finish_round == 10
+    assert long.token_ids == alone(long.prompt_ids, params(2))[0]
+    assert short.token_ids == alone(short.prompt_ids, params(10))[0]
+
+
+# ------------------------------------------------------------------ the property
+
+
+@st.composite
+def workloads(draw):
+    """Prompts sharing prefixes of random lengths (some none), each arriving after a random number of steps."""
+    n_prefixes = draw(st.integers(1, 3))
+    prefixes = [
+        prompt(100 + draw(st.integers(0, 50)), draw(st.integers(1, 3 * B + 5)))
+        for _ in range(n_prefixes)
+    ]
+    n = draw(st.integers(1, 7))
+    items = []
+    for index in range(n):
+        prefix = prefixes[draw(st.integers(0, n_prefixes - 1))]
+        cut = draw(st.integers(0, len(prefix)))
+        suffix = prompt(200 + index, draw(st.integers(0, 12)))
+        ids = (prefix[:cut] + suffix) or [7]
+        seed = draw(st.one_of(st.none(), st.integers(0, 1000)))
+        items.append((ids, draw(st.integers(1, 6)), seed, draw(st.integers(0, 6))))
+    return items
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    workload=workloads(),
+    policy=st.sampled_from(["static", "continuous"]),
+    rows=st.integers(1, 4),
+    round_tokens=st.integers(1, 40),
+    kv_budget=st.one_of(st.none(), st.integers(160, 400)),
+    prefix_cache=st.booleans(),
+    chunked=st.booleans(),
+)
+def test_neither_the_cache_nor_chunking_nor_arrival_changes_a_requests_tokens(
+    workload, policy, rows, round_tokens, kv_budget, prefix_cache, chunked
+):
+    if not chunked and policy == "continuous":
+        # Unchunked, a prompt over the round's budget is refused: give it room.
+        round_tokens = max(round_tokens, max(len(ids) for ids, *_ in workload))
+    engine = Engine(
+        MODEL,
+        None,
+        batch_size=rows,
+        policy=policy,
+        round_token_budget=round_tokens,
+        kv_budget_tokens=kv_budget,
+        prefix_cache=prefix_cache,
+        chunked_prefill=chunked,
+    )
+    made = [
+        engine.make_request(i, ids, params(n, seed)) for i, (ids, n, seed, _) in enumerate(workload)
+    ]
+    arrivals = sorted(range(len(made)), key=lambda i: workload[i][3])
+    step = 0
+    while arrivals or engine.has_unfinished():
+        while arrivals and workload[arrivals[0]][3] <= step:
+            engine.add_request(made[arrivals.pop(0)])
+        engine.step()
+        step += 1
+    for request, (ids, n, seed, _) in zip(made, workload, strict=True):
+        assert request.error is None, request.error
+        tokens, logprobs = alone(ids, params(n, seed))
+        assert request.token_ids == tokens
+        np.testing.assert_allclose(request.logprobs, logprobs, rtol=0, atol=1e-5)
+        if not prefix_cache:
+            assert request.cached_prompt_tokens == 0
+        assert request.cached_prompt_tokens % B == 0 and request.cached_prompt_tokens < len(ids)
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
+    from minirt.engine.output import RequestOutput
+
+    prefix = prompt(40, 2 * B + 1)
+    for enabled, expected in ((True, [0, 2 * B]), (False, [0, 0])):
+        engine = Engine(MODEL, None, batch_size=1, policy=policy, prefix_cache=enabled)
+        made = [engine.make_request(i, prefix + [i + 1], params(3)) for i in range(2)]
+        engine.serve(made)
+        outputs = [RequestOutput.from_request(r) for r in made]
+        assert [o.cached_prompt_tokens for o in outputs] == expected
+        assert [o.record()["cached_prompt_tokens"] for o in outputs] == expected
