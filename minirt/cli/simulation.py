@@ -20,7 +20,15 @@ from ..engine.engine import DEFAULT_ROUND_TOKENS
 from ..engine.params import SamplingParams
 from ..engine.request import Request, add_token, note_prefill
 from ..engine.prefix_cache import PrefixCache
-from ..engine.scheduler import RoundPlan, SCHEDULERS, Scheduler, no_cached_tokens
+from ..engine.scheduler import (
+    SCHEDULERS,
+    KVShape,
+    RoundPlan,
+    Scheduler,
+    no_cached_tokens,
+    no_prefix_in_flight,
+    no_room_to_make,
+)
 from ..errors import MinirtError
 from .plural import plural
 
@@ -101,6 +109,8 @@ def simulate(
         round_tokens,
         chunked_prefill=chunked_prefill,
         cached_tokens=no_cached_tokens if cache is None else cache.cached_tokens,
+        on_kv_shape=no_room_to_make if cache is None else cache.make_room_for,
+        shared_in_flight=no_prefix_in_flight if cache is None else cache.shared_in_flight,
     )
     for request in requests:
         reason = scheduler.refusal(request)
@@ -118,7 +128,7 @@ def simulate(
         run_round(plan, round_number, cache)
         ended_group = scheduler.complete(plan)
         if cache is not None and ended_group is not None:
-            cache.allocated(0)
+            cache.allocate(0)
     return Simulation(policy, rows, requests, scheduler)
 
 
@@ -166,19 +176,31 @@ class SimulatedCache:
     def __init__(self, kv_budget: int):
         self.kv_budget = kv_budget
         self.prefix_cache = PrefixCache()
-        self.allocated(0)
+        # Positions of the KV cache the plans have allocated.
+        self.current = 0
+        self.allocate(0)
 
-    def allocated(self, positions: int) -> None:
+    def allocate(self, positions: int) -> None:
+        self.current = positions
         self.prefix_cache.set_limit(self.kv_budget - positions)
+
+    def make_room_for(self, shape: KVShape) -> None:
+        """A plan chose a new KV shape: room for it beside the one held now, before it asks
+        what is cached."""
+        self.prefix_cache.set_limit(self.kv_budget - shape.rows * shape.capacity - self.current)
 
     def cached_tokens(self, request: Request) -> int:
         return self.prefix_cache.cached_tokens(request.prompt_ids)
+
+    def shared_in_flight(self, request: Request, in_flight: list[Request]) -> int:
+        others = [other.prompt_ids for other in in_flight]
+        return self.prefix_cache.shared_with(request.prompt_ids, others)
 
     def admit(self, plan: RoundPlan) -> None:
         """A new group or pool allocates its KV cache; each admitted request takes what the
         cache holds of its prompt."""
         if plan.kv_shape is not None:
-            self.allocated(plan.kv_shape.rows * plan.kv_shape.capacity)
+            self.allocate(plan.kv_shape.rows * plan.kv_shape.capacity)
         for request in plan.admitted:
             cached = self.prefix_cache.use(request.prompt_ids, NO_NUMBERS, 0)
             request.prefilled = cached

@@ -30,7 +30,7 @@ from .ray_data import PromptsDatasource, connect, generate_dataset, worker_error
 from ..errors import MinirtError
 from ..cli.plural import plural
 from ..cli.records import completion_block
-from ..engine.request import Request, Status
+from ..engine.request import Request, Status, note_prefill
 from ..engine.params import SamplingParams
 from ..engine.scheduler import SCHEDULERS, Scheduler
 
@@ -78,43 +78,55 @@ class RecordSink:
 class OneProcessSchedule:
     """The `group`, `rounds_waited`, `first_round` and `finish_round` that one process gives each
     request, found by replaying the engine's own scheduler on what the workers report: which
-    requests ran, their prompt lengths and max_new_tokens (a request's KV need), and how many rounds
-    each was active (its tokens, or the round it failed in).  Records go in in input order and come
-    out in input order with those four fields replaced. Static groups are replayed as records arrive
-    (a group is chosen once batch_size requests wait, or at the end); continuous batching may admit
-    a later request first, so it is replayed at the end."""
+    requests ran, their prompt lengths and max_new_tokens (a request's KV need), and how many
+    tokens each produced (and one more round for one that failed mid-run).  Records go in in input
+    order and come out in input order with those four fields replaced.  Continuous batching is
+    replayed with the workers' chunked prefill, but without their prefix caches: a cache hit only
+    makes a prefill feed fewer tokens, which moves rounds only where a round's token budget binds.
+    Static groups are replayed as records arrive (a group is chosen once batch_size requests wait,
+    or at the end); continuous batching may admit a later request first, so it is replayed at the
+    end."""
 
     SCHEDULED = ("group", "rounds_waited", "first_round", "finish_round")
 
-    def __init__(self, policy: str, batch_size: int, round_tokens: int):
+    def __init__(
+        self, policy: str, batch_size: int, round_tokens: int, chunked_prefill: bool = True
+    ):
         self.policy = policy
         self.batch_size = batch_size
         self.round_tokens = round_tokens
+        self.chunked_prefill = chunked_prefill
         # Made with the first row: the KV budget comes from the workers.
         self.scheduler: Scheduler | None = None
         # In input order, their four fields not known yet.
         self.pending: deque[tuple[dict[str, Any], Request | None]] = deque()
-        # A running stub's index: the rounds it stays active.
-        self.active_rounds: dict[int, int] = {}
+        # A running stub's index: the rounds, once its prompt is in, that it gives a token in (or
+        # fails in).
+        self.token_rounds: dict[int, int] = {}
         self.round = 0
 
     def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
         if self.scheduler is None:
             self.scheduler = SCHEDULERS[self.policy](
-                self.batch_size, int(row["kv_budget"]), int(row["n_positions"]), self.round_tokens
+                self.batch_size,
+                int(row["kv_budget"]),
+                int(row["n_positions"]),
+                self.round_tokens,
+                chunked_prefill=self.chunked_prefill,
             )
         stub = None
         # It ran, so it was queued in one process too.
         if record["first_round"] is not None:
             # Its index is this stub's own.
             stub = Request(
-                index=len(self.active_rounds),
+                index=len(self.token_rounds),
                 id=record["id"],
                 prompt=None,
                 prompt_ids=[0] * record["prompt_tokens"],
                 params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True),
             )
-            self.active_rounds[stub.index] = record["finish_round"] - record["first_round"] + 1
+            failed_mid_run = record["finish_reason"] == "error"
+            self.token_rounds[stub.index] = len(record["token_ids"]) + int(failed_mid_run)
             self.scheduler.submit(stub)
         self.pending.append((record, stub))
 
@@ -131,10 +143,15 @@ class OneProcessSchedule:
                 break
             self.round += 1
             plan = scheduler.plan(self.round)
-            # Each active row produces a token; it is done after its own count.
+            # Each active row feeds its prompt (or a chunk of it); once the prompt is in, it
+            # produces a token each round, and is done after its own count.
             for active in plan.active:
+                if active in plan.prefill_to:
+                    note_prefill(active, plan.prefill_to[active])
+                if not active.prompt_done:
+                    continue
                 active.token_ids.append(0)
-                if len(active.token_ids) == self.active_rounds[active.index]:
+                if len(active.token_ids) == self.token_rounds[active.index]:
                     active.status = Status.FINISHED
                     active.finish_round = self.round
             scheduler.complete(plan)
@@ -302,7 +319,9 @@ def worker_cpus(args) -> int:
 def write_records(args, records, sink: RecordSink, progress: RayProgress, signals) -> int:
     """Every record, in input order, to the sink and as a completion to standard output; how many
     failed.  Ctrl-C or SIGTERM: the records already final are written, scheduled or not."""
-    schedule = OneProcessSchedule(args.policy, args.batch_size, args.max_round_tokens)
+    schedule = OneProcessSchedule(
+        args.policy, args.batch_size, args.max_round_tokens, args.chunked_prefill
+    )
     failed = 0
     interrupted = True
 

@@ -253,6 +253,8 @@ class Engine:
             self.round_token_budget,
             chunked_prefill=self.chunked_prefill,
             cached_tokens=self.cached_tokens,
+            on_kv_shape=self.make_room_for,
+            shared_in_flight=self.shared_in_flight,
         )
         # The run's counts; the scheduler's per-round lists grow as it runs.
         self.stats = RunStats(
@@ -296,6 +298,26 @@ class Engine:
         if self.prefix_cache is None:
             return 0
         return self.prefix_cache.cached_tokens(request.prompt_ids)
+
+    def shared_in_flight(self, request: Request, in_flight: list[Request]) -> int:
+        """How many of a waiting request's first prompt tokens, in whole blocks, the prompts
+        still being fed share with it (the cache will hold them once those are in)."""
+        if self.prefix_cache is None:
+            return 0
+        others = [other.prompt_ids for other in in_flight]
+        return self.prefix_cache.shared_with(request.prompt_ids, others)
+
+    def make_room_for(self, shape: KVShape) -> None:
+        """Before a KV cache of `shape` is allocated: the prefix cache shrinks to what the
+        budget leaves beside it (and beside the pool it grows from, while both are held)."""
+        if self.prefix_cache is None:
+            return
+        allocated = shape.rows * shape.capacity
+        held = self.kv_cache is not None and any(r.slot is not None for r in self.scheduler.running)
+        if held:
+            assert self.kv_cache is not None
+            allocated += len(self.kv_cache.lengths) * self.kv_cache.capacity
+        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)
 
     def limit_prefix_cache(self) -> None:
         """The prefix cache may hold what the KV budget leaves beside the KV cache allocated
@@ -518,6 +540,7 @@ class Engine:
                 self.stats.kv_limited_rows.append(plan.kv_shape.rows)
         assert self.kv_cache is not None  # made with its group (or the pool) before admission
         for request in plan.admitted:
+            request.admitted_s = self.seconds()
             if request.params.prompt_logprobs:
                 self.score_prompt(request)
             request.slot = self.free_slots.pop(0)
@@ -561,16 +584,24 @@ class Engine:
         assert self.kv_cache is not None  # a round runs within its group's (or the pool's) cache
         slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
         new_tokens = [self.new_tokens_of(r, plan) for r in active]
+        # A row fed a chunk short of its prompt's end gives no token, so needs no logits.
+        wants_logits = [plan.prefill_to.get(r, r.prompt_len) == r.prompt_len for r in active]
         past_lens = self.kv_cache.lengths[slots]  # [B]
-        return Batch(new_tokens, self.model.backend, slots=slots, past_lens=past_lens)
+        return Batch(
+            new_tokens,
+            self.model.backend,
+            slots=slots,
+            past_lens=past_lens,
+            wants_logits=wants_logits,
+        )
 
     def new_tokens_of(self, request: Request, plan: RoundPlan) -> list[int]:
         """What a row feeds this round: the prompt from where its slot's keys end to where the
         plan's chunk ends (the prompt's end, unless chunked), or its last token."""
         if request in plan.prefill_to:
             end = plan.prefill_to[request]
-            # The scheduler planned with what the cache held; an eviction since can only have
-            # left the slot shorter, and the row then feeds more of its prompt.
+            # The scheduler planned with what the cache holds (room for the round's KV cache
+            # was made before it asked), so the slot holds what it counted on.
             assert request.prefilled < end <= request.prompt_len
             return request.prompt_ids[request.prefilled : end]
         return request.token_ids[-1:]
@@ -592,10 +623,8 @@ class Engine:
         Returns the requests that got a token (a row whose logits are not finite fails alone:
         its peers' rows are untouched and go on)."""
         n_positions = self.model.config.n_positions
-        ready = [index for index, request in enumerate(active) if request.prompt_done]
-        if len(ready) < len(active):
-            logits = logits[self.model.backend.asarray(np.array(ready, dtype=np.int64))]  # [B', V]
-        producing = [active[index] for index in ready]
+        # The logits are those of these rows alone (`Batch`'s wants_logits), in row order.
+        producing = [request for request in active if request.prompt_done]
         if not producing:
             return []
         choices = choose_tokens(self.model.backend, logits, producing)

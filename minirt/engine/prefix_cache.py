@@ -107,6 +107,20 @@ class PrefixCache:
             parent = block
         return run
 
+    def shared_with(self, prompt_ids: Sequence[int], others: Sequence[Sequence[int]]) -> int:
+        """The most tokens, in whole blocks, that the prompt's start shares with one of `others`
+        (prompts still being fed, whose blocks the cache will hold once they are in), at most
+        what a match may use: (P - 1) // block_tokens blocks."""
+        usable = (len(prompt_ids) - 1) // self.block_tokens * self.block_tokens
+        best = 0
+        for other in others:
+            common = 0
+            limit = min(usable, len(other))
+            while common < limit and prompt_ids[common] == other[common]:
+                common += 1
+            best = max(best, common // self.block_tokens * self.block_tokens)
+        return best
+
     def cached_tokens(self, prompt_ids: Sequence[int]) -> int:
         """How many of the prompt's first tokens a request admitted now would take from here."""
         return len(self.match(prompt_ids)) * self.block_tokens

@@ -83,6 +83,7 @@ class Request:
     arrival_s: float | None = None  # when it was queued (or refused)
     first_token_s: float | None = None
     finish_s: float | None = None  # when its record became final
+    admitted_s: float | None = None  # when its first round (its prefill's first) began
 
     # Its prompt's way into its KV slot: `prefilled` prompt tokens are there (all of them once
     # its prompt is in), `cached_prompt_tokens` of those were copied from the prefix cache, and

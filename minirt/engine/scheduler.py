@@ -33,7 +33,17 @@ chunking, a prompt is fed whole in its first round (and one over the budget is r
 groups always prefill in one round, since that is the lesson they teach.
 
 A prompt's first tokens may be in the prefix cache (minirt/engine/prefix_cache.py): the engine
-tells the scheduler how many (`cached_tokens`), and a prefill then costs only the rest.
+tells the scheduler how many (`cached_tokens`), and a prefill then costs only the rest.  The cache
+lives in what the KV budget leaves beside the KV cache, so a plan that chooses a new KV shape
+tells the engine first (`on_kv_shape`), before it asks what is cached: the engine makes room
+(evicting what no longer fits), and what the plan counts on is then still there at admission.
+Continuous batching also waits for a prefix in flight: a waiting request whose prompt starts with
+more whole blocks of a prompt still being fed (running, or admitted this round) than the cache
+holds for it is not admitted yet (`shared_in_flight`): once that prompt is in, its blocks are
+cached and the request prefills only the rest.  A row may stay free a round or two; the prefill
+it saves is the shared prefix, computed once instead of once per request (a system prompt, a
+document asked about many times).  The wait ends when that prompt is in, which it always is a
+round or more later (it is fed at least one token a round).
 
 The continuous pool grows.  Requests may arrive while it runs (`Engine.add_request`), so it
 cannot be sized once by the first requests it sees.  It starts as the requests then waiting
@@ -106,6 +116,16 @@ def no_cached_tokens(request: Request) -> int:
     return 0
 
 
+def no_prefix_in_flight(request: Request, in_flight: list[Request]) -> int:
+    """Without a prefix cache, no prompt in flight will be cached."""
+    return 0
+
+
+def no_room_to_make(shape: KVShape) -> None:
+    """Without a prefix cache, a new KV shape needs no room made beside it."""
+    return None
+
+
 def mark_admitted(request: Request, group: int | None, round_number: int) -> None:
     """Stamp the request as running from this round on (its first round is its prefill)."""
     request.status = Status.RUNNING
@@ -128,6 +148,8 @@ class Scheduler:
         round_token_budget: int | None = None,
         chunked_prefill: bool = False,
         cached_tokens: Callable[[Request], int] = no_cached_tokens,
+        on_kv_shape: Callable[[KVShape], None] = no_room_to_make,
+        shared_in_flight: Callable[[Request, list[Request]], int] = no_prefix_in_flight,
     ):
         self.max_rows = max_rows
         self.kv_budget = kv_budget_positions
@@ -138,6 +160,11 @@ class Scheduler:
         self.chunked_prefill = chunked_prefill
         # How many of a waiting request's first prompt tokens the prefix cache holds now.
         self.cached_tokens = cached_tokens
+        # Told of a new group's or pool's KV shape before anything is admitted to it.
+        self.on_kv_shape = on_kv_shape
+        # How many of a waiting request's first prompt tokens the cache will hold once these
+        # requests' prompts are in.
+        self.shared_in_flight = shared_in_flight
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Per round: rows that ran, and rows whose KV slots were held (utilization: active / held).
@@ -206,6 +233,7 @@ class StaticScheduler(Scheduler):
         # One slot per member, each as long as the longest member needs.
         longest = max(self.kv_positions_needed(r) for r in members)
         shape = KVShape(rows=len(members), capacity=longest)
+        self.on_kv_shape(shape)
         # The whole group prefills in its first round.
         prefill_to = {r: r.prompt_len for r in members}
         return RoundPlan(round_number, list(members), list(members), shape, kv_limited, prefill_to)
@@ -335,6 +363,7 @@ class ContinuousScheduler(Scheduler):
         if self.waiting:
             shape, kv_limited = self.next_pool()
         if shape is not None:
+            self.on_kv_shape(shape)
             self.pool = shape
         prefill_to: dict[Request, int] = {}
         tokens = self.running_tokens(prefill_to)
@@ -379,6 +408,10 @@ class ContinuousScheduler(Scheduler):
                 continue
             # Its prompt after what the prefix cache holds of it.
             start = self.cached_tokens(candidate)
+            in_flight = [r for r in self.running if not r.prompt_done] + admitted
+            if self.shared_in_flight(candidate, in_flight) > start:
+                # More of its prefix is on its way into the cache: it waits for it.
+                continue
             chunk = self.prompt_chunk(candidate.prompt_len - start, tokens)
             if chunk == 0:
                 continue

@@ -133,6 +133,17 @@ class DeviceArrays:
     last_index: Any
 
 
+def last_token_index(new_lens: np.ndarray, wants_logits: Sequence[bool] | None) -> np.ndarray:
+    """The packed index of each non-empty row's last token, whose logits give its next token:
+    [M], one per non-empty row that wants logits (every row, by default)."""
+    B = len(new_lens)
+    if wants_logits is None:
+        wanted = np.ones(B, dtype=bool)  # [B]
+    else:
+        wanted = np.asarray(wants_logits, dtype=bool).reshape(B)  # [B]
+    return (np.cumsum(new_lens) - 1)[(new_lens > 0) & wanted]  # [M]
+
+
 def uploaded_once(backend: Backend, host_arrays: dict[str, np.ndarray]) -> DeviceArrays:
     """The round's integer arrays (all int64), end to end in one host array, moved to the backend
     in one upload and cut into views there: one host-to-device copy per round, not one per
@@ -150,10 +161,17 @@ def uploaded_once(backend: Backend, host_arrays: dict[str, np.ndarray]) -> Devic
 
 class Batch:
     """The metadata of one forward pass: host numbers (NumPy) per row [B] and per token [N], and
-    `device`, what the layers read on the backend; `mask`, built from those."""
+    `device`, what the layers read on the backend; `mask`, built from those.  `wants_logits[b]`
+    says whether row b's last token gives logits (by default every row's does; a row fed a chunk
+    of its prompt that does not end it needs none)."""
 
     def __init__(
-        self, token_lists: Sequence[Sequence[int]], backend: Backend, slots=None, past_lens=None
+        self,
+        token_lists: Sequence[Sequence[int]],
+        backend: Backend,
+        slots=None,
+        past_lens=None,
+        wants_logits: Sequence[bool] | None = None,
     ):
         B = len(token_lists)
         self.backend = backend
@@ -187,9 +205,7 @@ class Batch:
         self.positions = self.past_lens[rows] + cols  # [N]
         # The packed index of each row's first token.
         self.first_index = np.cumsum(self.new_lens) - self.new_lens  # [B]
-        # The packed index of each non-empty row's last token, whose logits give its next token
-        # (M: one per non-empty row).
-        self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]  # [M]
+        self.last_index = last_token_index(self.new_lens, wants_logits)  # [M]
 
         # The ids fed to the embedding, in packed order (the model checks them against its
         # vocabulary).

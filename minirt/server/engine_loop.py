@@ -464,18 +464,17 @@ class EngineLoop:
     def run_step(self) -> None:
         """One round, and its news to the handlers.  A round that raises (a fault of the server,
         not of a request) ends every request it held, each told why."""
-        round_start = time.perf_counter()
         try:
             output = self.engine.step()
         except Exception as exc:  # noqa: BLE001 (told to every client, and logged)
             traceback.print_exc(file=sys.stderr)
             self.fail_everything(exc)
             return
-        self.deliver(output, round_start)
+        self.deliver(output)
         if output.round_record is not None:
             self.feed.publish(output.round_record)
 
-    def deliver(self, output: StepOutput, round_start: float) -> None:
+    def deliver(self, output: StepOutput) -> None:
         """Each new token, then each final record, to its completion's queue."""
         now = time.perf_counter()
         if output.round_number is not None:
@@ -483,7 +482,12 @@ class EngineLoop:
         for request in output.new_tokens:
             completion, choice = self.tracked[request]
             if len(request.token_ids) == 1:
-                waited = round_start - completion.received_s
+                # Queued from its arrival to its first round (a chunked prompt's first chunk,
+                # which may be rounds before this one): the engine's clock counts from its run's
+                # start, on the same perf_counter.
+                assert request.admitted_s is not None  # it was admitted, since it got a token
+                admitted = self.engine.run_start + request.admitted_s
+                waited = admitted - completion.received_s
                 self.metrics.first_token(request, now - completion.received_s, waited)
             self.send(completion, token_event(request, choice))
         for request in output.finished:
@@ -510,7 +514,7 @@ class EngineLoop:
             self.engine.abort(completion_id)
         if self.engine.has_unfinished():
             # Nothing is left to run: this step only reports the aborts.
-            self.deliver(self.engine.step(), time.perf_counter())
+            self.deliver(self.engine.step())
 
     def send(self, completion: Completion, event) -> None:
         """Hand an event to the completion's queue, on its event loop's thread."""

@@ -233,6 +233,8 @@ def test_an_interrupted_replay_keeps_every_record():
                 "first_round": 1,
                 "finish_round": 4,
                 "text": "x",
+                "token_ids": [0, 0, 0, 0],
+                "finish_reason": "length",
             },
             row,
         )
@@ -255,7 +257,8 @@ def test_an_interrupted_replay_keeps_every_record():
 def test_the_file_is_the_file_of_one_process(
     local_ray, tiny_lm, prompts_and_single_run, tmp_path, policy, flags
 ):
-    """Every field but the timing ones, under either policy, with the KV budget or round budget binding."""
+    """Every field but the timing ones, under either policy, with the KV budget or round budget binding.  Without
+    the prefix cache: each worker's cache is its own, and the replay of one process's rounds has none."""
     prompts, _ = prompts_and_single_run
     common = [
         "--model",
@@ -268,6 +271,7 @@ def test_the_file_is_the_file_of_one_process(
         policy,
         "--quiet",
         "--no-progress",
+        "--no-prefix-cache",
         *flags,
     ]
     assert generate([*common, "--output", str(tmp_path / "one.jsonl")])[0] == EXIT_REQUEST_FAILED

@@ -34,6 +34,19 @@ The servers, each with --threads threads (2) and 8 rows:
     watched      as minirt, with a round-grid page's feed open all along (GET /rounds/events, read by a thread)
     baseline     as minirt, but run from another checkout (--baseline-tree DIR, e.g. a `git worktree` of an
                  earlier commit): what a change costs, side by side
+    chunked      as minirt, with --max-round-tokens --chunk-tokens (256): a long prompt is fed in chunks
+                 beside the decoding rows
+    unchunked    as minirt, with --no-chunked-prefill: each prompt is fed whole in one round
+
+Long prompts beside decoding rows (chunked prefill): --long-prompts N more requests of --long-prompt-len
+tokens (1000) and --long-max-tokens new tokens (4), arriving as their own Poisson process at --long-rate
+per second from the start.  The table then adds, for the main (decoding) requests alone, the p99 of
+their per-request TPOT and the p99 of their inter-token gaps (each streamed chunk's time since the one
+before: what a reader of the stream waits for a token; vLLM's ITL):
+
+    flock /tmp/bench.lock python tools/bench/serve_bench.py --sides unchunked,chunked --rows 12 \
+        --requests 8 --rate 1000 --prompt-lens 16:32 --max-tokens 160 \
+        --long-prompts 12 --long-prompt-len 1000 --long-rate 0.5 --clients 24 --repeats 3
 
 What the round grid costs with no page open:
     git worktree add /tmp/minirt-before COMMIT_BEFORE_THE_PAGE
@@ -63,7 +76,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py, llama_cpp.py
@@ -72,7 +85,7 @@ import blas_env
 from llama_cpp import ensure_model, source_dir
 
 REPO = Path(__file__).resolve().parent.parent.parent
-SIDES = ("minirt", "llama", "static", "watched", "baseline")
+SIDES = ("minirt", "llama", "static", "watched", "baseline", "chunked", "unchunked")
 # The sides run when --sides is not given.
 DEFAULT_SIDES = ("minirt", "llama", "static")
 ROWS = 8
@@ -88,6 +101,10 @@ class Outcome:
     last: float | None = None
     tokens: int = 0
     error: str | None = None
+    # A main request, or one of --long-prompts.
+    long: bool = False
+    # Seconds between consecutive streamed chunks.
+    gaps: list[float] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -115,10 +132,16 @@ def workload(args, vocab_size: int) -> list[tuple[float, list[int], int]]:
     fewest, most = span(args.max_tokens)
     new_tokens = rng.integers(fewest, most + 1, size=args.requests)
     # Below the last id, which GPT-2 gives <|endoftext|>.
-    return [
-        (float(at), rng.integers(0, vocab_size - 1, size=int(n)).tolist(), int(m))
+    work = [
+        (float(at), rng.integers(0, vocab_size - 1, size=int(n)).tolist(), int(m), False)
         for at, n, m in zip(arrivals, lengths, new_tokens, strict=True)
     ]
+    if args.long_prompts:
+        gaps = rng.exponential(1.0 / args.long_rate, size=args.long_prompts)
+        for at in np.cumsum(gaps):
+            prompt = rng.integers(0, vocab_size - 1, size=args.long_prompt_len).tolist()
+            work.append((float(at), prompt, args.long_max_tokens, True))
+    return work
 
 
 def start_server(side: str, args, port: int) -> subprocess.Popen:
@@ -135,8 +158,12 @@ def start_server(side: str, args, port: int) -> subprocess.Popen:
         policy = "static" if side == "static" else "continuous"
         command = [
             sys.executable, "-m", "minirt.serve", "--model", str(args.model.resolve()), "--port", str(port),
-            "--batch-size", str(ROWS), "--policy", policy, "--served-model-name", "bench",
+            "--batch-size", str(args.rows), "--policy", policy, "--served-model-name", "bench",
         ]  # fmt: skip
+        if side == "chunked":
+            command += ["--max-round-tokens", str(args.chunk_tokens)]
+        if side == "unchunked":
+            command += ["--no-chunked-prefill"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
     tree = REPO
     if side == "baseline":
@@ -200,9 +227,10 @@ def stop_server(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def one_request(client, prompt: list[int], max_tokens: int, start: float) -> Outcome:
-    """A streamed completion: its first and last chunk's times, and its tokens from the usage."""
-    outcome = Outcome(sent=time.perf_counter() - start)
+def one_request(client, prompt: list[int], max_tokens: int, start: float, long: bool) -> Outcome:
+    """A streamed completion: its first and last chunk's times, the gaps between its chunks, and
+    its tokens from the usage."""
+    outcome = Outcome(sent=time.perf_counter() - start, long=long)
     try:
         stream = client.completions.create(
             model="bench",
@@ -218,6 +246,8 @@ def one_request(client, prompt: list[int], max_tokens: int, start: float) -> Out
             if chunk.choices and chunk.choices[0].text and outcome.first is None:
                 outcome.first = now
             if chunk.choices:
+                if outcome.last is not None:
+                    outcome.gaps.append(now - outcome.last)
                 outcome.last = now
             if chunk.usage is not None:
                 outcome.tokens = chunk.usage.completion_tokens
@@ -248,7 +278,7 @@ def run_load(port: int, work, args) -> tuple[list[Outcome], float]:
         )
         while True:
             try:
-                index, (arrival, prompt, max_tokens) = jobs.get_nowait()
+                index, (arrival, prompt, max_tokens, long) = jobs.get_nowait()
             except queue.Empty:
                 return
             delay = start + arrival - time.perf_counter()
@@ -256,7 +286,7 @@ def run_load(port: int, work, args) -> tuple[list[Outcome], float]:
                 outcomes[index] = Outcome(sent=arrival, error="not sent: --max-seconds ran out")
                 continue
             time.sleep(max(delay, 0))
-            outcomes[index] = one_request(client, prompt, max_tokens, start)
+            outcomes[index] = one_request(client, prompt, max_tokens, start, long)
 
     threads = [threading.Thread(target=client_thread, daemon=True) for _ in range(args.clients)]
     for thread in threads:
@@ -283,7 +313,7 @@ def summary(outcomes: list[Outcome]) -> dict:
     wall = (max(ends) - min(o.sent for o in outcomes)) if ends else float("nan")
     ttft = [o.first - o.sent for o in done]
     tpot = [(o.last - o.first) / (o.tokens - 1) for o in done if o.tokens > 1]
-    return {
+    figures = {
         "throughput": sum(o.tokens for o in done) / wall,
         "ttft_p50": percentile(ttft, 50),
         "ttft_p99": percentile(ttft, 99),
@@ -292,6 +322,13 @@ def summary(outcomes: list[Outcome]) -> dict:
         "busy_rows": sum(o.last - o.sent for o in done) / wall,
         "failures": len(outcomes) - len(done),
     }
+    if any(o.long for o in outcomes):
+        main = [o for o in done if not o.long]
+        figures["tpot_p99_main"] = percentile(
+            [(o.last - o.first) / (o.tokens - 1) for o in main if o.tokens > 1], 99
+        )
+        figures["itl_p99_main"] = percentile([gap for o in main for gap in o.gaps], 99)
+    return figures
 
 
 FIGURES = (
@@ -300,13 +337,15 @@ FIGURES = (
     ("ttft_p99", "TTFT p99 (s)", "{:.3f}"),
     ("tpot_p50", "TPOT p50 (ms)", "{:.1f}"),
     ("tpot_p99", "TPOT p99 (ms)", "{:.1f}"),
+    ("tpot_p99_main", "TPOT p99, main requests (ms)", "{:.1f}"),
+    ("itl_p99_main", "inter-token gap p99, main requests (ms)", "{:.1f}"),
     ("busy_rows", "busy rows", "{:.1f}"),
     ("failures", "failures", "{:.0f}"),
 )
 
 
 def shown(key: str, values: list[float], fmt: str) -> str:
-    scale = 1000.0 if key.startswith("tpot") else 1.0
+    scale = 1000.0 if key.startswith(("tpot", "itl")) else 1.0
     scaled = [v * scale for v in values]
     median = fmt.format(statistics.median(scaled))
     if len(scaled) == 1:
@@ -317,6 +356,8 @@ def shown(key: str, values: list[float], fmt: str) -> str:
 def table(runs: dict[str, list[dict]], sides: list[str]) -> str:
     lines = ["| figure | " + " | ".join(sides) + " |", "|---|" + "---|" * len(sides)]
     for key, label, fmt in FIGURES:
+        if not all(key in run for side in sides for run in runs[side]):
+            continue
         cells = [shown(key, [run[key] for run in runs[side]], fmt) for side in sides]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -346,6 +387,19 @@ def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
                 high = max(ratios)
                 parts.append(f"{key} {statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})")
             lines.append(f"{side} / minirt, per repeat: " + ", ".join(parts))
+    if "chunked" in runs and "unchunked" in runs:
+        parts = []
+        for key in ("itl_p99_main", "tpot_p99_main", "throughput"):
+            if key not in runs["chunked"][0]:
+                continue
+            ratios = [
+                run[key] / base[key]
+                for run, base in zip(runs["chunked"], runs["unchunked"], strict=True)
+            ]
+            parts.append(
+                f"{key} {statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
+            )
+        lines.append("chunked / unchunked, per repeat: " + ", ".join(parts))
     if "minirt" in runs and "static" in runs:
         ttft = median("static", "ttft_p99") / median("minirt", "ttft_p99")
         lines.append(f"static / continuous: p99 TTFT {ttft:.2f}x (continuous wins when > 1)")
@@ -381,6 +435,17 @@ def main() -> int:
         help="new tokens a request (default 64; 8:128 draws each uniformly)",
     )
     p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--rows", type=int, default=ROWS, help=f"minirt's --batch-size (default {ROWS})")
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=256,
+        help="the side 'chunked': its --max-round-tokens (default 256)",
+    )
+    p.add_argument("--long-prompts", type=int, default=0, metavar="N", help="long-prompt requests")
+    p.add_argument("--long-prompt-len", type=int, default=1000, metavar="TOKENS")
+    p.add_argument("--long-max-tokens", type=int, default=4, metavar="N")
+    p.add_argument("--long-rate", type=float, default=0.5, metavar="PER_S")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
@@ -404,7 +469,9 @@ def main() -> int:
     work = workload(args, config["vocab_size"])
     print(
         f"{args.requests} requests, prompts {args.prompt_lens} tokens, {args.max_tokens} new tokens, "
-        f"Poisson at {args.rate:g}/s, {args.clients} clients, {ROWS} rows, {args.threads} threads a server\n"
+        f"Poisson at {args.rate:g}/s, {args.clients} clients, {args.rows} rows, {args.threads} threads a server\n"
+        f"{args.long_prompts} long prompts of {args.long_prompt_len} tokens ({args.long_max_tokens} new) at "
+        f"{args.long_rate:g}/s\n"
         f"minirt's {blas_env.report()}",
         flush=True,
     )
