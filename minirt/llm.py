@@ -135,7 +135,7 @@ class LLM:
         policy: str = "static",
         round_token_budget: int = DEFAULT_ROUND_TOKENS,
         kv_budget_tokens: int | None = None,
-        prefix_cache: bool = True,
+        prefix_cache: bool = False,
         chunked_prefill: bool = True,
     ):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:

@@ -70,7 +70,7 @@ EPILOG = """examples:
   python -m minirt.rounds --lengths 2,5,8,4 --prompt-lengths 3,9,1,4 --batch-size 3 --json
   python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
   python -m minirt.rounds --lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 \
-      --batch-size 2 --max-round-tokens 24
+      --prefix-cache --batch-size 2 --max-round-tokens 24
 
 Marks in the grid: '#' active (the request produces a token), '~' fed a chunk of its prompt
 (no token yet), '-' waiting for a row, '.' finished while its static group still runs.  The
@@ -162,15 +162,14 @@ def add_run_flags(p) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="every prompt starts with the same N tokens (the rest are its own), which the "
-        "prefix cache, in blocks of 16, gives to requests admitted after the first has "
+        help="every prompt starts with the same N tokens (the rest are its own), which "
+        "--prefix-cache, in blocks of 16, gives to requests admitted after the first has "
         "prefilled them (default 0)",
     )
     p.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_false",
-        help="simulate without the prefix cache",
+        "--prefix-cache",
+        action="store_true",
+        help="simulate the prefix cache (off by default, as in generate and serve)",
     )
 
 

@@ -1,6 +1,6 @@
 """The flags that say how requests are computed and batched, for every command that serves them
 (`generate` and `serve`): --backend, --dtype, --policy, --batch-size, --max-round-tokens,
---kv-budget, --no-prefix-cache and --no-chunked-prefill.
+--kv-budget, --prefix-cache and --no-chunked-prefill.
 
 Owns: `add_serving_flags` (the one definition of those flags, each command giving its own default
 policy) and `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens).
@@ -57,11 +57,11 @@ def add_serving_flags(p, default_policy: str) -> None:
         "cache keeps what the running requests leave of it",
     )
     p.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_false",
-        help="compute every prompt in full (by default a prompt whose first tokens, in blocks "
-        "of 16, an earlier prompt had copies their keys and values from the prefix cache)",
+        "--prefix-cache",
+        action="store_true",
+        help="a prompt whose first tokens, in blocks of 16, an earlier prompt had copies their "
+        "keys and values instead of computing them, within what --kv-budget leaves (off by "
+        "default: the copies cost a few percent where prompts share nothing)",
     )
     p.add_argument(
         "--no-chunked-prefill",

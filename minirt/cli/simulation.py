@@ -92,7 +92,7 @@ def simulate(
     on_plan: Callable[[Scheduler, RoundPlan], None] | None = None,
     chunked_prefill: bool = True,
     shared_prefix: int = 0,
-    prefix_cache: bool = True,
+    prefix_cache: bool = False,
 ) -> Simulation:
     """Run requests with the given output (and prompt) lengths through the engine's scheduler
     (whose continuous policy chunks long prompts, as the engine's does, unless told not to).

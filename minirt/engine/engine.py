@@ -104,13 +104,15 @@ class Engine:
         policy: str = "static",
         round_token_budget: int = DEFAULT_ROUND_TOKENS,
         kv_budget_tokens: int | None = None,
-        prefix_cache: bool = True,
+        prefix_cache: bool = False,
         chunked_prefill: bool = True,
     ):
         """The KV budget is `kv_budget_mib` of memory, or `kv_budget_tokens` positions (one
         token's keys and values in every layer) when that is given.  `prefix_cache`: reuse the
-        keys and values of prompt prefixes across requests (and runs), within that budget;
-        `chunked_prefill`: continuous batching may feed a long prompt over several rounds."""
+        keys and values of prompt prefixes across requests (and runs), within that budget (off
+        by default: its copies cost a few percent where no prompt shares a prefix, as
+        docs/performance.md measures); `chunked_prefill`: continuous batching may feed a long
+        prompt over several rounds."""
         if policy not in POLICIES:
             choices = ", ".join(POLICIES)
             raise RequestError(f"unknown policy {policy!r}: choose one of {choices}")
@@ -544,11 +546,13 @@ class Engine:
             if request.params.prompt_logprobs:
                 self.score_prompt(request)
             request.slot = self.free_slots.pop(0)
-            # Zeroed, so that nothing of an earlier occupant can leak in.
-            self.kv_cache.reset_slot(request.slot)
+            # The start of its prompt, if cached, is copied in, and it prefills only the rest.
+            cached = self.cached_tokens(request)
+            # Zeroed past that, so that nothing of an earlier occupant can leak in.
+            self.kv_cache.reset_slot(request.slot, overwritten=cached)
             if self.prefix_cache is not None:
-                # The start of its prompt, if cached: it prefills only the rest.
-                cached = self.prefix_cache.use(request.prompt_ids, self.kv_cache, request.slot)
+                copied = self.prefix_cache.use(request.prompt_ids, self.kv_cache, request.slot)
+                assert copied == cached  # nothing changed the cache in between
                 request.prefilled = cached
                 request.cached_prompt_tokens = cached
             if self.tokenizer is not None:

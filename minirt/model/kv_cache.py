@@ -68,15 +68,16 @@ class KVCache:
         self.lengths[:rows] = smaller.lengths  # [rows]
         self.written[:rows] = smaller.written  # [rows]
 
-    def reset_slot(self, slot: int) -> None:
+    def reset_slot(self, slot: int, overwritten: int = 0) -> None:
         """Give a slot to a new request: length 0 and zeroed storage (the mask hides old entries,
         but attention still multiplies them by a zero weight, and 0 x inf is NaN: an earlier
         occupant's overflow must not leak).  A slot nobody has written is zero already (fresh
         `zeros`), and is not touched: zeroing it again would only fault in pages of memory that the
-        request may never use."""
+        request may never use.  Positions below `overwritten` are not zeroed: the caller writes
+        them next (a cached prefix, `write_positions`)."""
         if self.written[slot]:
-            self.keys[:, slot] = 0
-            self.values[:, slot] = 0
+            self.keys[:, slot, :, overwritten:] = 0
+            self.values[:, slot, :, overwritten:] = 0
         self.lengths[slot] = 0
         self.written[slot] = False
 

@@ -250,7 +250,7 @@ def test_workload_comparison_and_errors(capsys):
 def test_a_shared_prefix_is_cached_for_those_admitted_after_the_first_prefill_and_chunks_are_drawn(
     capsys,
 ):
-    flags = "--lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 --batch-size 2"
+    flags = "--lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 --batch-size 2 --prefix-cache"
     assert main([*flags.split(), "--max-round-tokens", "24", "--json"]) == EXIT_OK
     report = json.loads(capsys.readouterr().out)["policies"]
     static = report["static"]["requests"]
@@ -274,7 +274,7 @@ def test_a_shared_prefix_is_cached_for_those_admitted_after_the_first_prefill_an
     assert main([*flags.split(), "--max-round-tokens", "24"]) == EXIT_OK
     text = capsys.readouterr().out
     assert "req 0   ~ # # # #" in text and "req 1   - - # # # #" in text
-    assert main([*flags.split(), "--no-prefix-cache", "--json"]) == EXIT_OK
+    assert main([*flags.replace(" --prefix-cache", "").split(), "--json"]) == EXIT_OK
     report = json.loads(capsys.readouterr().out)["policies"]
     assert all(r["cached_prompt_tokens"] == 0 for p in report.values() for r in p["requests"])
 

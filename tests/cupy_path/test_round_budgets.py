@@ -143,6 +143,30 @@ def test_each_round_uploads_once_downloads_once_and_never_syncs_in_forward(
     assert stand_in.findings == []
 
 
+@pytest.mark.parametrize("kind", sorted(PARAMS))
+def test_chunked_and_cached_prefills_upload_once_and_a_round_that_gives_no_token_downloads_nothing(
+    kind, monkeypatch
+):
+    """4 tokens a round: the 9-token prompt is fed over three rounds, the first giving no token (no row has
+    logits to read back); the prefix cache's copies stay on the device."""
+    stand_in = StrictCuPy()
+    forward_without_syncs(stand_in, monkeypatch)
+    model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2, n_positions=64)
+    engine = Engine(
+        model, None, batch_size=3, policy="continuous", round_token_budget=4, prefix_cache=True
+    )
+    shared = list(range(1, 18))
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [4], shared + [20], shared + [21, 22]]
+    requests = [engine.make_request(i, p, PARAMS[kind]) for i, p in enumerate(prompts)]
+    costs = round_costs(stand_in, engine, requests, monkeypatch)
+    assert costs[0].new_tokens == 0 and costs[0].counts.downloads == 0
+    for cost in costs:
+        assert cost.counts.uploads == 1 and cost.counts.syncs == int(cost.new_tokens > 0), cost
+        assert cost.counts.downloads == int(cost.new_tokens > 0), cost
+    assert requests[3].cached_prompt_tokens == 16
+    assert stand_in.findings == []
+
+
 def test_prompt_logprobs_cost_one_upload_and_one_download_per_prompt_scored(monkeypatch):
     """Each admitted request that asks for prompt logprobs is scored in a pass of its own."""
     stand_in = StrictCuPy()

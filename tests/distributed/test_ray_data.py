@@ -257,8 +257,8 @@ def test_an_interrupted_replay_keeps_every_record():
 def test_the_file_is_the_file_of_one_process(
     local_ray, tiny_lm, prompts_and_single_run, tmp_path, policy, flags
 ):
-    """Every field but the timing ones, under either policy, with the KV budget or round budget binding.  Without
-    the prefix cache: each worker's cache is its own, and the replay of one process's rounds has none."""
+    """Every field but the timing ones, under either policy, with the KV budget or round budget binding (and
+    without the prefix cache, the default: each worker's cache would be its own, and the replay has none)."""
     prompts, _ = prompts_and_single_run
     common = [
         "--model",
@@ -271,7 +271,6 @@ def test_the_file_is_the_file_of_one_process(
         policy,
         "--quiet",
         "--no-progress",
-        "--no-prefix-cache",
         *flags,
     ]
     assert generate([*common, "--output", str(tmp_path / "one.jsonl")])[0] == EXIT_REQUEST_FAILED

@@ -139,7 +139,7 @@ def test_two_requests_with_one_prefix_the_second_copies_it_and_gets_the_same_tok
     prefix = prompt(8, 3 * B + 4)
     first = prefix + prompt(9, 5)
     second = prefix + prompt(10, 7)
-    engine = Engine(MODEL, None, batch_size=2, policy="continuous")
+    engine = Engine(MODEL, None, batch_size=2, policy="continuous", prefix_cache=True)
     requests = [engine.make_request(i, p, params(6)) for i, p in enumerate([first, second])]
     engine.serve(requests[:1])
     stats = engine.serve(requests[1:])
@@ -157,7 +157,9 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
     late = prefix + [3]
     # A budget of 64 positions, one row: while the 40-token request runs (43 positions) one block fits beside
     # it; the 60-token request after it (63 positions) leaves room for none, evicting it before `late` runs.
-    engine = Engine(MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static")
+    engine = Engine(
+        MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
+    )
     made = [
         engine.make_request(0, prefix, params(4)),
         engine.make_request(1, prompt(12, 60), params(4)),
@@ -167,7 +169,9 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
     assert [r.cached_prompt_tokens for r in made] == [0, 0, 0]
     assert made[2].token_ids == alone(late, params(4))[0]
     # Without the long request between them, the block kept is found.
-    engine = Engine(MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static")
+    engine = Engine(
+        MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
+    )
     made = [engine.make_request(0, prefix, params(4)), engine.make_request(2, late, params(4))]
     engine.serve(made)
     assert [r.cached_prompt_tokens for r in made] == [0, B]
@@ -175,7 +179,9 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
 
 
 def test_the_cache_never_holds_more_than_the_budget_leaves_beside_the_kv_cache():
-    engine = Engine(MODEL, None, batch_size=2, kv_budget_tokens=200, policy="continuous")
+    engine = Engine(
+        MODEL, None, batch_size=2, kv_budget_tokens=200, policy="continuous", prefix_cache=True
+    )
     prompts = [prompt(20 + i, 30 + 17 * i) for i in range(5)]
     made = [engine.make_request(i, p, params(5)) for i, p in enumerate(prompts)]
     for request in made:
@@ -289,6 +295,9 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
     from minirt.engine.output import RequestOutput
 
     prefix = prompt(40, 2 * B + 1)
+    # Off unless asked for.
+    engine = Engine(MODEL, None, batch_size=1, policy=policy)
+    assert engine.prefix_cache is None
     for enabled, expected in ((True, [0, 2 * B]), (False, [0, 0])):
         engine = Engine(MODEL, None, batch_size=1, policy=policy, prefix_cache=enabled)
         made = [engine.make_request(i, prefix + [i + 1], params(3)) for i in range(2)]
@@ -296,3 +305,53 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
         outputs = [RequestOutput.from_request(r) for r in made]
         assert [o.cached_prompt_tokens for o in outputs] == expected
         assert [o.record()["cached_prompt_tokens"] for o in outputs] == expected
+
+
+def test_continuous_batching_waits_for_a_prefix_in_flight_rather_than_computing_it_twice():
+    prefix = prompt(50, 2 * B + 3)
+    engine = Engine(
+        MODEL, None, batch_size=4, policy="continuous", round_token_budget=20, prefix_cache=True
+    )
+    first = engine.make_request(0, prefix + [1], params(3))
+    second = engine.make_request(1, prefix + [2], params(3))
+    other = engine.make_request(2, prompt(51, 10), params(3))
+    engine.serve([first, second, other])
+    # By hand, 20 tokens a round: round 1 feeds 20 of the first's 36; the second shares two blocks with it and
+    # waits, and nothing is left for the third.  Round 2 ends the first prompt (16) and starts the third (4).
+    # Round 3: the second is admitted with its 32 tokens cached and feeds its last 4 beside the others.
+    assert [r.first_round for r in (first, second, other)] == [1, 3, 2]
+    assert [r.cached_prompt_tokens for r in (first, second, other)] == [0, 32, 0]
+    for request in (first, second, other):
+        assert request.token_ids == alone(request.prompt_ids, params(3))[0]
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_the_budget_holds_at_the_moment_a_kv_cache_is_allocated(policy, monkeypatch):
+    budget = 180
+    engine = Engine(
+        MODEL, None, batch_size=4, kv_budget_tokens=budget, policy=policy, prefix_cache=True
+    )
+    allocate = engine.model.new_kv_cache
+    seen = []
+
+    def checked(n_slots, capacity):
+        running = engine.kv_cache is not None and any(
+            r.slot is not None for r in engine.scheduler.running
+        )
+        held = len(engine.kv_cache.lengths) * engine.kv_cache.capacity if running else 0
+        seen.append(engine.prefix_cache.positions)
+        assert engine.prefix_cache.positions + held + n_slots * capacity <= budget
+        return allocate(n_slots=n_slots, capacity=capacity)
+
+    monkeypatch.setattr(engine.model, "new_kv_cache", checked)
+    prefix = prompt(60, 2 * B + 8)
+    engine.serve([engine.make_request(0, prefix, params(4))])
+    made = [
+        engine.make_request(i, prefix[: 2 * B] + prompt(61 + i, 5), params(4)) for i in range(4)
+    ]
+    engine.serve(made)
+    # The first run left two blocks; before the 4 x 40 positions of the second run's KV cache are allocated, the
+    # cache is cut to the 20 they leave: one block.
+    assert seen == [0, B]
+    for request in made:
+        assert request.token_ids == alone(request.prompt_ids, params(4))[0]

@@ -176,3 +176,25 @@ def test_an_abort_that_no_round_follows_still_has_its_record(model, policy):
         ("running", "abort", 1)
     ]
     assert record.round_number == 1
+
+
+def test_a_chunk_round_that_gives_no_token_is_marked_prefill(model):
+    """6 tokens a round: the 14-token prompt is fed 6 + 6 + 2 (rounds 1-3), its first token in round 3; the
+    2-token prompt, admitted in round 3 beside it with the 4 tokens left, gives its first token at once."""
+    engine = Engine(
+        model, None, batch_size=2, policy="continuous", round_token_budget=6, prefix_cache=False
+    )
+    long = engine.make_request(
+        0, list(range(1, 15)), SamplingParams(max_new_tokens=2, ignore_eos=True)
+    )
+    short = engine.make_request(1, [3, 4], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    engine.add_request(long)
+    engine.add_request(short)
+    states = {}
+    while engine.has_unfinished():
+        record = engine.step().round_record
+        for cell in record.cells:
+            states.setdefault(cell.request_id, []).append(cell.state)
+    assert states["0"] == ["prefill", "prefill", "active", "active"]
+    assert states["1"] == ["active", "active"]
+    assert (long.first_round, long.prefill_rounds, long.finish_round) == (1, 3, 4)

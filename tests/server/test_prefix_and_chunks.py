@@ -52,7 +52,7 @@ def shared_full_blocks(encode, first: str, second: str) -> int:
 def test_a_second_prompt_with_the_same_prefix_reports_its_cached_tokens_and_gets_the_same_text(
     reference, encode
 ):
-    with Server("--batch-size", "2") as server:
+    with Server("--batch-size", "2", "--prefix-cache") as server:
         client = server.client()
         answers = []
         for question in QUESTIONS:
@@ -72,8 +72,8 @@ def test_a_second_prompt_with_the_same_prefix_reports_its_cached_tokens_and_gets
         assert server.stop() == 0
 
 
-def test_with_no_prefix_cache_nothing_is_cached_and_the_text_is_the_same(reference):
-    with Server("--no-prefix-cache") as server:
+def test_without_prefix_cache_the_default_nothing_is_cached_and_the_text_is_the_same(reference):
+    with Server() as server:
         client = server.client()
         for question in QUESTIONS:
             prompt = PREFIX + question
@@ -90,7 +90,7 @@ def test_prompts_longer_than_the_round_budget_are_chunked_and_streamed_as_offlin
     reference, encode
 ):
     prompts = [PREFIX + q for q in QUESTIONS] + ["ROMEO:"]
-    with Server("--max-round-tokens", "8", "--no-prefix-cache") as server:
+    with Server("--max-round-tokens", "8") as server:
         client = server.client()
         answer = client.completions.create(model=None, prompt=prompts, max_tokens=10, temperature=0)
         for choice, prompt in zip(answer.choices, prompts, strict=True):

@@ -11,7 +11,7 @@ for transformers):
               tools/bench/bench.py's workloads, which share no prefix: what the cache costs when it finds
               nothing (score-8x1024 goes through `model.logits`, which the cache never touches: a control)
 
-Sides: `cache` (minirt, the default LLM: prefix cache on), `nocache` (LLM(prefix_cache=False)) and
+Sides: `cache` (minirt, LLM(prefix_cache=True)), `nocache` (LLM(), the cache off, its default) and
 `transformers` (GPT2LMHeadModel.generate in left-padded batches of 8, on shared-512 only; needs the
 `reference` extra).  Each measurement is a fresh process (`--child SIDE WORKLOAD`) that loads the model,
 warms up on a small piece of the workload (with prompts of its own, so that the cache side starts

@@ -312,7 +312,7 @@ MUTANTS = [
     Mutant(
         "reused_slot_not_zeroed",
         "minirt/model/kv_cache.py",
-        "            self.keys[:, slot] = 0\n            self.values[:, slot] = 0\n",
+        "            self.keys[:, slot, :, overwritten:] = 0\n            self.values[:, slot, :, overwritten:] = 0\n",
         "            pass\n",
         "an earlier occupant's inf/NaN leaks through 0 x inf",
     ),
@@ -1596,6 +1596,20 @@ MUTANTS = [
         "                request.prefilled = cached\n",
         "                request.prefilled = 0\n",
         "the cached prefix is copied and then computed again on top of itself",
+    ),
+    Mutant(
+        "room_made_after_the_kv_cache_is_allocated",
+        "minirt/engine/engine.py",
+        "            on_kv_shape=self.make_room_for,",
+        "            on_kv_shape=lambda shape: None,",
+        "the KV cache is allocated beside a prefix cache that still holds what it must give up",
+    ),
+    Mutant(
+        "no_wait_for_a_prefix_in_flight",
+        "minirt/engine/scheduler.py",
+        "            if self.shared_in_flight(candidate, in_flight) > start:",
+        "            if False:",
+        "requests sharing a prefix still being fed compute it again, each",
     ),
     Mutant(
         "prompt_never_enters_the_cache",
