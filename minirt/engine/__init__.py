@@ -2,11 +2,14 @@
 
     params.py     SamplingParams: what a request asks for
     request.py    Request: one request's own state, and its stop rules
-    scheduler.py  who runs in each round: static groups, or continuous batching
+    scheduler.py  who runs in each round: static groups, or continuous batching (and how much
+                  of each prompt a round feeds: chunked prefill)
+    prefix_cache.py  PrefixCache: prompt prefixes' keys and values, kept for later requests
     sampler.py    each request's next token, from its own logits and its own random stream
     engine.py     Engine: add_request, step (one round), abort, and the offline loop over step
     stats.py      RunStats: what a run counted
     output.py     RequestOutput and TokenEvent: what a caller is handed
+    round_record.py  RoundRecord: what one round did, row by row, for a round grid
 
 Must not know: command-line flags, files or output formats (tests/test_layout.py holds this).
 """
