@@ -103,6 +103,19 @@ def test_colliding_keys_cost_a_miss_never_another_prompts_keys():
     assert cache.cached_tokens(first + [1]) == B
 
 
+def test_a_block_found_after_another_parent_is_not_used():
+    # A key of the block's own tokens alone: the parent check is all that tells X+Y's Y from Z+Y's.
+    cache = PrefixCache(key_function=lambda parent, tokens: hash(tokens))
+    cache.set_limit(10_000)
+    x, y, z = prompt(13, B), prompt(14, B), prompt(15, B)
+    cache.insert(x + y, kv_of(x + y), 0)
+    cache.insert(z, kv_of(z), 0)
+    # Z is found; Y is there, but computed after X, so its keys are not Z+Y's.
+    assert cache.cached_tokens(z + y + [1]) == B
+    assert cache.insert(z + y, kv_of(z + y), 0) == 0  # nor does Z+Y's Y replace X+Y's
+    assert cache.cached_tokens(x + y + [1]) == 2 * B
+
+
 def test_the_least_recently_used_blocks_go_first_and_a_prefix_keeps_its_head():
     cache = PrefixCache()
     cache.set_limit(4 * B)

@@ -297,8 +297,8 @@ MUTANTS = [
     Mutant(
         "next_token_from_first_token",
         "minirt/model/batch.py",
-        "self.last_index = (np.cumsum(self.new_lens) - 1)[self.new_lens > 0]",
-        "self.last_index = self.first_index[self.new_lens > 0]",
+        "    return (np.cumsum(new_lens) - 1)[(new_lens > 0) & wanted]  # [M]",
+        "    return (np.cumsum(new_lens) - new_lens)[(new_lens > 0) & wanted]  # [M]",
         "logits taken at a row's first token",
     ),
     Mutant(
@@ -1558,8 +1558,8 @@ MUTANTS = [
     Mutant(
         "prefix_uses_the_prompts_last_token",
         "minirt/engine/prefix_cache.py",
-        "        usable = (len(prompt_ids) - 1) // self.block_tokens",
-        "        usable = len(prompt_ids) // self.block_tokens",
+        "        usable = (len(prompt_ids) - 1) // self.block_tokens\n",
+        "        usable = len(prompt_ids) // self.block_tokens\n",
         "a prompt of whole blocks is cached to its end, leaving nothing to give its first token",
     ),
     Mutant(
@@ -1586,8 +1586,8 @@ MUTANTS = [
     Mutant(
         "prefix_cache_limit_ignores_the_kv_cache",
         "minirt/engine/engine.py",
-        "        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)",
-        "        self.prefix_cache.set_limit(self.kv_budget_positions)",
+        "        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)\n\n    def seconds",
+        "        self.prefix_cache.set_limit(self.kv_budget_positions)\n\n    def seconds",
         "the prefix cache and the running requests' KV cache together exceed the budget",
     ),
     Mutant(
