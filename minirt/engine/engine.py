@@ -535,7 +535,8 @@ class Engine:
 
     def admit(self, plan: RoundPlan) -> None:
         """A new group (or a new or grown pool) gets its KV cache; each admitted request takes
-        a slot of it, zeroed, with its own text decoder, and its prompt scored if it asked."""
+        a slot of it, zeroed, the start of its prompt copied in when the prefix cache holds it,
+        with its own text decoder, and its prompt scored if it asked."""
         if plan.kv_shape is not None:
             self.shape_kv_cache(plan.kv_shape)
             if plan.kv_limited:
