@@ -315,10 +315,8 @@ class Engine:
         if self.prefix_cache is None:
             return
         allocated = shape.rows * shape.capacity
-        held = self.kv_cache is not None and any(r.slot is not None for r in self.scheduler.running)
-        if held:
-            assert self.kv_cache is not None
-            allocated += len(self.kv_cache.lengths) * self.kv_cache.capacity
+        if self.pool_is_held():
+            allocated += self.allocated_positions()
         self.prefix_cache.set_limit(self.kv_budget_positions - allocated)
 
     def limit_prefix_cache(self) -> None:
@@ -326,10 +324,18 @@ class Engine:
         now; called whenever that allocation changes."""
         if self.prefix_cache is None:
             return
-        allocated = 0
-        if self.kv_cache is not None:
-            allocated = len(self.kv_cache.lengths) * self.kv_cache.capacity
-        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)
+        self.prefix_cache.set_limit(self.kv_budget_positions - self.allocated_positions())
+
+    def allocated_positions(self) -> int:
+        """KV positions of the KV cache allocated now: rows x positions per row (0 without)."""
+        if self.kv_cache is None:
+            return 0
+        return len(self.kv_cache.lengths) * self.kv_cache.capacity
+
+    def pool_is_held(self) -> bool:
+        """Whether running requests hold slots of the KV cache allocated now, so that a larger
+        one takes them over (a continuous pool that grows) rather than replacing it."""
+        return self.kv_cache is not None and any(r.slot is not None for r in self.scheduler.running)
 
     def seconds(self) -> float:
         """Seconds since the run started."""
@@ -565,7 +571,7 @@ class Engine:
     def shape_kv_cache(self, shape: KVShape) -> None:
         """Allocate the KV cache at `shape`, or grow the running pool to it: the slots that
         requests hold keep their numbers and their keys, and the new rows are free."""
-        held = self.kv_cache is not None and any(r.slot is not None for r in self.scheduler.running)
+        held = self.pool_is_held()
         new_cache = self.model.new_kv_cache(n_slots=shape.rows, capacity=shape.capacity)
         if held:
             assert self.kv_cache is not None
