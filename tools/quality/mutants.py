@@ -1586,8 +1586,8 @@ MUTANTS = [
     Mutant(
         "prefix_cache_limit_ignores_the_kv_cache",
         "minirt/engine/engine.py",
-        "        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)\n\n    def seconds",
-        "        self.prefix_cache.set_limit(self.kv_budget_positions)\n\n    def seconds",
+        "        self.prefix_cache.set_limit(self.kv_budget_positions - self.allocated_positions())",
+        "        self.prefix_cache.set_limit(self.kv_budget_positions)",
         "the prefix cache and the running requests' KV cache together exceed the budget",
     ),
     Mutant(
