@@ -12,7 +12,15 @@ from device_check import kv_bytes_per_step, parse_args, summary_table, weight_by
 def test_arguments():
     args = parse_args(["--batch-sizes", "1,8,64", "--dtypes", "float16", "--out", "x.json"])
     assert args.batch_sizes == [1, 8, 64] and args.dtypes == ["float16"] and args.backend == "cupy"
-    assert args.sections == ["environment", "gpu_tests", "correctness", "timing", "floor", "counts"]
+    assert args.sections == [
+        "environment",
+        "gpu_tests",
+        "correctness",
+        "greedy",
+        "timing",
+        "floor",
+        "counts",
+    ]
     quick = parse_args(["--quick", "--new-tokens", "64"])
     assert quick.new_tokens == 4
     with pytest.raises(SystemExit):
@@ -54,8 +62,19 @@ def test_numpy_run_writes_every_section(tmp_path):
     )
     results = json.loads(out.read_text())
     sections = results["sections"]
-    assert set(sections) == {"environment", "gpu_tests", "correctness", "timing", "floor", "counts"}
+    assert set(sections) == {
+        "environment",
+        "gpu_tests",
+        "correctness",
+        "greedy",
+        "timing",
+        "floor",
+        "counts",
+    }
     assert sections["correctness"]["fp32_within_1e-4"] is True
+    # NumPy's greedy tokens are transformers' on the shipped model, where every margin is wide.
+    assert sections["greedy"]["shipped_float32"]["prompts_identical"] == 8
+    assert sections["greedy"]["no_clear_parting"] is True
     assert sections["timing"]["float32_batch2"]["minirt"]["tokens_per_s"] > 0
     assert sections["timing"]["float32_batch2"]["ratio"] > 0
     assert 0 < sections["floor"]["float32_batch1"]["fraction_of_floor"]
@@ -91,7 +110,16 @@ def test_the_whole_script_runs_on_the_cpu_without_torch(tmp_path):
     argv = ["--backend", "numpy", "--quick", "--no-transformers", "--batch-sizes", "1,2"]
     assert main([*argv, "--out", str(out)]) == 0
     sections = json.loads(out.read_text())["sections"]
-    assert set(sections) == {"environment", "gpu_tests", "correctness", "timing", "floor", "counts"}
+    assert set(sections) == {
+        "environment",
+        "gpu_tests",
+        "correctness",
+        "greedy",
+        "timing",
+        "floor",
+        "counts",
+    }
+    assert sections["greedy"] == {"skipped": "--no-transformers", "seconds": 0.0}
     assert not any("error" in section for section in sections.values() if isinstance(section, dict))
     fixtures = sections["correctness"]["fixtures_max_rel_error_vs_transformers"]
     assert len(fixtures) >= 9 and max(fixtures.values()) <= 1e-5
@@ -104,3 +132,28 @@ def test_the_whole_script_runs_on_the_cpu_without_torch(tmp_path):
             1,
             1,
         )
+
+
+def test_greedy_partings_are_found_at_the_first_difference_and_judged_by_its_margin():
+    """By hand: prompt 0 equal throughout, prompt 1 parts at step 2 where the reference's margin
+    was wide (0.2 of its largest logit), prompt 2 at step 0 where it was a near-tie (1e-6)."""
+    from device_check import compare_greedy
+
+    theirs = [
+        {"tokens": [5, 6, 7], "margins": [0.5, 0.5, 0.5]},
+        {"tokens": [1, 2, 3], "margins": [0.5, 0.5, 0.2]},
+        {"tokens": [9, 9, 9], "margins": [1e-6, 0.5, 0.5]},
+    ]
+    ours = [[5, 6, 7], [1, 2, 4], [8, 9, 9]]
+    result = compare_greedy(ours, theirs, "float32")
+    assert result["prompts_identical"] == 1
+    assert result["tokens_equal_before_parting"] == 3 + 2 + 0
+    assert result["tokens"] == 9
+    assert [(p["prompt"], p["step"], p["clear"]) for p in result["partings"]] == [
+        (1, 2, True),
+        (2, 0, False),
+    ]
+    assert result["clear_partings"] == 1
+    # The same near-tie is no clear parting in fp16 either, nor a margin of 0.02 (under 3%).
+    theirs[1]["margins"][2] = 0.02
+    assert compare_greedy(ours, theirs, "float16")["clear_partings"] == 0

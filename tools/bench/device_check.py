@@ -22,15 +22,24 @@ Sections:
   3. correctness   every fixture model against the transformers logits saved
                    beside it; a random-weight model of the gpt2-124M shape against
                    transformers on the GPU, in fp32 and fp16;
-  4. timing        decode tokens/s at batch 1, 8 and 64, fp16 and fp32, minirt
+  4. greedy        greedy tokens against transformers' `generate` (fp32, on the GPU),
+                   for the shipped trained model and the random gpt2-124M shape, in
+                   fp32 and fp16, in one padded batch: where they part, the
+                   reference's top-2 margin at that step says whether it was clear;
+  5. timing        decode tokens/s at batch 1, 8 and 64, fp16 and fp32, minirt
                    against transformers' `generate` (PyTorch eager) on the same
                    weights, plus minirt's host time per round measured with
                    cupyx.profiler.benchmark;
-  5. floor         the bytes of weights and KV read per decode step, divided by
+  6. floor         the bytes of weights and KV read per decode step, divided by
                    ~4.8 TB/s, as a fraction of the measured step time;
-  6. counts        a prefill and a decode round of the timed shape on the strict
+  7. counts        a prefill and a decode round of the timed shape on the strict
                    stand-in (tests/strict_cupy): device operations, uploads,
-                   downloads and syncs, beside the host time the GPU measured.
+                   downloads and syncs; on a GPU, beside them, what the GPU ran for
+                   the same rounds (kernels and copies, recorded by torch.profiler,
+                   whose CUPTI trace sees every kernel of the process, CuPy's too).
+
+The gpu tests take what time is left after the sections that follow them have had their
+minimum (MIN_SECONDS), at most 240 s.
 
 On a machine with an NVIDIA GPU, CuPy, torch and transformers (docs/gpu.md):
 
@@ -72,7 +81,20 @@ if (ROOT / ".device_deps").is_dir():  # last, so the machine's own packages win
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e, the H200's nominal memory bandwidth
 GPT2_124M = {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}
 QUICK = {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512, "n_positions": 128}
-SECTION_NAMES = ("environment", "gpu_tests", "correctness", "timing", "floor", "counts")
+SECTION_NAMES = (
+    "environment",
+    "gpu_tests",
+    "correctness",
+    "greedy",
+    "timing",
+    "floor",
+    "counts",
+)
+SHIPPED_MODEL = ROOT / "weights" / "shakespeare-gpt2-tiny"
+# A parting of greedy paths is "clear" (a real difference, not rounding) when the reference's
+# top-2 margin at that step exceeds this fraction of its largest logit: the logits tolerance of
+# each dtype (fp32 1e-4, fp16 3%; docs/gpu.md).
+CLEAR_MARGIN = {"float32": 1e-4, "float16": 3e-2}
 
 
 class Deadline:
@@ -257,6 +279,13 @@ def fixtures_against_transformers(args) -> dict:
     return errors
 
 
+def time_for_sections_after(args, name: str) -> float:
+    """The least time the sections that run after `name` need (MIN_SECONDS), with a margin of
+    a half: what a section that could run long must leave them."""
+    later = args.sections[args.sections.index(name) + 1 :]
+    return 1.5 * sum(MIN_SECONDS[section] for section in later)
+
+
 GPU_TEST_FILES = ("tests/model/test_gpu.py", "tests/cupy_path/test_stand_in_against_cupy.py")
 
 
@@ -265,7 +294,7 @@ def section_gpu_tests(args, deadline, state) -> dict:
     failure's details, for a run that nobody watches)."""
     if args.backend != "cupy":
         return {"skipped": "numpy backend"}
-    budget = max(30, min(240, deadline.left() - 200))
+    budget = max(30, min(240, deadline.left() - time_for_sections_after(args, "gpu_tests")))
     command = [sys.executable, "-m", "pytest", "-q", "-rA", "-m", "gpu", *GPU_TEST_FILES]
     command += ["-p", "no:cacheprovider"]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -323,6 +352,104 @@ def section_correctness(args, deadline, state) -> dict:
         ]
         out[f"logits_{dtype}_max_rel_error_vs_transformers_fp32"] = max(errs)
     out["fp32_within_1e-4"] = out["logits_float32_max_rel_error_vs_transformers_fp32"] <= 1e-4
+    return out
+
+
+def reference_greedy(reference, sequences, new_tokens: int, device: str) -> list[dict]:
+    """transformers' greedy continuation of each prompt alone (no padding), with the raw logits
+    of each step: the tokens and, per step, the margin between its two largest logits as a
+    fraction of the largest magnitude."""
+    import torch
+
+    reference.generation_config.eos_token_id = None  # run every step, as ignore_eos does
+    out = []
+    with torch.no_grad():
+        for sequence in sequences:
+            run = reference.generate(
+                torch.tensor([sequence], device=device),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            tokens = run.sequences[0, len(sequence) :].tolist()
+            margins = []
+            for step_logits in run.logits:
+                row = step_logits[0].float()
+                top2 = torch.topk(row, 2).values
+                margins.append(float((top2[0] - top2[1]) / row.abs().max()))
+            out.append({"tokens": tokens, "margins": margins})
+    return out
+
+
+def compare_greedy(ours: list[list[int]], theirs: list[dict], dtype: str) -> dict:
+    """Where each of our greedy continuations first parts from the reference's, and whether the
+    reference's margin there was clear (over CLEAR_MARGIN[dtype] of its largest logit)."""
+    partings = []
+    equal_tokens = 0
+    for index, (mine, reference) in enumerate(zip(ours, theirs, strict=True)):
+        want = reference["tokens"]
+        step = next((i for i, (a, b) in enumerate(zip(mine, want, strict=True)) if a != b), None)
+        if step is None:
+            equal_tokens += len(want)
+            continue
+        equal_tokens += step
+        margin = reference["margins"][step]
+        partings.append(
+            {
+                "prompt": index,
+                "step": step,
+                "margin": margin,
+                "clear": margin > CLEAR_MARGIN[dtype],
+            }
+        )
+    return {
+        "prompts": len(ours),
+        "tokens": sum(len(r["tokens"]) for r in theirs),
+        "tokens_equal_before_parting": equal_tokens,
+        "prompts_identical": len(ours) - len(partings),
+        "partings": partings,
+        "clear_partings": sum(p["clear"] for p in partings),
+    }
+
+
+def section_greedy(args, deadline, state) -> dict:
+    """Greedy tokens, minirt (this backend, fp32 and fp16, one padded batch) against transformers
+    (fp32, each prompt alone): on the shipped trained model, whose margins are wide, and on the
+    random gpt2-124M shape, whose margins are narrow."""
+    from transformers import GPT2LMHeadModel
+
+    from minirt import LLM, SamplingParams
+
+    if args.no_transformers:
+        return {"skipped": "--no-transformers"}
+    if "folder" not in state:
+        return {"skipped": "needs the correctness section"}
+    device = torch_device(args)
+    new_tokens = 8 if args.quick else 48
+    models = {
+        "shipped": (SHIPPED_MODEL, GPT2LMHeadModel.from_pretrained(SHIPPED_MODEL).eval()),
+        "random": (state["folder"], state["reference"]),
+    }
+    out = {"new_tokens": new_tokens, "clear_margin": CLEAR_MARGIN}
+    for name, (folder, reference) in models.items():
+        reference = reference.to(device)
+        V = reference.config.vocab_size
+        rng = np.random.default_rng(1)
+        lengths = (1, 5, 17, 40, 3, 64, 9, 30)
+        sequences = [rng.integers(0, V, n).tolist() for n in lengths]
+        theirs = reference_greedy(reference, sequences, new_tokens, device)
+        for dtype in ("float32", "float16"):
+            llm = LLM(folder, backend=args.backend, dtype=dtype, batch_size=len(sequences))
+            params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+            ours = [r.token_ids for r in llm.generate(sequences, params)]
+            out[f"{name}_{dtype}"] = compare_greedy(ours, theirs, dtype)
+    out["no_clear_parting"] = all(
+        row["clear_partings"] == 0
+        for row in out.values()
+        if isinstance(row, dict) and "partings" in row
+    )
     return out
 
 
@@ -465,38 +592,117 @@ def section_floor(args, deadline, state) -> dict:
     return out
 
 
-def section_counts(args, deadline, state) -> dict:
-    """A prefill and a decode round of the timed shape (fp32, the first batch size) on the strict
-    stand-in: what the host asks of the device each round."""
-    from strict_cupy import StrictCuPy, strict_backend
+def run_two_rounds(model, batch: int, prompt_len: int, around=None) -> dict:
+    """A prefill round of `batch` prompts, then a decode round, each ending with its greedy
+    picks copied to the host (what the engine does with an all-greedy round). `around(name)`
+    is a context manager that watches one round; what it yields is kept under the round's
+    name."""
+    from contextlib import nullcontext
 
-    import minirt
     from minirt.model.batch import Batch
-    from minirt.model.gpt2 import GPT2
 
-    if "folder" not in state:
-        return {"skipped": "needs the timing section"}
-    stand_in = StrictCuPy()
-    model = GPT2(minirt.load_checkpoint(state["folder"]), strict_backend(stand_in), np.float32)
-    batch = args.batch_sizes[0]
-    cache = model.new_kv_cache(n_slots=batch, capacity=args.prompt_len + 1)
-    out = {"batch": batch, "n_layer": model.config.n_layer}
+    cache = model.new_kv_cache(n_slots=batch, capacity=prompt_len + 1)
+    watched = {}
     for name in ("prefill", "decode"):
-        with stand_in.counting() as counts:
+        with around(name) if around else nullcontext() as watch:
+            # The round's upload (Batch) is part of what is watched.
             if name == "prefill":
-                round_batch = Batch([[1] * args.prompt_len] * batch, model.backend)
+                round_batch = Batch([[1] * prompt_len] * batch, model.backend)
             else:
                 past_lens = cache.lengths.copy()
                 round_batch = Batch([[2]] * batch, model.backend, past_lens=past_lens)
             logits = model.forward(round_batch, cache)
             model.backend.to_numpy(model.xp.argmax(logits, axis=-1))
-        out[name] = {
-            "operations": counts.operations,
-            "uploads": counts.uploads,
-            "downloads": counts.downloads,
-            "syncs": counts.syncs,
-        }
-    out["findings"] = [str(finding) for finding in stand_in.findings]
+        watched[name] = watch
+    return watched
+
+
+def gpu_trace(name: str):
+    """What the GPU ran inside the block, by torch.profiler's CUPTI trace (which records every
+    kernel and copy of the process, CuPy's as much as torch's): kernels, host-to-device and
+    device-to-host copies, memsets, and the ten most frequent kernel names."""
+    from collections import Counter
+    from contextlib import contextmanager
+
+    import cupy
+    from torch.profiler import ProfilerActivity, profile
+
+    @contextmanager
+    def watch():
+        result = {}
+        with profile(activities=[ProfilerActivity.CUDA]) as trace:
+            yield result
+            cupy.cuda.Device().synchronize()
+        names = Counter()
+        kinds = Counter()
+        for event in trace.events():
+            if event.device_type.name != "CUDA":
+                continue
+            label = event.name
+            if label.startswith("Memcpy HtoD"):
+                kinds["uploads"] += 1
+            elif label.startswith("Memcpy DtoH"):
+                kinds["downloads"] += 1
+            elif label.startswith("Memcpy DtoD"):
+                kinds["device_copies"] += 1
+            elif label.startswith("Memset"):
+                kinds["memsets"] += 1
+            else:
+                kinds["kernels"] += 1
+                names[label[:60]] += 1
+        result.update(
+            {
+                k: kinds.get(k, 0)
+                for k in ("kernels", "uploads", "downloads", "device_copies", "memsets")
+            }
+        )
+        result["top_kernels"] = names.most_common(10)
+        if not kinds:  # the trace saw nothing: say what it did see, for the next session
+            result["events_seen"] = [(e.name, e.device_type.name) for e in trace.events()][:20]
+
+    return watch()
+
+
+def section_counts(args, deadline, state) -> dict:
+    """A prefill and a decode round of the timed shape (the first batch size, fp32 and fp16) on
+    the strict stand-in: what the host asks of the device each round; on a GPU, beside it, what
+    the GPU ran for the same two rounds (`gpu_trace`)."""
+    from strict_cupy import StrictCuPy, strict_backend
+
+    import minirt
+    from minirt.model.gpt2 import GPT2
+
+    if "folder" not in state:
+        return {"skipped": "needs the timing section"}
+    checkpoint = minirt.load_checkpoint(state["folder"])
+    batch = args.batch_sizes[0]
+    out = {"batch": batch, "n_layer": checkpoint.config.n_layer, "findings": []}
+    for dtype in args.dtypes:
+        stand_in = StrictCuPy()
+        model = GPT2(checkpoint, strict_backend(stand_in), np.dtype(dtype))
+
+        def counting(name, stand_in=stand_in):
+            return stand_in.counting()
+
+        counted = run_two_rounds(model, batch, args.prompt_len, around=counting)
+        row = {}
+        for name, counts in counted.items():
+            row[name] = {
+                "operations": counts.operations,
+                "uploads": counts.uploads,
+                "downloads": counts.downloads,
+                "syncs": counts.syncs,
+            }
+        out["findings"] += [str(finding) for finding in stand_in.findings]
+        if args.backend == "cupy" and not args.no_transformers:
+            gpu_model = minirt.load_model(state["folder"], backend="cupy", dtype=dtype)
+            run_two_rounds(gpu_model, batch, args.prompt_len)  # compile every kernel first
+            traced = run_two_rounds(gpu_model, batch, args.prompt_len, around=gpu_trace)
+            for name, seen in traced.items():
+                row[name]["gpu"] = seen
+        out[dtype] = row
+    # The first dtype's rows, where the summary table and older readers look for them.
+    out.update(out[args.dtypes[0]])
     return out
 
 
@@ -504,6 +710,7 @@ SECTIONS = {
     "environment": section_environment,
     "gpu_tests": section_gpu_tests,
     "correctness": section_correctness,
+    "greedy": section_greedy,
     "timing": section_timing,
     "floor": section_floor,
     "counts": section_counts,
@@ -512,6 +719,7 @@ MIN_SECONDS = {
     "environment": 5,
     "gpu_tests": 60,
     "correctness": 30,
+    "greedy": 20,
     "timing": 60,
     "floor": 1,
     "counts": 5,
@@ -557,16 +765,52 @@ def summary_table(results) -> str:
                 f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
                 f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}"
             )
+    greedy = results["sections"].get("greedy", {})
+    if isinstance(greedy, dict) and "no_clear_parting" in greedy:
+        lines.append("")
+        lines.append(f"greedy against transformers, {greedy['new_tokens']} tokens a prompt:")
+        for key, row in greedy.items():
+            if isinstance(row, dict) and "partings" in row:
+                lines.append(
+                    f"  {key:16s} {row['prompts_identical']}/{row['prompts']} prompts identical, "
+                    f"{row['tokens_equal_before_parting']}/{row['tokens']} tokens before a parting, "
+                    f"{row['clear_partings']} clear partings"
+                )
+    if isinstance(timing, dict):
+        hosts = [
+            (key, row["minirt"]["host_overhead"])
+            for key, row in timing.items()
+            if isinstance(row, dict) and "host_overhead" in row.get("minirt", {})
+        ]
+        if hosts:
+            lines.append("")
+            lines.append("one decode round, host (launch) time beside device time:")
+            for key, host in hosts:
+                lines.append(
+                    f"  {key:16s} cpu {host['cpu_ms']:7.3f} ms  gpu {host['gpu_ms']:7.3f} ms"
+                )
     counts = results["sections"].get("counts", {})
     if isinstance(counts, dict) and "decode" in counts:
         lines.append("")
-        lines.append(f"per round on the strict stand-in, batch {counts['batch']}:")
-        for name in ("prefill", "decode"):
-            row = counts[name]
-            lines.append(
-                f"  {name:8s} {row['operations']:5d} operations, {row['uploads']} upload, "
-                f"{row['downloads']} download, {row['syncs']} sync"
-            )
+        lines.append(
+            f"per round, batch {counts['batch']}: the strict stand-in [and the GPU's trace]"
+        )
+        for dtype in (
+            key for key, row in counts.items() if isinstance(row, dict) and "decode" in row
+        ):
+            for name in ("prefill", "decode"):
+                row = counts[dtype][name]
+                line = (
+                    f"  {dtype:8s} {name:8s} {row['operations']:5d} operations, "
+                    f"{row['uploads']} upload, {row['downloads']} download, {row['syncs']} sync"
+                )
+                gpu = row.get("gpu")
+                if gpu:
+                    line += (
+                        f"  [{gpu['kernels']} kernels, {gpu['uploads']} uploads, "
+                        f"{gpu['downloads']} downloads, {gpu['memsets']} memsets]"
+                    )
+                lines.append(line)
     return "\n".join(lines)
 
 
