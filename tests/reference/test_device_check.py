@@ -1,11 +1,12 @@
 """The CPU side of tools/bench/device_check.py: argument parsing, the NumPy run, the byte counts, the JSON."""
 
 import json
+import time
 
 import numpy as np
 import pytest
 
-from conftest import random_model, requires_reference
+from conftest import ROOT, random_model, requires_reference
 from device_check import kv_bytes_per_step, parse_args, summary_table, weight_bytes_per_step
 
 
@@ -20,6 +21,7 @@ def test_arguments():
         "timing",
         "floor",
         "counts",
+        "launches",
     ]
     quick = parse_args(["--quick", "--new-tokens", "64"])
     assert quick.new_tokens == 4
@@ -70,6 +72,7 @@ def test_numpy_run_writes_every_section(tmp_path):
         "timing",
         "floor",
         "counts",
+        "launches",
     }
     assert sections["correctness"]["fp32_within_1e-4"] is True
     # NumPy's greedy tokens are transformers' on the shipped model, where every margin is wide.
@@ -118,6 +121,7 @@ def test_the_whole_script_runs_on_the_cpu_without_torch(tmp_path):
         "timing",
         "floor",
         "counts",
+        "launches",
     }
     assert sections["greedy"] == {"skipped": "--no-transformers", "seconds": 0.0}
     assert not any("error" in section for section in sections.values() if isinstance(section, dict))
@@ -157,3 +161,31 @@ def test_greedy_partings_are_found_at_the_first_difference_and_judged_by_its_mar
     # The same near-tie is no clear parting in fp16 either, nor a margin of 0.02 (under 3%).
     theirs[1]["margins"][2] = 0.02
     assert compare_greedy(ours, theirs, "float16")["clear_partings"] == 0
+
+
+def test_per_launch_time_is_the_mean_over_the_timed_calls():
+    from device_check import per_launch_us
+
+    calls = []
+
+    def launch():
+        calls.append(None)
+        time.sleep(0.001)
+
+    us = per_launch_us(launch, sync=lambda: None, repeats=20)
+    assert len(calls) == 50 + 20  # the warm-up, then the timed calls
+    assert 1000 <= us < 20000
+
+
+def test_the_host_profile_names_the_forward_pass(tmp_path):
+    """The cProfile of decode rounds, run on NumPy: its top self times are per round, and the
+    layer functions a round calls once per block are counted once per block."""
+    from device_check import minirt_host_profile
+
+    folder = ROOT / "tests" / "fixtures" / "base"
+    result = minirt_host_profile(folder, "float32", 2, 5, rounds=4, backend="numpy")
+    assert result["round_ms_profiled"] > 0
+    top = result["top_self_time"]
+    assert len(top) == 15
+    assert all(row["ms_a_round"] >= 0 for row in top)
+    assert top == sorted(top, key=lambda row: -row["ms_a_round"])

@@ -36,7 +36,11 @@ Sections:
                    stand-in (tests/strict_cupy): device operations, uploads,
                    downloads and syncs; on a GPU, beside them, what the GPU ran for
                    the same rounds (kernels and copies, recorded by torch.profiler,
-                   whose CUPTI trace sees every kernel of the process, CuPy's too).
+                   whose CUPTI trace sees every kernel of the process, CuPy's too);
+  8. launches      what one launch costs the host here (CuPy's and torch's add, sum,
+                   max, matmul; a fused chain), the kernels transformers runs for a
+                   decode step, and a cProfile of minirt's decode round: where a
+                   round bound by its launches spends its host time.
 
 The gpu tests take what time is left after the sections that follow them have had their
 minimum (MIN_SECONDS), at most 240 s.
@@ -89,6 +93,7 @@ SECTION_NAMES = (
     "timing",
     "floor",
     "counts",
+    "launches",
 )
 SHIPPED_MODEL = ROOT / "weights" / "shakespeare-gpt2-tiny"
 # A parting of greedy paths is "clear" (a real difference, not rounding) when the reference's
@@ -453,6 +458,141 @@ def section_greedy(args, deadline, state) -> dict:
     return out
 
 
+def per_launch_us(function, sync, repeats: int = 2000) -> float:
+    """Host microseconds per call of `function`, which launches work without waiting for it:
+    the mean over `repeats` calls after a warm-up, the device drained before and after."""
+    for _ in range(50):
+        function()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        function()
+    elapsed = time.perf_counter() - start
+    sync()
+    return 1e6 * elapsed / repeats
+
+
+def transformers_kernels_per_step(reference, dtype: str) -> dict:
+    """What transformers runs for one decode step at batch 1 (one token after a 32-token
+    prompt, from its KV cache), by torch.profiler: kernels, copies, and host ms of the step."""
+    import copy
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = copy.deepcopy(reference).to(device="cuda", dtype=getattr(torch, dtype)).eval()
+    ids = torch.zeros((1, 32), dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        past = model(ids, use_cache=True).past_key_values
+        step_ids = torch.zeros((1, 1), dtype=torch.long, device="cuda")
+        for _ in range(3):  # warm-up, on copies of the cache
+            model(step_ids, past_key_values=copy.deepcopy(past), use_cache=True)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as trace:
+            start = time.perf_counter()
+            model(step_ids, past_key_values=past, use_cache=True)
+            host_ms = 1e3 * (time.perf_counter() - start)
+            torch.cuda.synchronize()
+    kernels = sum(
+        1
+        for event in trace.events()
+        if event.device_type.name == "CUDA" and not event.name.startswith(("Memcpy", "Memset"))
+    )
+    return {"kernels": kernels, "host_ms": host_ms}
+
+
+def minirt_host_profile(
+    folder, dtype: str, batch: int, prompt_len: int, rounds: int = 20, backend: str = "cupy"
+):
+    """Where the host's time in a decode round goes: cProfile over `rounds` decode rounds of
+    `GPT2.forward` (each rewound to the same KV length), the 15 largest self times, in ms a
+    round, with calls a round."""
+    import cProfile
+    import pstats
+
+    import minirt
+    from minirt.model.batch import Batch
+
+    model = minirt.load_model(folder, backend=backend, dtype=dtype)
+    cache = model.new_kv_cache(n_slots=batch, capacity=prompt_len + 1)
+    model.forward(Batch([[1] * prompt_len] * batch, model.backend), cache)
+    past_lens = np.full(batch, prompt_len)
+
+    def one_round():
+        cache.lengths[:] = prompt_len
+        logits = model.forward(Batch([[2]] * batch, model.backend, past_lens=past_lens), cache)
+        return model.xp.argmax(logits, axis=-1)
+
+    for _ in range(3):
+        one_round()
+    model.backend.synchronize()
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    for _ in range(rounds):
+        one_round()
+    profiler.disable()
+    model.backend.synchronize()
+    total_ms = 1e3 * (time.perf_counter() - start) / rounds
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (file, line, name), (_cc, calls, self_s, _cum_s, _callers) in stats.stats.items():
+        rows.append((self_s, f"{Path(file).name}:{line} {name}", calls))
+    rows.sort(reverse=True)
+    top = [
+        {"where": where, "ms_a_round": 1e3 * self_s / rounds, "calls_a_round": calls / rounds}
+        for self_s, where, calls in rows[:15]
+    ]
+    return {"round_ms_profiled": total_ms, "top_self_time": top}
+
+
+def section_launches(args, deadline, state) -> dict:
+    """What one launch costs the host on this machine, CuPy's and torch's alike (an add, a sum,
+    a matmul, a fused chain), what transformers runs for a decode step, and where minirt's host
+    time in a decode round goes. A round bound by its launches costs about kernels x the cost
+    of one."""
+    if args.backend != "cupy":
+        return {"skipped": "numpy backend"}
+    import cupy
+    import torch
+
+    from minirt.model.layers import elementwise_chains
+
+    out = {}
+    a = cupy.ones((1, 768), dtype=cupy.float32)
+    w = cupy.ones((768, 768), dtype=cupy.float32)
+    gelu = elementwise_chains(cupy).gelu_tanh
+    sync = cupy.cuda.Device().synchronize
+    out["cupy_us"] = {
+        "add": per_launch_us(lambda: a + a, sync),
+        "sum": per_launch_us(lambda: a.sum(axis=-1, keepdims=True), sync),
+        "max": per_launch_us(lambda: a.max(axis=-1, keepdims=True), sync),
+        "matmul": per_launch_us(lambda: a @ w, sync),
+        "fused_gelu": per_launch_us(lambda: gelu(a), sync),
+    }
+    ta = torch.ones((1, 768), device="cuda")
+    tw = torch.ones((768, 768), device="cuda")
+    tsync = torch.cuda.synchronize
+    out["torch_us"] = {
+        "add": per_launch_us(lambda: ta + ta, tsync),
+        "sum": per_launch_us(lambda: ta.sum(dim=-1, keepdim=True), tsync),
+        "max": per_launch_us(lambda: ta.amax(dim=-1, keepdim=True), tsync),
+        "matmul": per_launch_us(lambda: ta @ tw, tsync),
+    }
+    if "folder" not in state:
+        state["reference"] = make_checkpoint(args, Path(state["scratch"]) / "model")
+        state["folder"] = Path(state["scratch"]) / "model"
+    if state["reference"] is not None:
+        out["transformers_decode_step"] = {
+            dtype: transformers_kernels_per_step(state["reference"], dtype) for dtype in args.dtypes
+        }
+    out["minirt_host_profile"] = {
+        dtype: minirt_host_profile(state["folder"], dtype, 1, args.prompt_len)
+        for dtype in args.dtypes
+    }
+    return out
+
+
 def time_minirt(args, folder, dtype, batch) -> dict:
     from minirt import LLM, SamplingParams
 
@@ -460,9 +600,8 @@ def time_minirt(args, folder, dtype, batch) -> dict:
     V = llm.model.config.vocab_size
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(0, V, args.prompt_len).tolist() for _ in range(batch)]
-    llm.generate(
-        prompts[:1], SamplingParams(max_new_tokens=2, ignore_eos=True)
-    )  # warm-up: kernels, memory pool
+    # Warm-up: the timed call itself, once (kernels compiled, the memory pool filled).
+    llm.generate(prompts, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
 
     def timed(max_new_tokens: int) -> float:
         llm.model.backend.synchronize()
@@ -531,7 +670,8 @@ def time_transformers(args, reference, dtype, batch) -> dict:
         pad_token_id=0,
     )
     with torch.no_grad():
-        model.generate(ids[:1], **{**kwargs, "max_new_tokens": 2, "min_new_tokens": 2})
+        # Warm-up: the timed call itself, once (each new shape's first kernels, cuBLAS's choices).
+        model.generate(ids, **kwargs)
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -714,6 +854,7 @@ SECTIONS = {
     "timing": section_timing,
     "floor": section_floor,
     "counts": section_counts,
+    "launches": section_launches,
 }
 MIN_SECONDS = {
     "environment": 5,
@@ -723,6 +864,7 @@ MIN_SECONDS = {
     "timing": 60,
     "floor": 1,
     "counts": 5,
+    "launches": 30,
 }
 
 
