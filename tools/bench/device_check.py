@@ -144,6 +144,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--new-tokens", type=int, default=64, help="tokens generated per request (default 64)"
     )
     p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs of each side, alternating, per dtype and batch size (default 3)",
+    )
+    p.add_argument(
         "--sections",
         default=",".join(SECTION_NAMES),
         help=f"which sections to run (default {','.join(SECTION_NAMES)})",
@@ -546,6 +552,55 @@ def minirt_host_profile(
     return {"round_ms_profiled": total_ms, "top_self_time": top}
 
 
+def graph_replay(folder, dtype: str, batch: int, prompt_len: int, rounds: int = 50) -> dict:
+    """How much of a decode round's host time a CUDA graph would save: one round of
+    `GPT2.forward` and its argmax captured on a stream (cupy.cuda.Stream.begin_capture), then
+    replayed, against the same round launched op by op. The round's upload (Batch) is made
+    before capture and read by every replay; the KV length is the same each time (the host's
+    bookkeeping of lengths is not replayed). An experiment for the next step, not a path minirt
+    takes: the replayed picks must equal the eager ones."""
+    import cupy
+
+    import minirt
+    from minirt.model.batch import Batch
+
+    model = minirt.load_model(folder, backend="cupy", dtype=dtype)
+    cache = model.new_kv_cache(n_slots=batch, capacity=prompt_len + 1)
+    model.forward(Batch([[1] * prompt_len] * batch, model.backend), cache)
+    past_lens = np.full(batch, prompt_len)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        round_batch = Batch([[2]] * batch, model.backend, past_lens=past_lens)
+
+        def one_round():
+            cache.lengths[:] = prompt_len
+            return cupy.argmax(model.forward(round_batch, cache), axis=-1)
+
+        for _ in range(3):  # warm-up on this stream: its memory pool holds every block
+            eager_picks = one_round()
+        stream.synchronize()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            one_round()
+        stream.synchronize()
+        eager_ms = 1e3 * (time.perf_counter() - start) / rounds
+        stream.begin_capture()
+        graph_picks = one_round()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            graph.launch(stream)
+        stream.synchronize()
+        graph_ms = 1e3 * (time.perf_counter() - start) / rounds
+    return {
+        "eager_ms": eager_ms,
+        "graph_ms": graph_ms,
+        "picks_equal": bool((eager_picks.get() == graph_picks.get()).all()),
+    }
+
+
 def section_launches(args, deadline, state) -> dict:
     """What one launch costs the host on this machine, CuPy's and torch's alike (an add, a sum,
     a matmul, a fused chain), what transformers runs for a decode step, and where minirt's host
@@ -590,18 +645,27 @@ def section_launches(args, deadline, state) -> dict:
         dtype: minirt_host_profile(state["folder"], dtype, 1, args.prompt_len)
         for dtype in args.dtypes
     }
+    # Last: a capture that fails may leave its stream unusable.
+    out["graph_replay"] = {}
+    for dtype in args.dtypes:
+        for batch in args.batch_sizes:
+            try:
+                result = graph_replay(state["folder"], dtype, batch, args.prompt_len)
+            except Exception as exc:  # noqa: BLE001 (an experiment: record why it failed)
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            out["graph_replay"][f"{dtype}_batch{batch}"] = result
     return out
 
 
-def time_minirt(args, folder, dtype, batch) -> dict:
+def minirt_timer(args, folder, dtype, batch):
+    """A function that times one `LLM.generate` of `batch` prompts (decode tokens/s, the
+    prefill's round taken out), after one warm-up of the same call; and the LLM."""
     from minirt import LLM, SamplingParams
 
     llm = LLM(folder, backend=args.backend, dtype=dtype, batch_size=batch)
     V = llm.model.config.vocab_size
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(0, V, args.prompt_len).tolist() for _ in range(batch)]
-    # Warm-up: the timed call itself, once (kernels compiled, the memory pool filled).
-    llm.generate(prompts, SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True))
 
     def timed(max_new_tokens: int) -> float:
         llm.model.backend.synchronize()
@@ -610,17 +674,20 @@ def time_minirt(args, folder, dtype, batch) -> dict:
         llm.model.backend.synchronize()
         return time.perf_counter() - start
 
-    prefill = timed(1)  # one round: the prefill alone
-    seconds = timed(args.new_tokens)
-    decode = max(seconds - prefill, 1e-9)
-    result = {
-        "tokens_per_s": batch * args.new_tokens / seconds,  # end to end, prefill included
-        "decode_tokens_per_s": batch * (args.new_tokens - 1) / decode,
-        "step_ms": 1e3 * decode / max(args.new_tokens - 1, 1),
-    }  # one decode round
-    if args.backend == "cupy":
-        result["host_overhead"] = host_overhead(llm.model, batch, args)
-    return result
+    # Warm-up: the timed call itself, once (kernels compiled, the memory pool filled).
+    timed(args.new_tokens)
+
+    def measure() -> dict:
+        prefill = timed(1)  # one round: the prefill alone
+        seconds = timed(args.new_tokens)
+        decode = max(seconds - prefill, 1e-9)
+        return {
+            "tokens_per_s": batch * args.new_tokens / seconds,  # end to end, prefill included
+            "decode_tokens_per_s": batch * (args.new_tokens - 1) / decode,
+            "step_ms": 1e3 * decode / max(args.new_tokens - 1, 1),  # one decode round
+        }
+
+    return measure, llm
 
 
 def host_overhead(model, batch: int, args) -> dict:
@@ -650,15 +717,16 @@ def host_overhead(model, batch: int, args) -> dict:
     return {"cpu_ms": cpu_ms, "gpu_ms": gpu_ms, "host_bound": cpu_ms > gpu_ms}
 
 
-def time_transformers(args, reference, dtype, batch) -> dict:
-    import torch
-
+def transformers_timer(args, reference, dtype, batch):
+    """A function that times one greedy `generate` of transformers (PyTorch eager) on the same
+    weights and prompt shape, after one warm-up of the same call."""
     import copy
 
+    import torch
+
     device = torch_device(args)
-    model = (
-        copy.deepcopy(reference).to(device=device, dtype=getattr(torch, dtype)).eval()
-    )  # the fp32 original stays
+    # A copy: the fp32 original stays.
+    model = copy.deepcopy(reference).to(device=device, dtype=getattr(torch, dtype)).eval()
     V = model.config.vocab_size
     ids = torch.as_tensor(
         np.random.default_rng(batch).integers(0, V, (batch, args.prompt_len)), device=device
@@ -669,20 +737,34 @@ def time_transformers(args, reference, dtype, batch) -> dict:
         min_new_tokens=args.new_tokens,
         pad_token_id=0,
     )
-    with torch.no_grad():
-        # Warm-up: the timed call itself, once (each new shape's first kernels, cuBLAS's choices).
-        model.generate(ids, **kwargs)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        model.generate(ids, **kwargs)
-        if device == "cuda":
-            torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    return {"tokens_per_s": batch * args.new_tokens / seconds}
+
+    def timed() -> float:
+        with torch.no_grad():
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.generate(ids, **kwargs)
+            if device == "cuda":
+                torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    # Warm-up: the timed call itself, once (each new shape's first kernels, cuBLAS's choices).
+    timed()
+
+    def measure() -> dict:
+        return {"tokens_per_s": batch * args.new_tokens / timed()}
+
+    return measure
+
+
+def median_and_range(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {"median": float(np.median(ordered)), "min": ordered[0], "max": ordered[-1]}
 
 
 def section_timing(args, deadline, state) -> dict:
+    """Each dtype and batch size: minirt and transformers timed alternately, `--repeats` times
+    each, in one process; medians with their ranges, and the median of the per-pair ratios."""
     if "folder" not in state:
         state["reference"] = make_checkpoint(args, Path(state["scratch"]) / "model")
         state["folder"] = Path(state["scratch"]) / "model"
@@ -695,10 +777,30 @@ def section_timing(args, deadline, state) -> dict:
             if deadline.left() < 25:
                 out[key] = "skipped: deadline"
                 continue
-            row = {"minirt": time_minirt(args, state["folder"], dtype, batch)}
+            ours, llm = minirt_timer(args, state["folder"], dtype, batch)
+            theirs = None
             if not args.no_transformers:
-                row["transformers"] = time_transformers(args, state["reference"], dtype, batch)
-                row["ratio"] = row["minirt"]["tokens_per_s"] / row["transformers"]["tokens_per_s"]
+                theirs = transformers_timer(args, state["reference"], dtype, batch)
+            runs = []
+            for _ in range(args.repeats):
+                runs.append((ours(), theirs() if theirs else None))
+            mine = [run[0] for run in runs]
+            row = {
+                "minirt": {
+                    name: median_and_range([m[name] for m in mine])["median"] for name in mine[0]
+                },
+                "minirt_tokens_per_s": median_and_range([m["tokens_per_s"] for m in mine]),
+                "repeats": args.repeats,
+            }
+            if args.backend == "cupy":
+                row["minirt"]["host_overhead"] = host_overhead(llm.model, batch, args)
+            if theirs:
+                speeds = [run[1]["tokens_per_s"] for run in runs]
+                row["transformers"] = {"tokens_per_s": median_and_range(speeds)["median"]}
+                row["transformers_tokens_per_s"] = median_and_range(speeds)
+                ratios = [m["tokens_per_s"] / t for m, t in zip(mine, speeds, strict=True)]
+                row["ratio"] = median_and_range(ratios)["median"]
+                row["ratio_range"] = median_and_range(ratios)
             out[key] = row
             state["results"]["sections"]["timing"] = {"partial": True, **out}
             write_results(args, state["results"])
@@ -876,6 +978,13 @@ def write_results(args, results) -> None:
     os.replace(tmp, args.out)
 
 
+def spread(values: dict | None) -> str:
+    """A median's range as 'min-max', or '' where there is none."""
+    if not values:
+        return ""
+    return f"{values['min']:.2f}-{values['max']:.2f}"
+
+
 def summary_table(results) -> str:
     lines = ["section       status"]
     for name, value in results["sections"].items():
@@ -891,7 +1000,7 @@ def summary_table(results) -> str:
         lines.append("")
         lines.append(
             f"{'dtype':8s} {'batch':>5s} {'minirt tok/s':>13s} {'transformers':>13s} {'ratio':>6s} "
-            f"{'floor frac':>10s}"
+            f"{'floor frac':>10s} {'ratio range':>12s}"
         )
         for key, row in timing.items():
             if not isinstance(row, dict) or "minirt" not in row:
@@ -905,7 +1014,8 @@ def summary_table(results) -> str:
             )
             lines.append(
                 f"{dtype:8s} {int(batch):5d} {row['minirt']['tokens_per_s']:13.1f} {theirs:13.1f} "
-                f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%}"
+                f"{row.get('ratio', float('nan')):6.2f} {frac:10.1%} "
+                f"{spread(row.get('ratio_range')):>12s}"
             )
     greedy = results["sections"].get("greedy", {})
     if isinstance(greedy, dict) and "no_clear_parting" in greedy:
