@@ -9,6 +9,7 @@ write the test that kills it, and check by hand that the test fails on the mutan
 
     python tools/quality/mutants.py                  # every mutant, two at a time; exits 1 if any survived
     python tools/quality/mutants.py --list           # the mutants, one line each
+    python tools/quality/mutants.py --check          # after moving code: which mutants went stale
     python tools/quality/mutants.py --only top_p_boundary reused_slot_not_zeroed --jobs 1
     python tools/quality/mutants.py --only window_never_waits --tests tests/server   # a quick look
 
@@ -1753,6 +1754,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check that every mutant's old text occurs exactly once in its file (after moving "
+        "code), list the stale ones, and exit 1 if any (0 if none); runs no test",
+    )
+    parser.add_argument(
         "--tests",
         nargs="+",
         default=[],
@@ -1761,6 +1768,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "suite); a mutant that survives them may still die elsewhere, so quote a full run",
     )
     return parser.parse_args(argv)
+
+
+def stale_mutants(mutants: list[Mutant]) -> list[tuple[Mutant, str]]:
+    """The mutants that cannot be applied, each with why: a file that is gone, or old text
+    that does not occur exactly once in it."""
+    stale = []
+    for m in mutants:
+        path = ROOT / m.file
+        if not path.is_file():
+            stale.append((m, f"{m.file} does not exist"))
+            continue
+        count = path.read_text(encoding="utf-8").count(m.old)
+        if count != 1:
+            stale.append((m, f"its old text occurs {count} times in {m.file}, not once"))
+    return stale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1776,11 +1798,15 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name:42s} {m.file:30s} {m.why}")
         return 0
-    for m in chosen:  # refuse a stale list before spending minutes on it
-        if (ROOT / m.file).read_text(encoding="utf-8").count(m.old) != 1:
-            raise SystemExit(
-                f"mutant {m.name}: its old text does not occur exactly once in {m.file}"
-            )
+    stale = stale_mutants(chosen)
+    if args.check:
+        for m, problem in stale:
+            print(f"stale: {m.name}: {problem}")
+        print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
+        return 1 if stale else 0
+    if stale:  # refuse a stale list before spending minutes on it
+        m, problem = stale[0]
+        raise SystemExit(f"mutant {m.name}: {problem}")
     print(
         f"{len(chosen)} mutants, {args.jobs} at a time, each against "
         f"`pytest {' '.join(PYTEST[2:] + args.tests)}`",
