@@ -1,11 +1,12 @@
 """Rounds without a model: requests of known lengths run through the engine's own schedulers.
 
 Owns: `simulate` (each request finishes after its output length, through the engine's schedulers,
-`Request` records and stop rule), `Simulation` (one policy's run: rounds, utilization, who waited)
-and `long_tailed_workload`.  A round is one forward pass; a request with output length L is active
-for L consecutive rounds, the first being its prefill (and in C - 1 rounds before those when
-continuous batching chunks its prompt over C rounds, as the engine does).  Utilization = active
-row-rounds / held row-rounds.
+their KV owner, `Request` records and stop rule; the KV owner allocates positions without numbers,
+and its prefix cache keeps only its bookkeeping), `Simulation` (one policy's run: rounds,
+utilization, who waited) and `long_tailed_workload`. A round is one forward pass; a request with
+output length L is active for L consecutive rounds, the first being its prefill (and in C - 1 rounds
+before those when continuous batching chunks its prompt over C rounds, as the engine does).
+Utilization = active row-rounds / held row-rounds.
 
 Must not know: models, arrays or text.
 """
@@ -17,18 +18,11 @@ from typing import Callable
 import numpy as np
 
 from ..engine.engine import DEFAULT_ROUND_TOKENS
+from ..engine.kv_manager import KVManager, PositionsOnly
 from ..engine.params import SamplingParams
-from ..engine.request import Request, add_token, note_prefill
 from ..engine.prefix_cache import PrefixCache
-from ..engine.scheduler import (
-    SCHEDULERS,
-    KVShape,
-    RoundPlan,
-    Scheduler,
-    no_cached_tokens,
-    no_prefix_in_flight,
-    no_room_to_make,
-)
+from ..engine.request import Request, add_token
+from ..engine.scheduler import SCHEDULERS, RoundPlan, Scheduler
 from ..errors import MinirtError
 from .plural import plural
 
@@ -101,16 +95,10 @@ def simulate(
     prompt_lens = prompt_lens or [1] * len(output_lens)
     check_lengths(output_lens, prompt_lens)
     requests = made_requests(output_lens, prompt_lens, shared_prefix)
-    cache = SimulatedCache(kv_budget) if prefix_cache else None
+    # The engine's KV owner, allocating positions without numbers.
+    kv = KVManager(kv_budget, PositionsOnly, PrefixCache() if prefix_cache else None)
     scheduler = SCHEDULERS[policy](
-        rows,
-        kv_budget,
-        UNLIMITED,
-        round_tokens,
-        chunked_prefill=chunked_prefill,
-        cached_tokens=no_cached_tokens if cache is None else cache.cached_tokens,
-        on_kv_shape=no_room_to_make if cache is None else cache.make_room_for,
-        shared_in_flight=no_prefix_in_flight if cache is None else cache.shared_in_flight,
+        rows, kv_budget, UNLIMITED, round_tokens, chunked_prefill=chunked_prefill, kv=kv
     )
     for request in requests:
         reason = scheduler.refusal(request)
@@ -121,14 +109,10 @@ def simulate(
     while scheduler.has_work():
         round_number += 1
         plan = scheduler.plan(round_number)
-        if cache is not None:
-            cache.admit(plan)
         if on_plan:
             on_plan(scheduler, plan)
-        run_round(plan, round_number, cache)
-        ended_group = scheduler.complete(plan)
-        if cache is not None and ended_group is not None:
-            cache.allocate(0)
+        run_round(scheduler, plan, round_number)
+        scheduler.complete(plan)
     return Simulation(policy, rows, requests, scheduler)
 
 
@@ -143,68 +127,13 @@ def check_lengths(output_lens: list[int], prompt_lens: list[int]) -> None:
         raise MinirtError("every output and prompt length must be at least 1")
 
 
-def run_round(plan: RoundPlan, round_number: int, cache: SimulatedCache | None) -> None:
-    """The "forward pass": every active row feeds its tokens, and each whose prompt is then all
-    in produces one token (id 0) and gives its prompt's blocks to the cache."""
+def run_round(scheduler: Scheduler, plan: RoundPlan, round_number: int) -> None:
+    """The "forward pass": every active row feeds its tokens (a prompt all in gives the prefix
+    cache its blocks), and each whose prompt is then all in produces one token (id 0)."""
+    scheduler.note_prefills(plan)
     for request in plan.active:
-        if request in plan.prefill_to:
-            note_prefill(request, plan.prefill_to[request])
-            if request.prompt_done and cache is not None:
-                cache.prefix_cache.insert(request.prompt_ids, NO_NUMBERS, 0)
         if request.prompt_done:
             add_token(request, 0, None, round_number, None, UNLIMITED)
-
-
-class NoNumbers:
-    """A KV cache of positions without numbers: what the prefix cache copies in and out when
-    only its bookkeeping is simulated."""
-
-    def read_positions(self, slot: int, start: int, end: int) -> tuple[None, None]:
-        return None, None
-
-    def write_positions(self, slot: int, start: int, keys, values) -> None:
-        return None
-
-
-NO_NUMBERS = NoNumbers()
-
-
-class SimulatedCache:
-    """The engine's prefix cache, within what the KV budget leaves beside the KV cache that the
-    plans allocate, as the engine keeps it."""
-
-    def __init__(self, kv_budget: int):
-        self.kv_budget = kv_budget
-        self.prefix_cache = PrefixCache()
-        # Positions of the KV cache the plans have allocated.
-        self.current = 0
-        self.allocate(0)
-
-    def allocate(self, positions: int) -> None:
-        self.current = positions
-        self.prefix_cache.set_limit(self.kv_budget - positions)
-
-    def make_room_for(self, shape: KVShape) -> None:
-        """A plan chose a new KV shape: room for it beside the one held now, before it asks
-        what is cached."""
-        self.prefix_cache.set_limit(self.kv_budget - shape.rows * shape.capacity - self.current)
-
-    def cached_tokens(self, request: Request) -> int:
-        return self.prefix_cache.cached_tokens(request.prompt_ids)
-
-    def shared_in_flight(self, request: Request, in_flight: list[Request]) -> int:
-        others = [other.prompt_ids for other in in_flight]
-        return self.prefix_cache.shared_with(request.prompt_ids, others)
-
-    def admit(self, plan: RoundPlan) -> None:
-        """A new group or pool allocates its KV cache; each admitted request takes what the
-        cache holds of its prompt."""
-        if plan.kv_shape is not None:
-            self.allocate(plan.kv_shape.rows * plan.kv_shape.capacity)
-        for request in plan.admitted:
-            cached = self.prefix_cache.use(request.prompt_ids, NO_NUMBERS, 0)
-            request.prefilled = cached
-            request.cached_prompt_tokens = cached
 
 
 def made_requests(

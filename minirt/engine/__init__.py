@@ -3,7 +3,9 @@
     params.py     SamplingParams: what a request asks for
     request.py    Request: one request's own state, and its stop rules
     scheduler.py  who runs in each round: static groups, or continuous batching (and how much
-                  of each prompt a round feeds: chunked prefill)
+                  of each prompt a round feeds: chunked prefill); it owns the KV owner
+    kv_manager.py KVManager: the KV budget, the KV cache allocated now and its slots, and the
+                  prefix cache's share of the budget
     prefix_cache.py  PrefixCache: prompt prefixes' keys and values, kept for later requests
     sampler.py    each request's next token, from its own logits and its own random stream
     engine.py     Engine: add_request, step (one round), abort, and the offline loop over step

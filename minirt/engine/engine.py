@@ -62,11 +62,12 @@ from ..model.batch import Batch, check_token_ids
 from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
 from .params import SamplingParams
+from .kv_manager import KVManager
 from .prefix_cache import PrefixCache
-from .request import Request, Status, abort_request, add_token, fail_request, note_prefill
+from .request import Request, Status, abort_request, add_token, fail_request
 from .round_record import RoundRecord, record_round
 from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
-from .scheduler import POLICIES, SCHEDULERS, GroupRecord, KVShape, RoundPlan, Scheduler
+from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .stats import RunStats
 
 DEFAULT_KV_BUDGET_MIB = 4096
@@ -254,9 +255,7 @@ class Engine:
             self.model.config.n_positions,
             self.round_token_budget,
             chunked_prefill=self.chunked_prefill,
-            cached_tokens=self.cached_tokens,
-            on_kv_shape=self.make_room_for,
-            shared_in_flight=self.shared_in_flight,
+            kv=KVManager(self.kv_budget_positions, self.new_kv_cache, self.prefix_cache),
         )
         # The run's counts; the scheduler's per-round lists grow as it runs.
         self.stats = RunStats(
@@ -269,12 +268,6 @@ class Engine:
         self.round_number = 0
         # Requests' times count from the run's start.
         self.run_start = time.perf_counter()
-        # The running group's (or the continuous pool's) KV buffers, and the slots of that
-        # cache no running request holds.
-        self.kv_cache: KVCache | None = None
-        self.free_slots: list[int] = []
-        # With no KV cache allocated, the prefix cache may hold the whole budget.
-        self.limit_prefix_cache()
         # Aborted requests, and static groups their abort ended, for the next step to report.
         self.aborted_since_step: list[Request] = []
         self.groups_ended_by_abort: list[GroupRecord] = []
@@ -294,48 +287,21 @@ class Engine:
                 group.members = []
                 group.active_rows = []
 
-    def cached_tokens(self, request: Request) -> int:
-        """How many of a waiting request's first prompt tokens the prefix cache holds now (what
-        the scheduler plans with)."""
-        if self.prefix_cache is None:
-            return 0
-        return self.prefix_cache.cached_tokens(request.prompt_ids)
+    def new_kv_cache(self, rows: int, capacity: int) -> KVCache:
+        """The model's KV buffers for `rows` requests of `capacity` positions (what the KV owner
+        allocates a group or pool)."""
+        return self.model.new_kv_cache(n_slots=rows, capacity=capacity)
 
-    def shared_in_flight(self, request: Request, in_flight: list[Request]) -> int:
-        """How many of a waiting request's first prompt tokens, in whole blocks, the prompts
-        still being fed share with it (the cache will hold them once those are in)."""
-        if self.prefix_cache is None:
-            return 0
-        others = [other.prompt_ids for other in in_flight]
-        return self.prefix_cache.shared_with(request.prompt_ids, others)
+    @property
+    def kv_cache(self) -> KVCache | None:
+        """The running group's (or the continuous pool's) KV buffers, held by the scheduler's KV
+        owner (None between groups)."""
+        return self.scheduler.kv.cache  # type: ignore[return-value]
 
-    def make_room_for(self, shape: KVShape) -> None:
-        """Before a KV cache of `shape` is allocated: the prefix cache shrinks to what the
-        budget leaves beside it (and beside the pool it grows from, while both are held)."""
-        if self.prefix_cache is None:
-            return
-        allocated = shape.rows * shape.capacity
-        if self.pool_is_held():
-            allocated += self.allocated_positions()
-        self.prefix_cache.set_limit(self.kv_budget_positions - allocated)
-
-    def limit_prefix_cache(self) -> None:
-        """The prefix cache may hold what the KV budget leaves beside the KV cache allocated
-        now; called whenever that allocation changes."""
-        if self.prefix_cache is None:
-            return
-        self.prefix_cache.set_limit(self.kv_budget_positions - self.allocated_positions())
-
-    def allocated_positions(self) -> int:
-        """KV positions of the KV cache allocated now: rows x positions per row (0 without)."""
-        if self.kv_cache is None:
-            return 0
-        return len(self.kv_cache.lengths) * self.kv_cache.capacity
-
-    def pool_is_held(self) -> bool:
-        """Whether running requests hold slots of the KV cache allocated now, so that a larger
-        one takes them over (a continuous pool that grows) rather than replacing it."""
-        return self.kv_cache is not None and any(r.slot is not None for r in self.scheduler.running)
+    @property
+    def free_slots(self) -> list[int]:
+        """The slots of that cache no running request holds."""
+        return self.scheduler.kv.free_slots
 
     def seconds(self) -> float:
         """Seconds since the run started."""
@@ -392,12 +358,10 @@ class Engine:
             request.finish_s = self.seconds()
             self.stats.aborted += 1
             self.aborted_since_step.append(request)
+            # Its slot goes back; if it was a static group's last member, the group is over,
+            # and so is its cache.
             ended_group = self.scheduler.remove(request)
-            if request.slot is not None:
-                self.free_slots = sorted(self.free_slots + [request.slot])
             if ended_group is not None:
-                # Its last member is gone: the group is over, and so is its cache.
-                self.release_kv_cache()
                 self.groups_ended_by_abort.append(ended_group)
         return aborted
 
@@ -419,7 +383,8 @@ class Engine:
         if not self.scheduler.has_work():
             if output.finished:
                 # Aborts that no round follows: the grid still hears that they ended.
-                output.round_record = self.record(list(self.scheduler.running), [], output.finished)
+                holding = list(self.scheduler.running)
+                output.round_record = self.record(holding, [], output.finished, self.kv_rows())
             return output
         try:
             self.run_round(output)
@@ -442,17 +407,19 @@ class Engine:
         batch = self.prepare_batch_metadata(active, plan)
         # One forward pass of the active rows: logits [B, V].
         logits = self.model.forward(batch, self.kv_cache)
-        self.note_prefills(active, plan)
+        # How far each prefilling row's prompt is in (a whole one enters the prefix cache).
+        self.scheduler.note_prefills(plan)
         new_tokens = self.pick_tokens(active, logits)
-        # Every request whose row this round's cache held, before the scheduler frees any.
+        # Every request whose row this round's cache held, and the cache's shape, before the
+        # scheduler frees any (a static group that ends releases its cache: only then may the
+        # next start).
         holding = list(self.scheduler.running)
+        kv_rows = self.kv_rows()
         ended_group = self.scheduler.complete(plan)
         finished = self.release_finished(active)
         self.count_round(plan, new_tokens, finished)
-        output.round_record = self.record(holding, active, output.finished + finished)
+        output.round_record = self.record(holding, active, output.finished + finished, kv_rows)
         if ended_group is not None:
-            # Only now may the next group start.
-            self.release_kv_cache()
             output.ended_groups.append(ended_group)
         output.round_number = self.round_number
         output.new_tokens = new_tokens
@@ -540,48 +507,21 @@ class Engine:
     # ------------------------------------------------------------------ one round's steps
 
     def admit(self, plan: RoundPlan) -> None:
-        """A new group (or a new or grown pool) gets its KV cache; each admitted request takes
-        a slot of it, zeroed, the start of its prompt copied in when the prefix cache holds it,
-        with its own text decoder, and its prompt scored if it asked."""
-        if plan.kv_shape is not None:
-            self.shape_kv_cache(plan.kv_shape)
-            if plan.kv_limited:
-                self.stats.kv_limited_rows.append(plan.kv_shape.rows)
-        assert self.kv_cache is not None  # made with its group (or the pool) before admission
+        """What the engine adds to an admission (the scheduler gave each admitted request its
+        KV slot, with the cached start of its prompt copied in): its time, its prompt scored if
+        it asked, its own text decoder."""
+        if plan.kv_limited:
+            assert plan.kv_shape is not None  # only a new group or pool is limited
+            self.stats.kv_limited_rows.append(plan.kv_shape.rows)
         for request in plan.admitted:
             request.admitted_s = self.seconds()
             if request.params.prompt_logprobs:
                 self.score_prompt(request)
-            request.slot = self.free_slots.pop(0)
-            # The start of its prompt, if cached, is copied in, and it prefills only the rest.
-            cached = self.cached_tokens(request)
-            # Zeroed past that, so that nothing of an earlier occupant can leak in.
-            self.kv_cache.reset_slot(request.slot, overwritten=cached)
-            if self.prefix_cache is not None:
-                copied = self.prefix_cache.use(request.prompt_ids, self.kv_cache, request.slot)
-                assert copied == cached  # nothing changed the cache in between
-                request.prefilled = cached
-                request.cached_prompt_tokens = cached
             if self.tokenizer is not None:
                 request.decoder = self.tokenizer.stream()
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)
-
-    def shape_kv_cache(self, shape: KVShape) -> None:
-        """Allocate the KV cache at `shape`, or grow the running pool to it: the slots that
-        requests hold keep their numbers and their keys, and the new rows are free."""
-        held = self.pool_is_held()
-        new_cache = self.model.new_kv_cache(n_slots=shape.rows, capacity=shape.capacity)
-        if held:
-            assert self.kv_cache is not None
-            old_rows = len(self.kv_cache.lengths)
-            new_cache.copy_from(self.kv_cache)
-            self.free_slots = sorted(self.free_slots + list(range(old_rows, shape.rows)))
-        else:
-            self.free_slots = list(range(shape.rows))
-        self.kv_cache = new_cache
-        self.limit_prefix_cache()
 
     def score_prompt(self, request: Request) -> None:
         """Prompt logprobs: one scoring pass of the request's own prompt, without a KV cache,
@@ -617,17 +557,6 @@ class Engine:
             return request.prompt_ids[request.prefilled : end]
         return request.token_ids[-1:]
 
-    def note_prefills(self, active: list[Request], plan: RoundPlan) -> None:
-        """After the forward pass: each prefilling row's slot holds its prompt up to the plan's
-        end; a row whose whole prompt is now in gives its full blocks to the prefix cache."""
-        for request in active:
-            if request not in plan.prefill_to:
-                continue
-            note_prefill(request, plan.prefill_to[request])
-            if request.prompt_done and self.prefix_cache is not None:
-                assert self.kv_cache is not None and request.slot is not None
-                self.prefix_cache.insert(request.prompt_ids, self.kv_cache, request.slot)
-
     def pick_tokens(self, active: list[Request], logits) -> list[Request]:
         """Each active row whose prompt is in picks its token from its own logits row, appends
         it, and checks its own stops (a row fed a chunk short of its prompt's end gets none).
@@ -658,13 +587,11 @@ class Engine:
         return got_token
 
     def release_finished(self, active: list[Request]) -> list[Request]:
-        """Each row that finished this round frees its slot (continuous: the next admission
-        takes it) and its record is final.  Returns those requests, in row order."""
+        """Each row that finished this round (the scheduler has freed its slot: continuous, the
+        next admission takes it) has its record final.  Returns those requests, in row order."""
         finished = [r for r in active if r.finished]
         for request in finished:
-            assert request.slot is not None  # it ran, so it held a slot
             request.finish_s = self.seconds()
-            self.free_slots = sorted(self.free_slots + [request.slot])
         return finished
 
     def count_round(self, plan: RoundPlan, new_tokens: list[Request], finished: list[Request]):
@@ -680,15 +607,17 @@ class Engine:
                 self.stats.first_token_seconds.append(request.first_token_s - arrived)
         self.stats.wall_seconds = self.seconds()
 
-    def record(self, holding, active, finished) -> RoundRecord:
-        """The round's record: who held each row of its cache, who ran, who waits.  Without a
-        cache (aborts reported by a step that ran no round), it holds no row."""
+    def kv_rows(self) -> tuple[int, int]:
+        """(rows, positions per row) of the KV cache allocated now; (0, 0) without one."""
         if self.kv_cache is None:
-            rows = 0
-            positions_per_row = 0
-        else:
-            rows = len(self.kv_cache.lengths)
-            positions_per_row = self.kv_cache.capacity
+            return 0, 0
+        return len(self.kv_cache.lengths), self.kv_cache.capacity
+
+    def record(self, holding, active, finished, kv_rows: tuple[int, int]) -> RoundRecord:
+        """The round's record: who held each row of its cache (`kv_rows`: its rows and
+        positions per row), who ran, who waits.  Without a cache (aborts reported by a step
+        that ran no round), it holds no row."""
+        rows, positions_per_row = kv_rows
         return record_round(
             run=self.run_number,
             round_number=self.round_number,
@@ -702,12 +631,6 @@ class Engine:
             waiting=self.scheduler.waiting,
             finished=finished,
         )
-
-    def release_kv_cache(self) -> None:
-        """The group (or the run) is over: drop its KV cache before another is allocated."""
-        self.kv_cache = None
-        self.free_slots = []
-        self.limit_prefix_cache()
 
 
 def slot_of(request: Request) -> int:

@@ -7,8 +7,11 @@ Owns: one scheduler class per policy, behind the small interface that the engine
     submit(request)   queue it in arrival order, at any time; nothing else
     remove(request)   take an aborted request out of the queue or the running rows
     has_work()        whether anyone waits or runs
-    plan(round)       who runs, who is admitted, how far each prefilling row's prompt goes
-                      this round, and the KV shape when a group or pool starts or grows
+    plan(round)       who runs, who is admitted (each with its KV slot), how far each
+                      prefilling row's prompt goes this round, and the KV shape when a group or
+                      pool starts or grows (allocated by then)
+    note_prefills(plan)  after the round's forward pass: how far each prefilling row's prompt
+                      now is in its slot (a prompt all in gives the prefix cache its blocks)
     complete(plan)    after the round: free the rows of finished requests (the static group,
                       once it has ended)
 
@@ -32,24 +35,25 @@ its rounds are consecutive; it gets its first token in the round its prompt ends
 chunking, a prompt is fed whole in its first round (and one over the budget is refused); static
 groups always prefill in one round, since that is the lesson they teach.
 
-A prompt's first tokens may be in the prefix cache (minirt/engine/prefix_cache.py): the engine
-tells the scheduler how many (`cached_tokens`), and a prefill then costs only the rest.  The cache
-lives in what the KV budget leaves beside the KV cache, so a plan that chooses a new KV shape
-tells the engine first (`on_kv_shape`), before it asks what is cached: the engine makes room
-(evicting what no longer fits), and what the plan counts on is then still there at admission.
+The scheduler owns the KV owner (`self.kv`, minirt/engine/kv_manager.py), as vLLM's scheduler
+owns its KV cache manager: a plan that chooses a new KV shape allocates it there, before it asks
+what is cached (the manager makes room in the prefix cache first, so what the plan counts on is
+still there at admission), and each admitted request takes a slot of it, with the cached start of
+its prompt copied in (`KVManager.admit`): a prefill then costs only the rest.  Finished and aborted
+requests give their slots back, and a static group's cache goes when the group ends.
 Continuous batching also waits for a prefix in flight: a waiting request whose prompt starts with
 more whole blocks of a prompt still being fed (running, or admitted this round) than the cache
-holds for it is not admitted yet (`shared_in_flight`): once that prompt is in, its blocks are
-cached and the request prefills only the rest.  A row may stay free a round or two; the prefill
-it saves is the shared prefix, computed once instead of once per request (a system prompt, a
-document asked about many times).  The wait ends when that prompt is in, which it always is a
-round or more later (it is fed at least one token a round).
+holds for it is not admitted yet (`KVManager.shared_in_flight`): once that prompt is in, its
+blocks are cached and the request prefills only the rest.  A row may stay free a round or two;
+the prefill it saves is the shared prefix, computed once instead of once per request (a system
+prompt, a document asked about many times).  The wait ends when that prompt is in, which it
+always is a round or more later (it is fed at least one token a round).
 
 The continuous pool grows.  Requests may arrive while it runs (`Engine.add_request`), so it
 cannot be sized once by the first requests it sees.  It starts as the requests then waiting
 need: a row each (up to max_rows, and as many as the KV budget holds), each row as long as the
 longest of them needs.  When later requests need more rows or longer rows, the pool is made
-larger (the rows at least twofold, within max_rows and the budget), and the engine copies the
+larger (the rows at least twofold, within max_rows and the budget), and the KV owner copies the
 running requests' slots into it, keeping their numbers; while it does, the old pool and the
 new one are both held.  When the pool's rows, at the length a waiting request needs, would not
 fit the KV budget, admission pauses until the pool has drained, and the pool is then made anew
@@ -69,9 +73,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
-from .request import Request, Status
+from .kv_manager import KVManager
+from .request import Request, Status, note_prefill
 
 
 @dataclass
@@ -111,21 +115,6 @@ class RoundPlan:
     prefill_to: dict[Request, int] = field(default_factory=dict)
 
 
-def no_cached_tokens(request: Request) -> int:
-    """Without a prefix cache, no prompt token is cached."""
-    return 0
-
-
-def no_prefix_in_flight(request: Request, in_flight: list[Request]) -> int:
-    """Without a prefix cache, no prompt in flight will be cached."""
-    return 0
-
-
-def no_room_to_make(shape: KVShape) -> None:
-    """Without a prefix cache, a new KV shape needs no room made beside it."""
-    return None
-
-
 def mark_admitted(request: Request, group: int | None, round_number: int) -> None:
     """Stamp the request as running from this round on (its first round is its prefill)."""
     request.status = Status.RUNNING
@@ -147,10 +136,10 @@ class Scheduler:
         n_positions: int,
         round_token_budget: int | None = None,
         chunked_prefill: bool = False,
-        cached_tokens: Callable[[Request], int] = no_cached_tokens,
-        on_kv_shape: Callable[[KVShape], None] = no_room_to_make,
-        shared_in_flight: Callable[[Request, list[Request]], int] = no_prefix_in_flight,
+        kv: KVManager | None = None,
     ):
+        """`kv`: the KV owner of the run (the engine's, whose cache holds numbers); by default one
+        of positions alone, with no prefix cache, for a scheduler that only plans."""
         self.max_rows = max_rows
         self.kv_budget = kv_budget_positions
         self.n_positions = n_positions
@@ -158,13 +147,9 @@ class Scheduler:
         self.token_budget = round_token_budget
         # Continuous batching: may a prompt be fed over several rounds?
         self.chunked_prefill = chunked_prefill
-        # How many of a waiting request's first prompt tokens the prefix cache holds now.
-        self.cached_tokens = cached_tokens
-        # Told of a new group's or pool's KV shape before anything is admitted to it.
-        self.on_kv_shape = on_kv_shape
-        # How many of a waiting request's first prompt tokens the cache will hold once these
-        # requests' prompts are in.
-        self.shared_in_flight = shared_in_flight
+        # The KV budget's owner: the cache, its slots and the prefix cache.
+        self.kv = kv if kv is not None else KVManager(kv_budget_positions)
+        assert self.kv.budget_positions == kv_budget_positions
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # Per round: rows that ran, and rows whose KV slots were held (utilization: active / held).
@@ -193,10 +178,26 @@ class Scheduler:
 
     def remove(self, request: Request) -> GroupRecord | None:
         """An aborted (already finished) request leaves the queue, or its running row (policy
-        by policy).  Returns the static group that this ends, if it was its last member."""
+        by policy), and gives its KV slot back.  Returns the static group that this ends, if it
+        was its last member."""
         if request in self.waiting:
             self.waiting.remove(request)
+        self.kv.free(request)
         return None
+
+    def admit(self, requests: list[Request], group: int | None, round_number: int) -> None:
+        """Stamp each as running from this round on, each in a KV slot of its own."""
+        for request in requests:
+            mark_admitted(request, group, round_number)
+            self.kv.admit(request)
+
+    def note_prefills(self, plan: RoundPlan) -> None:
+        """After the round's forward pass: each prefilling row's slot holds its prompt up to
+        the plan's end; a row whose whole prompt is now in gives the prefix cache its blocks."""
+        for request, end in plan.prefill_to.items():
+            note_prefill(request, end)
+            if request.prompt_done:
+                self.kv.insert_prompt(request)
 
     def plan(self, round_number: int) -> RoundPlan:
         """Who runs in this round: each policy says."""
@@ -206,9 +207,13 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
-        """After the round: count its rows; finished requests give up their rows (each policy)."""
+        """After the round: count its rows; finished requests give their KV slots back, and
+        their rows (each policy)."""
         self.active_rows.append(len(plan.active))
         self.held_rows.append(self.rows_held())
+        for request in plan.active:
+            if request.finished:
+                self.kv.free(request)
         return None
 
     def rows_held(self) -> int:
@@ -227,13 +232,12 @@ class StaticScheduler(Scheduler):
         members, kv_limited = self.choose_group()
         group = GroupRecord(number=len(self.groups) + 1, members=members, first_round=round_number)
         self.groups.append(group)
-        for request in members:
-            mark_admitted(request, group.number, round_number)
-        self.running = list(members)
         # One slot per member, each as long as the longest member needs.
         longest = max(self.kv_positions_needed(r) for r in members)
         shape = KVShape(rows=len(members), capacity=longest)
-        self.on_kv_shape(shape)
+        self.kv.allocate(shape.rows, shape.capacity)
+        self.admit(members, group.number, round_number)
+        self.running = list(members)
         # The whole group prefills in its first round.
         prefill_to = {r: r.prompt_len for r in members}
         return RoundPlan(round_number, list(members), list(members), shape, kv_limited, prefill_to)
@@ -247,8 +251,13 @@ class StaticScheduler(Scheduler):
         group = self.groups[-1]
         # The last round the group ran.
         group.last_round = group.first_round + len(group.active_rows) - 1
-        self.running = []
+        self.end_group()
         return group
+
+    def end_group(self) -> None:
+        """The group is over: its rows and its KV cache go (only now may the next start)."""
+        self.running = []
+        self.kv.release()
 
     def rows_held(self) -> int:
         # A member's slot is held until its whole group ends.
@@ -290,7 +299,7 @@ class StaticScheduler(Scheduler):
         group.active_rows.append(len(plan.active))
         if all(r.finished for r in group.members):
             group.last_round = plan.round_number
-            self.running = []
+            self.end_group()
             return group
         return None
 
@@ -363,14 +372,14 @@ class ContinuousScheduler(Scheduler):
         if self.waiting:
             shape, kv_limited = self.next_pool()
         if shape is not None:
-            self.on_kv_shape(shape)
+            self.kv.allocate(shape.rows, shape.capacity)
             self.pool = shape
         prefill_to: dict[Request, int] = {}
         tokens = self.running_tokens(prefill_to)
         admitted = self.admissions(tokens, prefill_to)
         for request in admitted:
             self.waiting.remove(request)
-            mark_admitted(request, None, round_number)
+        self.admit(admitted, None, round_number)
         self.running += admitted
         return RoundPlan(round_number, list(self.running), admitted, shape, kv_limited, prefill_to)
 
@@ -407,9 +416,9 @@ class ContinuousScheduler(Scheduler):
             if needed > self.pool.capacity or reserved + needed > self.kv_budget:
                 continue
             # Its prompt after what the prefix cache holds of it.
-            start = self.cached_tokens(candidate)
+            start = self.kv.cached_tokens(candidate)
             in_flight = [r for r in self.running if not r.prompt_done] + admitted
-            if self.shared_in_flight(candidate, in_flight) > start:
+            if self.kv.shared_in_flight(candidate, in_flight) > start:
                 # More of its prefix is on its way into the cache: it waits for it.
                 continue
             chunk = self.prompt_chunk(candidate.prompt_len - start, tokens)

@@ -340,9 +340,9 @@ MUTANTS = [
     ),
     Mutant(
         "freed_slot_not_returned",
-        "minirt/engine/engine.py",
-        "            request.finish_s = self.seconds()\n            self.free_slots = sorted(self.free_slots + [request.slot])",
-        "            request.finish_s = self.seconds()\n            self.free_slots = sorted(self.free_slots)",
+        "minirt/engine/scheduler.py",
+        "            if request.finished:\n                self.kv.free(request)",
+        "            if request.finished:\n                pass",
         "a finished request's slot is lost",
     ),
     # ---- layers
@@ -873,9 +873,9 @@ MUTANTS = [
     # user trips on
     Mutant(
         "abort_keeps_the_slot",
-        "minirt/engine/engine.py",
-        "            if request.slot is not None:\n                self.free_slots = sorted(self.free_slots + [request.slot])\n            if ended_group",
-        "            if ended_group",
+        "minirt/engine/scheduler.py",
+        "            self.waiting.remove(request)\n        self.kv.free(request)",
+        "            self.waiting.remove(request)",
         "an aborted running request's slot is never given to the next request",
     ),
     Mutant(
@@ -887,15 +887,15 @@ MUTANTS = [
     ),
     Mutant(
         "aborted_static_group_never_ends",
-        "minirt/engine/engine.py",
-        "            if ended_group is not None:\n                # Its last member is gone",
-        "            if False:\n                # Its last member is gone",
+        "minirt/engine/scheduler.py",
+        "        group.last_round = group.first_round + len(group.active_rows) - 1\n        self.end_group()",
+        "        group.last_round = group.first_round + len(group.active_rows) - 1\n        self.running = []",
         "a group whose last members were aborted keeps its cache, and the next group is given it",
     ),
     Mutant(
         "pool_grows_without_copying",
-        "minirt/engine/engine.py",
-        "            new_cache.copy_from(self.kv_cache)",
+        "minirt/engine/kv_manager.py",
+        "            new.copy_from(old)",
         "            pass",
         "a pool that grows loses the running requests' keys",
     ),
@@ -1460,8 +1460,8 @@ MUTANTS = [
     Mutant(
         "record_rows_read_after_the_scheduler_freed_them",
         "minirt/engine/engine.py",
-        "output.round_record = self.record(holding, active, output.finished + finished)",
-        "output.round_record = self.record(list(self.scheduler.running), active, output.finished + finished)",
+        "output.round_record = self.record(holding, active, output.finished + finished, kv_rows)",
+        "output.round_record = self.record(list(self.scheduler.running), active, output.finished + finished, kv_rows)",
         "a static group's last round (and a continuous row's last token) is missing from the grid",
     ),
     Mutant(
@@ -1586,37 +1586,37 @@ MUTANTS = [
     ),
     Mutant(
         "prefix_cache_limit_ignores_the_kv_cache",
-        "minirt/engine/engine.py",
-        "        self.prefix_cache.set_limit(self.kv_budget_positions - self.allocated_positions())",
-        "        self.prefix_cache.set_limit(self.kv_budget_positions)",
+        "minirt/engine/kv_manager.py",
+        "        self.prefix_cache.set_limit(self.budget_positions - kv_positions)",
+        "        self.prefix_cache.set_limit(self.budget_positions)",
         "the prefix cache and the running requests' KV cache together exceed the budget",
     ),
     Mutant(
         "admitted_row_prefills_the_cached_part_again",
-        "minirt/engine/engine.py",
-        "                request.prefilled = cached\n",
-        "                request.prefilled = 0\n",
+        "minirt/engine/kv_manager.py",
+        "            request.prefilled = cached\n",
+        "            request.prefilled = 0\n",
         "the cached prefix is copied and then computed again on top of itself",
     ),
     Mutant(
         "room_made_after_the_kv_cache_is_allocated",
-        "minirt/engine/engine.py",
-        "            on_kv_shape=self.make_room_for,",
-        "            on_kv_shape=lambda shape: None,",
+        "minirt/engine/kv_manager.py",
+        "        self.make_room(rows * capacity + (self.allocated_positions() if held else 0))",
+        "        pass",
         "the KV cache is allocated beside a prefix cache that still holds what it must give up",
     ),
     Mutant(
         "no_wait_for_a_prefix_in_flight",
         "minirt/engine/scheduler.py",
-        "            if self.shared_in_flight(candidate, in_flight) > start:",
+        "            if self.kv.shared_in_flight(candidate, in_flight) > start:",
         "            if False:",
         "requests sharing a prefix still being fed compute it again, each",
     ),
     Mutant(
         "prompt_never_enters_the_cache",
-        "minirt/engine/engine.py",
-        "            if request.prompt_done and self.prefix_cache is not None:",
-        "            if False:",
+        "minirt/engine/scheduler.py",
+        "            if request.prompt_done:\n                self.kv.insert_prompt(request)",
+        "            if False:\n                self.kv.insert_prompt(request)",
         "no prompt is ever cached",
     ),
     Mutant(
@@ -1661,12 +1661,36 @@ MUTANTS = [
         '"prompt_tokens_details": {"cached_tokens": 0},',
         "the server never reports the cached prompt tokens",
     ),
+    # ---- the KV owner (minirt/engine/kv_manager.py), which the scheduler owns
+    # (Dropping the prefix cache's new limit when a group's cache is released is no mutant: the
+    # next allocation sets the limit before anything can be inserted, so no test can tell.)
+    Mutant(
+        "grown_pool_loses_a_new_row",
+        "minirt/engine/kv_manager.py",
+        "list(range(len(old.lengths), rows))",
+        "list(range(len(old.lengths) + 1, rows))",
+        "a pool that grows never hands out its first new row",
+    ),
+    Mutant(
+        "held_pool_replaced_not_grown",
+        "minirt/engine/kv_manager.py",
+        "        return self.cache is not None and len(self.free_slots) < len(self.cache.lengths)",
+        "        return False",
+        "a pool that grows is made anew, and the running requests lose their keys",
+    ),
+    Mutant(
+        "chunk_cached_before_it_is_computed",
+        "minirt/engine/scheduler.py",
+        "            if request.prompt_done:\n                self.kv.insert_prompt(request)",
+        "            if True:\n                self.kv.insert_prompt(request)",
+        "a chunked prompt's blocks are cached before all of them are in its slot",
+    ),
     Mutant(
         "simulated_cache_never_used",
         "minirt/cli/simulation.py",
-        "            request.prefilled = cached\n            request.cached_prompt_tokens = cached",
-        "            request.prefilled = 0\n            request.cached_prompt_tokens = 0",
-        "minirt rounds --shared-prefix shows no saving",
+        "    kv = KVManager(kv_budget, PositionsOnly, PrefixCache() if prefix_cache else None)",
+        "    kv = KVManager(kv_budget, PositionsOnly, None)",
+        "minirt rounds --shared-prefix --prefix-cache shows no saving",
     ),
     Mutant(
         "trace_draws_no_chunk_rounds",
