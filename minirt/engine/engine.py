@@ -11,21 +11,21 @@ interface online serving needs:
                           it leaves the compute before the next round and frees its KV slot
     has_unfinished()      whether any request waits or runs
 
-One step is one round:
+One step is one round, plan -> run -> update (nano-vllm's schedule -> run -> postprocess):
 
     plan                 who runs (the scheduler, minirt/engine/scheduler.py: static groups or
                          continuous batching); a new group, or a new or grown pool, gets its
-                         KV cache, and each admitted request takes a slot of its own
-    admit                each admitted request: its slot zeroed, the start of its prompt copied
-                         from the prefix cache (minirt/engine/prefix_cache.py) when it holds it,
-                         its text decoder, and, if it asked for prompt logprobs, the scoring pass
-                         of its prompt
-    batch metadata       each active row's new tokens (its prompt, or the chunk of it the plan
-                         gives; else its last token), its slot and the keys it holds, the rows
-                         in slot order (a full cache is then read as one view)
-    forward              one forward pass of the active rows: logits [B, V]
+                         KV cache from the scheduler's KV owner (minirt/engine/kv_manager.py),
+                         and each admitted request a slot of its own, zeroed, with the start of
+                         its prompt copied in when the prefix cache holds it
+    admit                each admitted request's time, its text decoder and, if it asked for
+                         prompt logprobs, the scoring pass of its prompt
+    run                  the model runner (minirt/engine/runner.py): each active row's new
+                         tokens (its prompt, or the chunk of it the plan gives; else its last
+                         token), its slot and the keys it holds, the rows in slot order (a
+                         full cache is then read as one view); one forward pass
     prefill done         each row whose prompt is now all in its slot gives the prefix cache
-                         its blocks
+                         its blocks (the scheduler)
     pick tokens          each row whose prompt is in picks its token from its own logits and
                          its own stream, appends it and checks its own stop rules (a row fed
                          a chunk that does not end its prompt gets no token this round)
@@ -58,15 +58,16 @@ import numpy as np
 
 from ..errors import InputError, ReentryError, RequestError, require_at_least_one
 from ..loading.tokenizer import Tokenizer, special_ids
-from ..model.batch import Batch, check_token_ids
+from ..model.batch import check_token_ids
 from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
 from .params import SamplingParams
 from .kv_manager import KVManager
 from .prefix_cache import PrefixCache
-from .request import Request, Status, abort_request, add_token, fail_request
+from .request import Request, Status, abort_request, fail_request
 from .round_record import RoundRecord, record_round
-from .sampler import choose_tokens, derived_seed, prompt_logprobs, request_rng, sample_seed
+from .runner import ModelRunner
+from .sampler import derived_seed, request_rng, sample_seed
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .stats import RunStats
 
@@ -127,9 +128,9 @@ class Engine:
             c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
         )
         self.kv_budget_positions = self.budget_in_positions(kv_budget_mib, kv_budget_tokens)
-        special = self.special_tokens()
-        self.eos_token_id = special[0]
-        self.bos_token_id = special[1]
+        eos_token_id, self.bos_token_id = self.special_tokens()
+        # The forward pass and the picking of tokens, round by round (it stops a request at EOS).
+        self.runner = ModelRunner(model, eos_token_id)
         # Held while `serve` runs or `step` runs a round (and while `start_run` starts one), so
         # that a callback or another thread cannot start a second run, or step this one behind
         # its back: taken without waiting, or a ReentryError.
@@ -152,6 +153,15 @@ class Engine:
         if kv_budget_tokens is None:
             return int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
         return require_at_least_one(kv_budget_tokens, "the KV budget in tokens")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The end-of-text token that stops a request (unless it ignores EOS): the runner's."""
+        return self.runner.eos_token_id
+
+    @eos_token_id.setter
+    def eos_token_id(self, token: int | None) -> None:
+        self.runner.eos_token_id = token
 
     def special_tokens(self) -> tuple[int | None, int | None]:
         """(EOS, BOS): the tokenizer's, else the model config's that lie in its vocabulary."""
@@ -400,16 +410,15 @@ class Engine:
         # Someone waits or runs, so someone runs: a round of no rows would loop for ever.
         assert plan.active, "the scheduler chose no rows while requests wait"
         self.admit(plan)
-        # The rows in slot order: when they hold every slot of the cache (a full pool, a static
-        # group), a decode step reads their keys and values as one view instead of gathering a
-        # copy in every layer.  A row's numbers do not depend on its place.
-        active = sorted(plan.active, key=slot_of)
-        batch = self.prepare_batch_metadata(active, plan)
-        # One forward pass of the active rows: logits [B, V].
-        logits = self.model.forward(batch, self.kv_cache)
+        # One forward pass of the active rows (in slot order): logits [B', V] of those that
+        # give a token.
+        active, logits = self.runner.forward(plan, self.kv_cache)
         # How far each prefilling row's prompt is in (a whole one enters the prefix cache).
         self.scheduler.note_prefills(plan)
-        new_tokens = self.pick_tokens(active, logits)
+        new_tokens = self.runner.pick_tokens(active, logits, self.round_number)
+        for request in new_tokens:
+            if len(request.token_ids) == 1:
+                request.first_token_s = self.seconds()
         # Every request whose row this round's cache held, and the cache's shape, before the
         # scheduler frees any (a static group that ends releases its cache: only then may the
         # next start).
@@ -516,75 +525,12 @@ class Engine:
         for request in plan.admitted:
             request.admitted_s = self.seconds()
             if request.params.prompt_logprobs:
-                self.score_prompt(request)
+                self.runner.score_prompt(request)
             if self.tokenizer is not None:
                 request.decoder = self.tokenizer.stream()
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)
-
-    def score_prompt(self, request: Request) -> None:
-        """Prompt logprobs: one scoring pass of the request's own prompt, without a KV cache,
-        giving every prompt position's logits [L, V]."""
-        prompt_logits = self.model.logits([request.prompt_ids])[0]
-        request.prompt_logprobs = prompt_logprobs(prompt_logits, request.prompt_ids)
-
-    def prepare_batch_metadata(self, active: list[Request], plan: RoundPlan) -> Batch:
-        """The batch for this round: each active row's new tokens, its slot and what the slot
-        holds."""
-        assert self.kv_cache is not None  # a round runs within its group's (or the pool's) cache
-        slots = np.array([r.slot for r in active], dtype=np.int64)  # [B]
-        new_tokens = [self.new_tokens_of(r, plan) for r in active]
-        # A row fed a chunk short of its prompt's end gives no token, so needs no logits.
-        wants_logits = [plan.prefill_to.get(r, r.prompt_len) == r.prompt_len for r in active]
-        past_lens = self.kv_cache.lengths[slots]  # [B]
-        return Batch(
-            new_tokens,
-            self.model.backend,
-            slots=slots,
-            past_lens=past_lens,
-            wants_logits=wants_logits,
-        )
-
-    def new_tokens_of(self, request: Request, plan: RoundPlan) -> list[int]:
-        """What a row feeds this round: the prompt from where its slot's keys end to where the
-        plan's chunk ends (the prompt's end, unless chunked), or its last token."""
-        if request in plan.prefill_to:
-            end = plan.prefill_to[request]
-            # The scheduler planned with what the cache holds (room for the round's KV cache
-            # was made before it asked), so the slot holds what it counted on.
-            assert request.prefilled < end <= request.prompt_len
-            return request.prompt_ids[request.prefilled : end]
-        return request.token_ids[-1:]
-
-    def pick_tokens(self, active: list[Request], logits) -> list[Request]:
-        """Each active row whose prompt is in picks its token from its own logits row, appends
-        it, and checks its own stops (a row fed a chunk short of its prompt's end gets none).
-        Returns the requests that got a token (a row whose logits are not finite fails alone:
-        its peers' rows are untouched and go on)."""
-        n_positions = self.model.config.n_positions
-        # The logits are those of these rows alone (`Batch`'s wants_logits), in row order.
-        producing = [request for request in active if request.prompt_done]
-        if not producing:
-            return []
-        choices = choose_tokens(self.model.backend, logits, producing)
-        got_token = []
-        for request, (token, logprob, top) in zip(producing, choices, strict=True):
-            if token is None:
-                number = len(request.token_ids) + 1
-                fail_request(
-                    request,
-                    f"the model's logits for its token {number} are not finite "
-                    "(NaN or inf): its weights hold NaN/inf, or float16 overflowed (try float32)",
-                    self.round_number,
-                )
-                continue
-            eos = self.eos_token_id
-            add_token(request, token, logprob, self.round_number, eos, n_positions, top)
-            if len(request.token_ids) == 1:
-                request.first_token_s = self.seconds()
-            got_token.append(request)
-        return got_token
 
     def release_finished(self, active: list[Request]) -> list[Request]:
         """Each row that finished this round (the scheduler has freed its slot: continuous, the
@@ -631,9 +577,3 @@ class Engine:
             waiting=self.scheduler.waiting,
             finished=finished,
         )
-
-
-def slot_of(request: Request) -> int:
-    """The KV slot of an admitted request (every row of a round holds one)."""
-    assert request.slot is not None
-    return request.slot

@@ -1621,7 +1621,7 @@ MUTANTS = [
     ),
     Mutant(
         "chunk_row_gets_a_token",
-        "minirt/engine/engine.py",
+        "minirt/engine/runner.py",
         "        wants_logits = [plan.prefill_to.get(r, r.prompt_len) == r.prompt_len for r in active]",
         "        wants_logits = [True for r in active]",
         "a row fed a chunk that does not end its prompt picks a token from a mid-prompt position",
@@ -1684,6 +1684,21 @@ MUTANTS = [
         "            if request.prompt_done:\n                self.kv.insert_prompt(request)",
         "            if True:\n                self.kv.insert_prompt(request)",
         "a chunked prompt's blocks are cached before all of them are in its slot",
+    ),
+    # ---- the model runner (minirt/engine/runner.py)
+    Mutant(
+        "rows_not_in_slot_order",
+        "minirt/engine/runner.py",
+        "        active = sorted(plan.active, key=slot_of)",
+        "        active = list(plan.active)",
+        "a round's rows leave slot order, and a full pool is gathered instead of read as one view",
+    ),
+    Mutant(
+        "decode_row_feeds_its_first_token",
+        "minirt/engine/runner.py",
+        "        return request.token_ids[-1:]",
+        "        return request.token_ids[:1]",
+        "a decoding row feeds its first token again instead of its newest",
     ),
     Mutant(
         "simulated_cache_never_used",
