@@ -10,11 +10,11 @@ Owns: the command line, in the steps that `main` calls in order:
     build_requests  the prompts file, and each request's sampling parameters
                     (built-in defaults < the model's generation_config.json
                     < flags < the request's own JSONL fields)
-    serve           the requests, through the `LLM` API, with callbacks that report as records
-                    become final
-    report          the summary on standard error (serve's callbacks have already printed the
-                    completions in input order, the JSONL records, the progress bar and the
-                    static groups' grids) and the exit status
+    serve           the requests, through the `LLM` API's loop over the engine's steps
+                    (`LLM.steps`), reporting each step's tokens and final records as they come
+    report          the summary on standard error (serve has already printed the completions
+                    in input order, the JSONL records, the progress bar and the static groups'
+                    grids) and the exit status
 
 and what keeps the records safe around them: Ctrl-C and SIGTERM end a run with every final record
 written; --output is replaced only by a run that started and wrote a record (never by one refused
@@ -30,6 +30,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 from .loading.checkpoint import resolve_model_folder, shipped_model_folder
@@ -293,19 +294,25 @@ def serve(
     SIGTERM stops the run, every record already final is written and the interruption is
     returned."""
 
-    def on_group_end(group, waiting):
-        if args.trace:
-            progress.close()
-            print(group_grid(group, waiting), file=sys.stderr)
-
     try:
-        stats = llm.serve(
-            requests,
-            on_final=output.final,
-            on_round=lambda s: progress.update(s, output.done),
-            on_group_end=on_group_end,
-            on_token=output.token,
-        )
+        # The loop over the engine's steps (LLM.steps), one round a step: its tokens, the records
+        # it made final, the progress bar, and with --trace the grid of each static group that
+        # ended.
+        with closing(llm.steps(requests)) as steps:
+            for step in steps:
+                for request in step.new_tokens:
+                    output.token(request)
+                for request in step.finished:
+                    output.final(request)
+                assert llm.last_stats is not None  # set by the run's first step
+                if step.round_number is not None:
+                    progress.update(llm.last_stats, output.done)
+                for group in step.ended_groups:
+                    if args.trace:
+                        progress.close()
+                        print(group_grid(group, step.waiting), file=sys.stderr)
+        stats = llm.last_stats
+        assert stats is not None  # set by the run's first step
         # The final state: the last records come after the last round.
         progress.update(stats, output.done, force=True)
         return stats

@@ -21,28 +21,30 @@ outputs in input order.
 
 `generate(prompts)` with no params uses the model's generation defaults (its folder's
 generation_config.json, as the command line does); an explicit `SamplingParams()` is greedy with
-64 new tokens.  Both `generate` and `serve` run `Engine.serve` (minirt/engine/engine.py), a loop
-over `Engine.step()`, one round a step.
+64 new tokens.  `generate` is the loop over `Engine.step()` (minirt/engine/engine.py), one round
+a step, written out here in `run_steps` (nano-vllm's `generate`): every request added, then a
+step while any is unfinished, each step's new tokens and final records handed out as they come.
 
 Each output is a `RequestOutput` (minirt/engine/output.py: `.text`, `.token_ids`,
 `.finish_reason`, `.error`, `.first_round`, ...).  Callers that report as they go (the command
-line) use `make_request` and `serve`, which work on the runtime's own `Request` records.
+line) use `make_request` and `steps`, the same loop, which yields each step's `StepOutput` with
+the runtime's own `Request` records.
 
 Must not know: command-line flags or file formats.
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Generator, Sequence
 
 import numpy as np
 
-from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine
+from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, StepOutput
 from .engine.output import RequestOutput, TokenEvent
 from .engine.params import SamplingParams
 from .engine.request import Request
-from .engine.scheduler import GroupRecord
 from .engine.stats import RunStats
 from .errors import CheckpointError, RequestError
 from .loading.checkpoint import Checkpoint, load_checkpoint, shipped_model_folder
@@ -255,25 +257,20 @@ class LLM:
         RequestError if bad."""
         return self.engine.prompt_ids(prompt)
 
-    def serve(
-        self,
-        requests: list[Request],
-        on_final: Callable[[Request], None] | None = None,
-        on_round: Callable[[RunStats], None] | None = None,
-        on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
-        on_token: Callable[[Request], None] | None = None,
-    ) -> RunStats:
-        """Serve requests made by `make_request`: this runs `Engine.serve`, a loop over
-        `Engine.step()` (one round a step).  The callbacks report as tokens come and records
-        become final."""
-        self.engine.refuse_reentry("LLM.serve")
-        self.last_stats = self.engine.serve(
-            requests,
-            on_final=on_final,
-            on_round=on_round,
-            on_group_end=on_group_end,
-            on_token=on_token,
-        )
+    def steps(self, requests: list[Request]) -> Generator[StepOutput, None, None]:
+        """An offline run of requests made by `make_request`: `run_steps`, the loop over
+        `Engine.step()`, yielding each step's output.  `last_stats` is the run's counts, live
+        while it runs.  Stop early only through `contextlib.closing(llm.steps(...))`."""
+        for output in run_steps(self.engine, requests, "LLM.steps"):
+            self.last_stats = self.engine.stats
+            yield output
+
+    def run(self, requests: list[Request]) -> RunStats:
+        """Serve requests made by `make_request` to the end (`steps`, with nothing reported on
+        the way) and return the run's counts; each request's record is final in it."""
+        for _step in self.steps(requests):
+            pass
+        assert self.last_stats is not None  # set by the run's first step
         return self.last_stats
 
     def generate(
@@ -286,8 +283,8 @@ class LLM:
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[RequestOutput]:
         """Serve the prompts (text, or token-id lists) and return their outputs in input order
-        (a prompt's n samples one after another, each with its `sample` number).  This runs
-        `Engine.serve`, a loop over `Engine.step()` (one round a step).
+        (a prompt's n samples one after another, each with its `sample` number).  This is the
+        loop over `Engine.step()` (one round a step): `steps`, below.
 
         `params`: one SamplingParams for all, or one per prompt.  Without it, the model's
         generation defaults (its folder's generation_config.json, as the command line does); an
@@ -299,20 +296,30 @@ class LLM:
         # Called from one of this run's own callbacks: refused, and the run goes on.
         self.engine.refuse_reentry("LLM.generate")
         requests = self.make_requests(prompts, params, ids, logprobs)
-
-        def tell_final(request: Request) -> None:
-            # Handed to the engine only when on_final is given.
-            assert on_final is not None
-            on_final(RequestOutput.from_request(request, self.tokenizer))
-
-        def tell_token(request: Request) -> None:
-            # Handed to the engine only when on_token is given.
-            assert on_token is not None
-            on_token(TokenEvent.from_request(request))
-
-        self.serve(
-            requests,
-            on_final=None if on_final is None else tell_final,
-            on_token=None if on_token is None else tell_token,
-        )
+        with closing(self.steps(requests)) as steps:
+            # One round a step: its new tokens, then the records it made final.
+            for step in steps:
+                for request in step.new_tokens:
+                    if on_token is not None:
+                        on_token(TokenEvent.from_request(request))
+                for request in step.finished:
+                    if on_final is not None:
+                        on_final(RequestOutput.from_request(request, self.tokenizer))
         return [RequestOutput.from_request(r, self.tokenizer) for r in requests]
+
+
+def run_steps(
+    engine: Engine, requests: list[Request], call: str
+) -> Generator[StepOutput, None, None]:
+    """One offline run of `requests` on `engine`, the loop over `step()`: every request added
+    (all there at the start), then one step a round while any is unfinished, yielding each
+    step's output (first a step of no round, listing the requests final on adding, if any: it
+    comes when the run has started, so that its counts are `engine.stats` from then on). The
+    engine is held for the whole run (`Engine.offline_run`): a callback that starts another run
+    or steps this one is refused (`call` names it), and however the run ends, the engine is
+    ready for another afterwards. The run's counts are `engine.stats` until the run ends."""
+    with engine.offline_run(requests, call) as final_at_once:
+        yield StepOutput(round_number=None, finished=final_at_once)
+        while engine.has_unfinished():
+            yield engine.take_step()
+        engine.stats.wall_seconds = engine.seconds()

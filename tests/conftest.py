@@ -163,6 +163,17 @@ def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None)
     return outputs
 
 
+def serve_all(engine, requests):
+    """An offline run of these requests on an Engine, as `LLM.run` does: minirt/llm.py's loop over
+    the engine's steps (`run_steps`), to the end.  Returns the run's counts."""
+    from minirt.llm import run_steps
+
+    stats = None
+    for _step in run_steps(engine, requests, "a test's run"):
+        stats = engine.stats
+    return stats
+
+
 def load_expected(name: str) -> dict[str, np.ndarray]:
     with np.load(FIXTURES / name / "expected.npz") as data:
         return {k: data[k] for k in data.files}

@@ -190,7 +190,7 @@ class GenerateWorker:
         requests = build_requests(
             self.llm, entries, self.defaults, self.config.logprobs, indexes=indexes
         )
-        self.llm.serve(requests)
+        self.llm.run(requests)
         lines = [
             json.dumps(record(r, self.llm.tokenizer), ensure_ascii=False, allow_nan=False)
             for r in requests

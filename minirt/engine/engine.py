@@ -34,14 +34,13 @@ One step is one round, plan -> run -> update (nano-vllm's schedule -> run -> pos
     record               what the round did, row by row (`StepOutput.round_record`): the round
                          grid of minirt/engine/round_record.py, for whoever draws it
 
-`serve(requests)`, the offline run that `LLM.generate` and `minirt generate` use, is a loop
-over `step()`: add every request, then step while any is unfinished, handing each step's new
-tokens and finished requests to the caller's callbacks.  A run ends when `serve` returns (or
-is interrupted), or when a round raises: the engine then starts a new one, with round numbers
-from 1 again.  Rounds are numbered across a run; a
-request that produces L tokens is active in L consecutive rounds, the first being its prefill
-(and in C - 1 more before them when its prefill was chunked into C rounds).
-A finished request costs no compute later and never stops or alters the others.
+An offline run (`LLM.generate`, `minirt generate`) is the loop over `step()` in minirt/llm.py
+(`run_steps`): `offline_run(requests)` holds the engine and adds every request, then the loop
+steps while any is unfinished.  A run ends when that loop ends (or is interrupted), or when a
+round raises: the engine then starts a new one, with round numbers from 1 again.  Rounds are
+numbered across a run; a request that produces L tokens is active in L consecutive rounds, the
+first being its prefill (and in C - 1 more before them when its prefill was chunked into C
+rounds).  A finished request costs no compute later and never stops or alters the others.
 
 Must not know: the layers' arithmetic, files, command-line flags or output formats.
 """
@@ -52,7 +51,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -92,6 +91,9 @@ class StepOutput:
     ended_groups: list[GroupRecord] = field(default_factory=list)
     # What the round did, row by row (minirt/engine/round_record.py); None when no round ran.
     round_record: RoundRecord | None = None
+    # When a static group ended in this round: every request then waiting, in order (what the
+    # next group forms from); else empty.
+    waiting: list[Request] = field(default_factory=list)
 
 
 class Engine:
@@ -131,9 +133,9 @@ class Engine:
         eos_token_id, self.bos_token_id = self.special_tokens()
         # The forward pass and the picking of tokens, round by round (it stops a request at EOS).
         self.runner = ModelRunner(model, eos_token_id)
-        # Held while `serve` runs or `step` runs a round (and while `start_run` starts one), so
-        # that a callback or another thread cannot start a second run, or step this one behind
-        # its back: taken without waiting, or a ReentryError.
+        # Held while an offline run goes (`offline_run`) or `step` runs a round (and while
+        # `start_run` starts one), so that a callback or another thread cannot start a second
+        # run, or step this one behind its back: taken without waiting, or a ReentryError.
         self.busy = threading.Lock()
         # Runs are numbered across the engine's life (round numbers start again in each).
         self.run_number = 0
@@ -378,13 +380,14 @@ class Engine:
     def step(self) -> StepOutput:
         """Run one round: plan, admit, batch metadata, forward, pick tokens, free finished rows.
         An exception inside a round abandons the run (`start_run`): a half-run round leaves no
-        state that a next round could trust.  Refused while `serve` runs (it steps itself), or
-        while another thread steps."""
+        state that a next round could trust.  Refused while an offline run goes (its loop steps
+        the engine itself), or while another thread steps."""
         with self.held_for("Engine.step"):
             return self.take_step()
 
     def take_step(self) -> StepOutput:
-        """`step`'s work, for `step` and for `serve`'s own loop."""
+        """`step`'s work, for `step` and for the loop of an offline run (`offline_run`), which
+        holds the engine already."""
         output = StepOutput(round_number=None)
         output.finished = self.aborted_since_step
         output.ended_groups = self.groups_ended_by_abort
@@ -430,54 +433,44 @@ class Engine:
         output.round_record = self.record(holding, active, output.finished + finished, kv_rows)
         if ended_group is not None:
             output.ended_groups.append(ended_group)
+            output.waiting = list(self.scheduler.waiting)
         output.round_number = self.round_number
         output.new_tokens = new_tokens
         output.finished += finished
 
-    def serve(
-        self,
-        requests: list[Request],
-        on_final: Callable[[Request], None] | None = None,
-        on_round: Callable[[RunStats], None] | None = None,
-        on_group_end: Callable[[GroupRecord, list[Request]], None] | None = None,
-        on_token: Callable[[Request], None] | None = None,
-    ) -> RunStats:
-        """An offline run of these requests, a loop over `step()`.  on_token(request) hears of
-        each new token, on_final(request) of each record as it becomes final, on_round(stats)
-        of each round, on_group_end(group, waiting) of each static group's end.  The engine is
-        ready for another run afterwards, however this one ended."""
-        with self.held_for("Engine.serve"):
-            return self.serve_held(requests, on_final, on_round, on_group_end, on_token)
-
-    def serve_held(self, requests, on_final, on_round, on_group_end, on_token) -> RunStats:
-        """`serve`'s run, with the engine held."""
-        if self.has_unfinished():
-            raise RequestError("the engine is still serving requests; finish or abort them first")
-        for request in requests:
-            self.check_new(request)
-        self.reset_run()
-        try:
-            # Those that failed already are final first (in input order), then the rest are
-            # queued in input order, any that no round could take becoming final as it comes.
-            for request in sorted(requests, key=lambda r: not r.finished):
-                # An offline run: every request is there when it starts.
-                self.add_request(request, arrival_s=0.0)
-                if request.finished and on_final is not None:
-                    on_final(request)
-            while self.has_unfinished():
-                output = self.take_step()
-                self.report(output, on_final, on_round, on_group_end, on_token)
-            self.stats.wall_seconds = self.seconds()
-            return self.stats
-        finally:
-            # However it ended (an interrupt too): no KV cache outlives its run, and the
-            # half-served requests of an interrupted run cannot resume (adding one is refused).
+    @contextmanager
+    def offline_run(self, requests: list[Request], call: str) -> Iterator[list[Request]]:
+        """Hold the engine for an offline run of these requests, which the caller steps
+        (`take_step`) while any is unfinished: the loop of `minirt/llm.py`'s `run_steps`.  It
+        starts a new run and adds every request (all there at its start, arrival 0 s): those
+        that failed already, then the rest in input order.  Yields those that became final on
+        adding (failed already, or no round could ever take them), in that order.  However the
+        run ends (an interrupt too), no KV cache outlives it, and the half-served requests of an
+        interrupted run cannot resume (adding one again is refused).  `call` names the caller in
+        a refusal: the engine is held already (by this run's own callback, or another thread)."""
+        with self.held_for(call):
+            if self.has_unfinished():
+                raise RequestError(
+                    "the engine is still serving requests; finish or abort them first"
+                )
+            for request in requests:
+                self.check_new(request)
             self.reset_run()
+            try:
+                final_at_once = []
+                for request in sorted(requests, key=lambda r: not r.finished):
+                    self.add_request(request, arrival_s=0.0)
+                    if request.finished:
+                        final_at_once.append(request)
+                yield final_at_once
+            finally:
+                self.reset_run()
 
     @contextmanager
     def held_for(self, call: str) -> Iterator[None]:
-        """Hold the engine for `call` (serve, step, start_run), taking it without waiting: a
-        ReentryError if it is held already, by this run's own callback or by another thread."""
+        """Hold the engine for `call` (an offline run, step, start_run), taking it without
+        waiting: a ReentryError if it is held already, by this run's own callback or by another
+        thread."""
         if not self.busy.acquire(blocking=False):
             raise self.reentry_error(call)
         try:
@@ -486,7 +479,7 @@ class Engine:
             self.busy.release()
 
     def refuse_reentry(self, call: str) -> None:
-        """The same refusal, early, for a caller about to serve (LLM.generate)."""
+        """The same refusal, early, for a caller about to start a run (LLM.generate)."""
         if self.busy.locked():
             raise self.reentry_error(call)
 
@@ -497,21 +490,6 @@ class Engine:
             "the run's own callbacks, such as on_token, or from another thread); the run goes on "
             "untouched: call it after the run returns, or use a second LLM"
         )
-
-    def report(self, output: StepOutput, on_final, on_round, on_group_end, on_token) -> None:
-        """A step's results, to the callbacks of `serve`: tokens, final records, the round, and
-        each static group that ended."""
-        for request in output.new_tokens:
-            if on_token is not None:
-                on_token(request)
-        for request in output.finished:
-            if on_final is not None:
-                on_final(request)
-        if output.round_number is not None and on_round is not None:
-            on_round(self.stats)
-        for group in output.ended_groups:
-            if on_group_end is not None:
-                on_group_end(group, list(self.scheduler.waiting))
 
     # ------------------------------------------------------------------ one round's steps
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model
+from conftest import random_model, serve_all
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine.engine import Engine
 from minirt.errors import MinirtError
@@ -180,7 +180,7 @@ def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, dat
             )
             for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
         ]
-        stats = engine.serve(requests)
+        stats = serve_all(engine, requests)
         sim = simulate(
             output_lens,
             policy,

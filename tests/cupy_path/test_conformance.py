@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, random_model
+from conftest import ROOT, random_model, serve_all
 from round_costs import forward_without_syncs
 from strict_cupy import StrictCuPy, strict_backend
 
@@ -49,7 +49,7 @@ def served(model, prompts, params, **engine_settings):
     engine = Engine(model, None, **engine_settings)
     pairs = enumerate(zip(prompts, params, strict=True))
     requests = [engine.make_request(i, prompt, settings) for i, (prompt, settings) in pairs]
-    engine.serve(requests)
+    serve_all(engine, requests)
     return requests
 
 

@@ -465,7 +465,7 @@ def test_dataset_rows_with_nulls_are_rows_with_those_fields_left_out(local_ray, 
         params = SamplingParams(**{"max_new_tokens": 6, **given})
         # The row's own index, as in one process: its derived seed depends on it.
         requests = llm.make_requests([row["prompt"]] * (row["index"] + 1), params, None, False)
-        llm.serve(requests)
+        llm.run(requests)
         expected = requests[row["index"]]
         assert record["error"] is None
         assert (record["token_ids"], record["text"]) == (expected.token_ids, expected.text)

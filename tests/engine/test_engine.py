@@ -1,13 +1,16 @@
 """The static-group engine: rounds, independent stopping, batch invariance, bad requests among good ones."""
 
+from contextlib import closing
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURE_NAMES, FIXTURES, load_expected, random_model
+from conftest import FIXTURES, FIXTURE_NAMES, load_expected, random_model, serve_all
 from minirt import LLM, SamplingParams
 from minirt.engine.engine import Engine
+from minirt.llm import run_steps
 from minirt.errors import RequestError
 from minirt.engine.sampler import log_softmax
 
@@ -23,7 +26,7 @@ def serve(engine, prompts, params, run_seed=0, logprobs=False):
         engine.make_request(i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
-    stats = engine.serve(requests)
+    stats = serve_all(engine, requests)
     return requests, stats
 
 
@@ -112,13 +115,13 @@ def test_a_requests_tokens_do_not_depend_on_its_batch(model, prompts, data):
     alone = {}
     for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
         request = engine_for(model, 1).make_request(i, prompt, sp, run_seed=3)
-        engine_for(model, 1).serve([request])
+        serve_all(engine_for(model, 1), [request])
         alone[i] = request.token_ids
     for batch_size in (2, 3, 7):
         order = data.draw(st.permutations(range(len(prompts))))
         engine = engine_for(model, batch_size)
         requests = [engine.make_request(i, prompts[i], params[i], run_seed=3) for i in order]
-        engine.serve(requests)
+        serve_all(engine, requests)
         for request in requests:
             assert request.token_ids == alone[request.index], (batch_size, request.index)
 
@@ -321,7 +324,7 @@ def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
     )
     sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
     requests = [engine.make_request(i, [1, 2, 3], sp) for i in range(5)]
-    stats = engine.serve(requests)
+    stats = serve_all(engine, requests)
     assert sizes == [(2, 6)] and all(len(r.token_ids) == 4 for r in requests)
     assert max(stats.active_rows_per_round) == 2
 
@@ -429,15 +432,15 @@ def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(mode
         for i in range(2)
     ]
 
-    def interrupt(stats):
-        if stats.rounds == 2:
-            raise KeyboardInterrupt
-
+    # Ctrl-C after the second round, in the loop over the run's steps.
     with pytest.raises(KeyboardInterrupt):
-        engine.serve(requests, on_round=interrupt)
+        with closing(run_steps(engine, requests, "a test's run")) as steps:
+            for step in steps:
+                if step.round_number == 2:
+                    raise KeyboardInterrupt
     assert engine.kv_cache is None
     with pytest.raises(RequestError, match="already started running"):
-        engine.serve(requests)
+        serve_all(engine, requests)
 
 
 def test_scoring_never_allocates_a_kv_cache(model, monkeypatch):
@@ -506,7 +509,7 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
     a, b, c = [
         llm.make_request(i, p, params) for i, p in enumerate([failing, long_neighbour, short_next])
     ]
-    llm.serve([a, b, c])  # the runtime's own records, which know their KV slots
+    llm.run([a, b, c])  # the runtime's own records, which know their KV slots
     assert a.finish_reason == "error" and a.finish_round == 1  # it wrote its NaN keys, then failed
     assert c.first_round == 2 and c.slot == a.slot  # the short request took the failed one's slot
     alone = LLM(folder, batch_size=1).generate([short_next], params)[0]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model
+from conftest import random_model, serve_all
 from minirt.engine.engine import Engine
 from minirt.engine.params import SamplingParams
 from minirt.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
@@ -39,7 +39,7 @@ def alone(prompt_ids, sampling: SamplingParams):
     """The request served by itself: no cache, no chunking, its own group."""
     engine = Engine(MODEL, None, batch_size=1, prefix_cache=False, chunked_prefill=False)
     request = engine.make_request(0, prompt_ids, sampling)
-    engine.serve([request])
+    serve_all(engine, [request])
     assert request.error is None
     return request.token_ids, request.logprobs
 
@@ -154,8 +154,8 @@ def test_two_requests_with_one_prefix_the_second_copies_it_and_gets_the_same_tok
     second = prefix + prompt(10, 7)
     engine = Engine(MODEL, None, batch_size=2, policy="continuous", prefix_cache=True)
     requests = [engine.make_request(i, p, params(6)) for i, p in enumerate([first, second])]
-    engine.serve(requests[:1])
-    stats = engine.serve(requests[1:])
+    serve_all(engine, requests[:1])
+    stats = serve_all(engine, requests[1:])
     # The cache outlives a run: the second run's request finds the first's three full blocks.
     assert [r.cached_prompt_tokens for r in requests] == [0, 3 * B]
     assert stats.cached_prompt_tokens == 3 * B and stats.prompt_tokens == len(second)
@@ -178,7 +178,7 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
         engine.make_request(1, prompt(12, 60), params(4)),
         engine.make_request(2, late, params(4)),
     ]
-    engine.serve(made)
+    serve_all(engine, made)
     assert [r.cached_prompt_tokens for r in made] == [0, 0, 0]
     assert made[2].token_ids == alone(late, params(4))[0]
     # Without the long request between them, the block kept is found.
@@ -186,7 +186,7 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
         MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
     )
     made = [engine.make_request(0, prefix, params(4)), engine.make_request(2, late, params(4))]
-    engine.serve(made)
+    serve_all(engine, made)
     assert [r.cached_prompt_tokens for r in made] == [0, B]
     assert made[1].token_ids == alone(late, params(4))[0]
 
@@ -314,7 +314,7 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
     for enabled, expected in ((True, [0, 2 * B]), (False, [0, 0])):
         engine = Engine(MODEL, None, batch_size=1, policy=policy, prefix_cache=enabled)
         made = [engine.make_request(i, prefix + [i + 1], params(3)) for i in range(2)]
-        engine.serve(made)
+        serve_all(engine, made)
         outputs = [RequestOutput.from_request(r) for r in made]
         assert [o.cached_prompt_tokens for o in outputs] == expected
         assert [o.record()["cached_prompt_tokens"] for o in outputs] == expected
@@ -328,7 +328,7 @@ def test_continuous_batching_waits_for_a_prefix_in_flight_rather_than_computing_
     first = engine.make_request(0, prefix + [1], params(3))
     second = engine.make_request(1, prefix + [2], params(3))
     other = engine.make_request(2, prompt(51, 10), params(3))
-    engine.serve([first, second, other])
+    serve_all(engine, [first, second, other])
     # By hand, 20 tokens a round: round 1 feeds 20 of the first's 36; the second shares two blocks with it and
     # waits, and nothing is left for the third.  Round 2 ends the first prompt (16) and starts the third (4).
     # Round 3: the second is admitted with its 32 tokens cached and feeds its last 4 beside the others.
@@ -358,11 +358,11 @@ def test_the_budget_holds_at_the_moment_a_kv_cache_is_allocated(policy, monkeypa
 
     monkeypatch.setattr(engine.model, "new_kv_cache", checked)
     prefix = prompt(60, 2 * B + 8)
-    engine.serve([engine.make_request(0, prefix, params(4))])
+    serve_all(engine, [engine.make_request(0, prefix, params(4))])
     made = [
         engine.make_request(i, prefix[: 2 * B] + prompt(61 + i, 5), params(4)) for i in range(4)
     ]
-    engine.serve(made)
+    serve_all(engine, made)
     # The first run left two blocks; before the 4 x 40 positions of the second run's KV cache are allocated, the
     # cache is cut to the 20 they leave: one block.
     assert seen == [0, B]

@@ -39,7 +39,7 @@ def plain_run(llm, params):
     max_new_tokens=st.integers(1, 4),
     which=st.sampled_from(["on_token", "on_final"]),
     when=st.sampled_from(["first", "last"]),
-    inner=st.sampled_from(["generate", "serve", "step"]),
+    inner=st.sampled_from(["generate", "run", "step"]),
 )
 def test_a_call_from_a_callback_is_refused_and_the_run_goes_on(
     llm, max_new_tokens, which, when, inner
@@ -57,9 +57,9 @@ def test_a_call_from_a_callback_is_refused_and_the_run_goes_on(
         try:
             if inner == "generate":
                 llm.generate(["a prompt of its own"], SamplingParams(max_new_tokens=2))
-            elif inner == "serve":
+            elif inner == "run":
                 requests = llm.make_requests(["a prompt of its own"], None, None, False)
-                llm.serve(requests)
+                llm.run(requests)
             else:
                 llm.engine.step()
         except ReentryError as exc:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model, reference_available
+from conftest import random_model, reference_available, serve_all
 from minirt.engine.engine import Engine
 from minirt.errors import RequestError
 from minirt.engine.params import SamplingParams
@@ -106,7 +106,7 @@ def serve(engine, prompts, params):
     requests = [
         engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
-    engine.serve(requests)
+    serve_all(engine, requests)
     return [r.token_ids for r in requests]
 
 
@@ -173,7 +173,7 @@ def served(engine, prompts, params):
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
         for k in range(sp.n)
     ]
-    engine.serve(requests)
+    serve_all(engine, requests)
     return requests
 
 
@@ -544,7 +544,7 @@ def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
     requests.append(
         engine.make_request(4, [5], SamplingParams(), error="a bad line")
     )  # refused, never runs
-    stats = engine.serve(requests)
+    stats = serve_all(engine, requests)
     served, refused = requests[:4], requests[4]
     assert all(
         r.arrival_s == 0.0 <= r.first_token_s <= r.finish_s <= stats.wall_seconds for r in served

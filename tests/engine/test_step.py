@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model
+from minirt.llm import run_steps
+from conftest import random_model, serve_all
 from minirt import LLM, SamplingParams
 from minirt.engine.engine import Engine
 from minirt.engine.request import Status
@@ -35,7 +36,7 @@ def solo(model, prompt, params, index=0):
     """The request served alone, in a batch of one."""
     engine = Engine(model, None, batch_size=1)
     request = engine.make_request(index, prompt, params)
-    engine.serve([request])
+    serve_all(engine, [request])
     return request.token_ids
 
 
@@ -325,7 +326,7 @@ def test_serve_is_refused_while_added_requests_are_unfinished(model):
     engine = Engine(model, None, batch_size=2)
     engine.add_request(engine.make_request(0, [1], greedy(3)))
     with pytest.raises(RequestError, match="still serving"):
-        engine.serve([engine.make_request(1, [2], greedy(3))])
+        serve_all(engine, [engine.make_request(1, [2], greedy(3))])
 
 
 def test_llm_generate_equals_a_loop_over_step_by_hand(model):
@@ -355,7 +356,7 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
 
 def test_after_serve_the_engine_steps_a_new_run(model):
     engine = Engine(model, None, batch_size=2, policy="continuous")
-    stats = engine.serve([engine.make_request(i, [1 + i, 2], greedy(3)) for i in range(2)])
+    stats = serve_all(engine, [engine.make_request(i, [1 + i, 2], greedy(3)) for i in range(2)])
     late = engine.make_request(2, [5], greedy(2))
     engine.add_request(late)
     run_to_end(engine)
@@ -374,19 +375,19 @@ def test_a_request_is_added_once(model):
     run_to_end(engine)
     assert request.token_ids == greedy_by_recompute(model, [1, 2], 4)
     with pytest.raises(RequestError, match="added to a run already"):
-        engine.serve([request])
+        serve_all(engine, [request])
 
 
 def test_a_serve_refused_for_one_request_leaves_the_engine_ready(model):
     engine = Engine(model, None, batch_size=2)
     served = engine.make_request(0, [1], greedy(2))
-    engine.serve([served])
+    serve_all(engine, [served])
     fresh = engine.make_request(1, [2], greedy(2))
     with pytest.raises(RequestError):
-        engine.serve([fresh, served])
+        serve_all(engine, [fresh, served])
     # Nothing of the refused run stays queued: `fresh` was never added, and serves now.
     assert not engine.has_unfinished() and fresh.arrival_s is None
-    engine.serve([fresh])
+    serve_all(engine, [fresh])
     assert fresh.token_ids == greedy_by_recompute(model, [2], 2)
 
 
@@ -415,22 +416,19 @@ def test_a_round_that_raises_abandons_the_run_and_the_next_run_is_whole(model, m
     assert again.token_ids == greedy_by_recompute(model, [1, 2], 4)
 
 
-def test_an_abort_from_a_callback_is_heard_by_on_final_and_on_group_end(model):
+def test_an_abort_inside_the_loop_is_heard_as_final_and_ends_its_group(model):
+    """An abort while the run's loop reports a step (as a callback would): the next step lists
+    the request among its final records, and its group's end."""
     engine = Engine(model, None, batch_size=1, policy="static")
     requests = [engine.make_request(i, [1 + i], greedy(5), request_id=f"r{i}") for i in range(2)]
     finals = []
     groups = []
-
-    def on_token(request):
-        if request.id == "r0" and len(request.token_ids) == 2:
-            engine.abort("r0")
-
-    engine.serve(
-        requests,
-        on_final=lambda r: finals.append((r.id, r.finish_reason)),
-        on_group_end=lambda group, waiting: groups.append(group.number),
-        on_token=on_token,
-    )
+    for step in run_steps(engine, requests, "a test's run"):
+        for request in step.new_tokens:
+            if request.id == "r0" and len(request.token_ids) == 2:
+                engine.abort("r0")
+        finals += [(r.id, r.finish_reason) for r in step.finished]
+        groups += [group.number for group in step.ended_groups]
     assert finals == [("r0", "abort"), ("r1", "length")]
     assert groups == [1, 2]
     assert requests[1].first_round == 3  # the aborted group ended after its second round

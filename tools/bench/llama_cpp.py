@@ -323,9 +323,9 @@ def minirt_decode(llm, prompts: list[list[int]], n_gen: int) -> float:
     params = SamplingParams(max_new_tokens=n_gen + 1, ignore_eos=True)
     requests = [llm.make_request(i, p, params) for i, p in enumerate(prompts)]
     round_ends: dict[int, float] = {}
-    llm.serve(
-        requests, on_round=lambda stats: round_ends.__setitem__(stats.rounds, time.perf_counter())
-    )
+    for step in llm.steps(requests):
+        if step.round_number is not None:
+            round_ends[step.round_number] = time.perf_counter()
     assert all(len(r.token_ids) == n_gen + 1 for r in requests) and max(round_ends) == n_gen + 1
     return len(prompts) * n_gen / (round_ends[n_gen + 1] - round_ends[1])
 

@@ -745,9 +745,9 @@ MUTANTS = [
     ),
     Mutant(
         "no_token_events",
-        "minirt/engine/engine.py",
-        "                on_token(request)\n",
-        "",
+        "minirt/llm.py",
+        "                        on_token(TokenEvent.from_request(request))\n",
+        "                        pass\n",
         "on_token is never called: nothing streams",
     ),
     Mutant(
@@ -929,10 +929,10 @@ MUTANTS = [
     ),
     Mutant(
         "serve_reports_no_tokens",
-        "minirt/engine/engine.py",
-        "        for request in output.new_tokens:",
-        "        for request in output.new_tokens[:0]:",
-        "streaming hears of no token",
+        "minirt/generate.py",
+        "                for request in step.new_tokens:",
+        "                for request in step.new_tokens[:0]:",
+        "the command line's streaming hears of no token",
     ),
     Mutant(
         "step_reports_nothing_finished",
@@ -1023,11 +1023,9 @@ MUTANTS = [
     Mutant(
         "serve_leaves_the_run_behind",
         "minirt/engine/engine.py",
-        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n"
-        "            self.reset_run()",
-        "            # half-served requests of an interrupted run cannot resume (adding one is refused).\n"
-        "            self.release_kv_cache()",
-        "after serve, the old pool's shape outlives its cache",
+        "            finally:\n                self.reset_run()",
+        "            finally:\n                pass",
+        "after an offline run, its KV cache and half-served requests outlive it",
     ),
     Mutant(
         "ttft_from_the_run_start",
@@ -1699,6 +1697,14 @@ MUTANTS = [
         "        return request.token_ids[-1:]",
         "        return request.token_ids[:1]",
         "a decoding row feeds its first token again instead of its newest",
+    ),
+    # ---- the offline loop over step() (minirt/llm.py)
+    Mutant(
+        "refused_at_once_never_reported",
+        "minirt/llm.py",
+        "        yield StepOutput(round_number=None, finished=final_at_once)",
+        "        yield StepOutput(round_number=None, finished=[])",
+        "a request refused as it is added (over the KV budget) never reaches on_final or the output file",
     ),
     Mutant(
         "simulated_cache_never_used",
