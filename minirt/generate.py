@@ -45,9 +45,9 @@ from .cli.command import (
 )
 from .cli.output_file import OutputFile, writing_changes
 from .cli.signals import StopSignals
-from .cli.serving_flags import add_serving_flags, kv_budget_arguments
+from .cli.serving_flags import add_serving_flags, kv_budget_arguments, llm_from_flags
 from .errors import MinirtError, Terminated, require_at_least_one
-from .llm import DEFAULT_KV_BUDGET_MIB, LLM, RunStats
+from .llm import LLM, RunStats
 from .cli.prompt_file import FORMATS, PromptEntry, read_prompts
 from .cli.sampling_flags import (
     add_sampling_flags,
@@ -349,19 +349,7 @@ def model_folder(args) -> Path:
 def load(args, folder: Path) -> tuple[LLM, float]:
     """The model, and the check that needs it: it refuses the run before anything is served."""
     start = time.perf_counter()
-    llm = LLM(
-        folder,
-        backend=args.backend,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        kv_budget_mib=DEFAULT_KV_BUDGET_MIB if args.kv_budget_mib is None else args.kv_budget_mib,
-        kv_budget_tokens=args.kv_budget_tokens,
-        policy=args.policy,
-        round_token_budget=args.max_round_tokens,
-        prefix_cache=args.prefix_cache,
-        chunked_prefill=args.chunked_prefill,
-    )
+    llm = llm_from_flags(args, folder)
     load_seconds = time.perf_counter() - start
     check_flags_for_model(llm.check_params, args.overrides)
     return llm, load_seconds

@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 
 from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
-from .cli.serving_flags import add_serving_flags, kv_budget_arguments
+from .cli.serving_flags import add_serving_flags, kv_budget_arguments, llm_from_flags
 from .errors import MinirtError, require_at_least_one
-from .llm import DEFAULT_KV_BUDGET_MIB, LLM
+from .llm import LLM
 from .loading.checkpoint import resolve_model_folder, shipped_model_folder
 
 DEFAULT_PORT = 8000
@@ -212,19 +212,7 @@ def load(args) -> tuple[LLM, str]:
         folder = resolve_model_folder(shipped_model_folder())
     else:
         folder = resolve_model_folder(args.model)
-    llm = LLM(
-        folder,
-        backend=args.backend,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        kv_budget_mib=DEFAULT_KV_BUDGET_MIB if args.kv_budget_mib is None else args.kv_budget_mib,
-        kv_budget_tokens=args.kv_budget_tokens,
-        policy=args.policy,
-        round_token_budget=args.max_round_tokens,
-        prefix_cache=args.prefix_cache,
-        chunked_prefill=args.chunked_prefill,
-    )
+    llm = llm_from_flags(args, folder)
     if llm.engine.kv_budget_positions < 1:
         raise MinirtError(
             f"--kv-budget {args.kv_budget} holds no token's keys and values for this model "

@@ -3,15 +3,18 @@
 --kv-budget, --prefix-cache and --no-chunked-prefill.
 
 Owns: `add_serving_flags` (the one definition of those flags, each command giving its own default
-policy) and `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens).
+policy), `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens) and
+`llm_from_flags` (the one place a command builds its `LLM` from them).
 
 Must not know: what a command does with them.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..engine.scheduler import POLICIES
-from ..llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS
+from ..llm import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, LLM
 from ..model.backend import BACKEND_NAMES
 from .kv_budget import parse_kv_budget
 
@@ -78,3 +81,25 @@ def kv_budget_arguments(text: str) -> tuple[float | None, int | None]:
     if unit == "bytes":
         return amount / 2**20, None
     return None, amount
+
+
+def llm_from_flags(args, folder: Path) -> LLM:
+    """The `LLM` a command serves with: the model in `folder`, computed and batched as the serving
+    flags (and --seed) say."""
+    if args.kv_budget_mib is None:
+        kv_budget_mib = DEFAULT_KV_BUDGET_MIB
+    else:
+        kv_budget_mib = args.kv_budget_mib
+    return LLM(
+        folder,
+        backend=args.backend,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        kv_budget_mib=kv_budget_mib,
+        kv_budget_tokens=args.kv_budget_tokens,
+        policy=args.policy,
+        round_token_budget=args.max_round_tokens,
+        prefix_cache=args.prefix_cache,
+        chunked_prefill=args.chunked_prefill,
+    )

@@ -1435,10 +1435,10 @@ MUTANTS = [
     ),
     Mutant(
         "server_policy_flag_ignored",
-        "minirt/serve.py",
+        "minirt/cli/serving_flags.py",
         "        policy=args.policy,",
         '        policy="continuous",',
-        "minirt serve --policy static serves with continuous batching",
+        "minirt serve --policy static (or generate --policy static) serves with continuous batching",
     ),
     Mutant(
         "server_stream_cuts_at_a_finished_choice",
@@ -1705,6 +1705,13 @@ MUTANTS = [
         "        yield StepOutput(round_number=None, finished=final_at_once)",
         "        yield StepOutput(round_number=None, finished=[])",
         "a request refused as it is added (over the KV budget) never reaches on_final or the output file",
+    ),
+    Mutant(
+        "prefix_cache_flag_ignored",
+        "minirt/cli/serving_flags.py",
+        "        prefix_cache=args.prefix_cache,",
+        "        prefix_cache=False,",
+        "--prefix-cache is accepted by generate and serve, and the cache stays off",
     ),
     Mutant(
         "simulated_cache_never_used",
