@@ -14,6 +14,8 @@ Owns: one scheduler class per policy, behind the small interface that the engine
                       now is in its slot (a prompt all in gives the prefix cache its blocks)
     complete(plan)    after the round: free the rows of finished requests (the static group,
                       once it has ended)
+    window_left_s(now, window)  how much longer a new static group waits for members online
+                      (a server's --batch-window); continuous batching never waits
 
 and keeps `waiting`, `active_rows` and `held_rows` (rows that ran, and rows whose KV slots were
 held, per round: the static group's members, or the continuous pool's rows) and `groups`
@@ -206,6 +208,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def window_left_s(self, now_s: float, window_s: float) -> float:
+        """How much longer the next round should wait for more requests to batch (0.0: run it
+        now), at `now_s` seconds into the run, with a batch window of `window_s` (a server's
+        --batch-window): only a static group waits (below); continuous batching never does."""
+        return 0.0
+
     def complete(self, plan: RoundPlan) -> GroupRecord | None:
         """After the round: count its rows; finished requests give their KV slots back, and
         their rows (each policy)."""
@@ -284,6 +292,19 @@ class StaticScheduler(Scheduler):
             count += 1
             longest = longest_with_it
         return count, False
+
+    def window_left_s(self, now_s: float, window_s: float) -> float:
+        """A new static group waits for members until `window_s` after its first waiting
+        request arrived, while no group runs and the waiting requests do not fill it (by rows or
+        by the KV budget): once it starts, nobody joins until it ends."""
+        if window_s <= 0 or self.running or not self.waiting:
+            return 0.0
+        if self.next_group_is_full():
+            # Full by rows, or by memory: waiting longer could add nobody.
+            return 0.0
+        first_arrival = self.waiting[0].arrival_s or 0.0
+        waited = now_s - first_arrival
+        return max(0.0, window_s - waited)
 
     def next_group_is_full(self) -> bool:
         """Whether waiting longer could add no member to the next group: it has max_rows, or

@@ -61,7 +61,6 @@ from dataclasses import dataclass
 
 from ..engine.engine import Engine, StepOutput
 from ..engine.params import SamplingParams
-from ..engine.scheduler import StaticScheduler
 from ..engine.request import Request, unshown_text
 from .metrics import ServerMetrics
 from .round_feed import RoundFeed
@@ -332,21 +331,12 @@ class EngineLoop:
             self.apply(command)
 
     def window_left_s(self) -> float:
-        """How much longer the next static group waits for members (0.0: start it now).  It
-        waits only while no group runs, the waiting requests do not fill a group (by rows or
-        by the KV budget), and the server still accepts requests."""
-        if self.batch_window_s <= 0 or self.engine.policy != "static" or not self.accepting:
+        """How much longer the next static group waits for members (0.0: start it now): the
+        scheduler's batch window (`Scheduler.window_left_s`), while the server still accepts
+        requests."""
+        if not self.accepting:
             return 0.0
-        scheduler = self.engine.scheduler
-        if scheduler.running or not scheduler.waiting:
-            return 0.0
-        assert isinstance(scheduler, StaticScheduler)  # the window is for static groups only
-        if scheduler.next_group_is_full():
-            # Full by rows, or by memory: waiting longer could add nobody.
-            return 0.0
-        first_arrival = scheduler.waiting[0].arrival_s or 0.0
-        waited = self.engine.seconds() - first_arrival
-        return max(0.0, self.batch_window_s - waited)
+        return self.engine.scheduler.window_left_s(self.engine.seconds(), self.batch_window_s)
 
     def fail_everything(self, exc: Exception) -> None:
         """After a fault of the server: every request held ends with an error, and the engine

@@ -1492,8 +1492,8 @@ MUTANTS = [
     ),
     Mutant(
         "window_never_waits",
-        "minirt/server/engine_loop.py",
-        "        return max(0.0, self.batch_window_s - waited)",
+        "minirt/engine/scheduler.py",
+        "        return max(0.0, window_s - waited)",
         "        return 0.0",
         "--batch-window does nothing: online static groups start with one member",
     ),
