@@ -30,7 +30,6 @@ import argparse
 import os
 import sys
 import time
-from contextlib import closing
 from pathlib import Path
 
 from .loading.checkpoint import resolve_model_folder, shipped_model_folder
@@ -298,13 +297,13 @@ def serve(
         # The loop over the engine's steps (LLM.steps), one round a step: its tokens, the records
         # it made final, the progress bar, and with --trace the grid of each static group that
         # ended.
-        with closing(llm.steps(requests)) as steps:
+        with llm.steps(requests) as steps:
             for step in steps:
                 for request in step.new_tokens:
                     output.token(request)
                 for request in step.finished:
                     output.final(request)
-                assert llm.last_stats is not None  # set by the run's first step
+                assert llm.last_stats is not None  # set when the run started
                 if step.round_number is not None:
                     progress.update(llm.last_stats, output.done)
                 for group in step.ended_groups:
@@ -312,7 +311,7 @@ def serve(
                         progress.close()
                         print(group_grid(group, step.waiting), file=sys.stderr)
         stats = llm.last_stats
-        assert stats is not None  # set by the run's first step
+        assert stats is not None  # set when the run started
         # The final state: the last records come after the last round.
         progress.update(stats, output.done, force=True)
         return stats

@@ -35,9 +35,9 @@ Must not know: command-line flags or file formats.
 
 from __future__ import annotations
 
-from contextlib import closing
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Generator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -257,20 +257,23 @@ class LLM:
         RequestError if bad."""
         return self.engine.prompt_ids(prompt)
 
-    def steps(self, requests: list[Request]) -> Generator[StepOutput, None, None]:
-        """An offline run of requests made by `make_request`: `run_steps`, the loop over
-        `Engine.step()`, yielding each step's output.  `last_stats` is the run's counts, live
-        while it runs.  Stop early only through `contextlib.closing(llm.steps(...))`."""
-        for output in run_steps(self.engine, requests, "LLM.steps"):
+    @contextmanager
+    def steps(self, requests: list[Request]) -> Iterator[Iterator[StepOutput]]:
+        """An offline run of requests made by `make_request`, as `with llm.steps(requests) as
+        steps: for step in steps: ...`: `run_steps`, the loop over `Engine.step()`, each step's
+        output in turn.  The engine is held until the `with` block ends, however it ends (a
+        `break` too).  `last_stats` is the run's counts, live while it runs."""
+        with run_steps(self.engine, requests, "LLM.steps") as steps:
             self.last_stats = self.engine.stats
-            yield output
+            yield steps
 
     def run(self, requests: list[Request]) -> RunStats:
         """Serve requests made by `make_request` to the end (`steps`, with nothing reported on
         the way) and return the run's counts; each request's record is final in it."""
-        for _step in self.steps(requests):
-            pass
-        assert self.last_stats is not None  # set by the run's first step
+        with self.steps(requests) as steps:
+            for _step in steps:
+                pass
+        assert self.last_stats is not None  # set when the run started
         return self.last_stats
 
     def generate(
@@ -296,7 +299,7 @@ class LLM:
         # Called from one of this run's own callbacks: refused, and the run goes on.
         self.engine.refuse_reentry("LLM.generate")
         requests = self.make_requests(prompts, params, ids, logprobs)
-        with closing(self.steps(requests)) as steps:
+        with self.steps(requests) as steps:
             # One round a step: its new tokens, then the records it made final.
             for step in steps:
                 for request in step.new_tokens:
@@ -308,18 +311,23 @@ class LLM:
         return [RequestOutput.from_request(r, self.tokenizer) for r in requests]
 
 
-def run_steps(
-    engine: Engine, requests: list[Request], call: str
-) -> Generator[StepOutput, None, None]:
+@contextmanager
+def run_steps(engine: Engine, requests: list[Request], call: str) -> Iterator[Iterator[StepOutput]]:
     """One offline run of `requests` on `engine`, the loop over `step()`: every request added
-    (all there at the start), then one step a round while any is unfinished, yielding each
-    step's output (first a step of no round, listing the requests final on adding, if any: it
-    comes when the run has started, so that its counts are `engine.stats` from then on). The
-    engine is held for the whole run (`Engine.offline_run`): a callback that starts another run
-    or steps this one is refused (`call` names it), and however the run ends, the engine is
-    ready for another afterwards. The run's counts are `engine.stats` until the run ends."""
+    (all there at the start), then the steps, one round each, while any is unfinished (the
+    caller iterates them).  The engine is held until the `with` block ends, however it ends
+    (`Engine.offline_run`): a callback that starts another run or steps this one is refused
+    (`call` names it), and the engine is ready for another run afterwards.  The run's counts
+    are `engine.stats` while the block runs."""
     with engine.offline_run(requests, call) as final_at_once:
-        yield StepOutput(round_number=None, finished=final_at_once)
-        while engine.has_unfinished():
-            yield engine.take_step()
-        engine.stats.wall_seconds = engine.seconds()
+        yield each_step(engine, final_at_once)
+
+
+def each_step(engine: Engine, final_at_once: list[Request]) -> Iterator[StepOutput]:
+    """The steps of a run the caller holds: first a step of no round, listing the requests that
+    became final on adding (perhaps none), then one `take_step()` a round while any request is
+    unfinished; the run's wall time is set when the last is done."""
+    yield StepOutput(round_number=None, finished=final_at_once)
+    while engine.has_unfinished():
+        yield engine.take_step()
+    engine.stats.wall_seconds = engine.seconds()

@@ -163,14 +163,37 @@ def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None)
     return outputs
 
 
+def finished_request(index: int = 0, tokens: int = 1):
+    """A request finished by hand: `tokens` tokens of id 5, text " or not", group 1, length."""
+    from minirt.engine.params import SamplingParams
+    from minirt.engine.request import Request, Status
+
+    request = Request(
+        index=index,
+        id=str(index),
+        prompt="To be",
+        prompt_ids=[1, 2],
+        params=SamplingParams(max_new_tokens=tokens),
+    )
+    request.token_ids = [5] * tokens
+    request.text = " or not"
+    request.finish_reason = "length"
+    request.group = 1
+    request.first_round = 1
+    request.finish_round = tokens
+    request.status = Status.FINISHED
+    return request
+
+
 def serve_all(engine, requests):
     """An offline run of these requests on an Engine, as `LLM.run` does: minirt/llm.py's loop over
     the engine's steps (`run_steps`), to the end.  Returns the run's counts."""
     from minirt.llm import run_steps
 
-    stats = None
-    for _step in run_steps(engine, requests, "a test's run"):
+    with run_steps(engine, requests, "a test's run") as steps:
         stats = engine.stats
+        for _step in steps:
+            pass
     return stats
 
 

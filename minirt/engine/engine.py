@@ -391,6 +391,8 @@ class Engine:
         output = StepOutput(round_number=None)
         output.finished = self.aborted_since_step
         output.ended_groups = self.groups_ended_by_abort
+        if output.ended_groups:
+            output.waiting = list(self.scheduler.waiting)
         self.aborted_since_step = []
         self.groups_ended_by_abort = []
         if not self.scheduler.has_work():

@@ -8,14 +8,15 @@ asks the manager:
     cached_tokens(request)              how much of a waiting prompt the prefix cache holds now
     shared_in_flight(request, others)   how much of it the prompts still being fed will leave
                                         in the cache once they are in
-    allocate(shape)                     a new group's cache, or the continuous pool made or
+    allocate(rows, capacity)            a new group's cache, or the continuous pool made or
                                         grown (the slots that requests hold keep their numbers
                                         and their keys); room is made first, so the budget holds
                                         at the moment of allocation
     admit(request)                      a free slot for an admitted request, zeroed, with the
                                         cached start of its prompt copied in
     free(request)                       a finished or aborted request gives its slot back
-    release()                           the group (or the run) is over: its cache goes
+    release()                           the static group is over: its cache goes (a run's
+                                        manager goes with its run)
 
 and the engine, after a round's forward pass, `insert_prompt(request)`: a prompt now all in its
 slot gives the prefix cache its blocks.
@@ -173,8 +174,8 @@ class KVManager:
             self.free_slots = sorted(self.free_slots + [request.slot])
 
     def release(self) -> None:
-        """The group (or the run) is over: its cache goes, and the prefix cache may use its
-        share of the budget."""
+        """The static group is over: its cache goes, and the prefix cache may use its share of
+        the budget."""
         self.cache = None
         self.free_slots = []
         self.limit_prefix_cache()

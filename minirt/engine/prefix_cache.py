@@ -16,7 +16,8 @@ values; a collision when inserting leaves the block that is there.
                                   request prefills only the rest
     insert(prompt_ids, kv, slot)  once a request's prompt is in its slot, keep its full blocks
     set_limit(positions)          the positions the cache may hold: the KV budget less what the
-                                  engine's KV cache has allocated; least recently used first out
+                                  KV owner's cache has allocated (minirt/engine/kv_manager.py);
+                                  least recently used first out
 
 At least the prompt's last token is always prefilled, since its logits give the first token: a
 prompt of P tokens uses at most (P - 1) // block_tokens blocks.  Only prompt blocks are cached,

@@ -223,3 +223,10 @@ def finish(request: Request, reason: str, round_number: int, text_was_cut: bool 
         request.decoded += request.decoder.flush()
         request.text = request.decoded
     request.decoder = None
+
+
+def slot_of(request: Request) -> int:
+    """The KV slot of an admitted request (every row of a round holds one): the order of a
+    round's rows."""
+    assert request.slot is not None
+    return request.slot

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.batch import Batch
-from .request import Request, add_token, fail_request
+from .request import Request, add_token, fail_request, slot_of
 from .sampler import choose_tokens, prompt_logprobs
 from .scheduler import RoundPlan
 
@@ -106,9 +106,3 @@ class ModelRunner:
             add_token(request, token, logprob, round_number, eos, n_positions, top)
             got_token.append(request)
         return got_token
-
-
-def slot_of(request: Request) -> int:
-    """The KV slot of an admitted request (every row of a round holds one)."""
-    assert request.slot is not None
-    return request.slot

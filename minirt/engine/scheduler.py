@@ -77,7 +77,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .kv_manager import KVManager
-from .request import Request, Status, note_prefill
+from .request import Request, Status, note_prefill, slot_of
 
 
 @dataclass
@@ -195,9 +195,10 @@ class Scheduler:
 
     def note_prefills(self, plan: RoundPlan) -> None:
         """After the round's forward pass: each prefilling row's slot holds its prompt up to
-        the plan's end; a row whose whole prompt is now in gives the prefix cache its blocks."""
-        for request, end in plan.prefill_to.items():
-            note_prefill(request, end)
+        the plan's end; a row whose whole prompt is now in gives the prefix cache its blocks, in
+        slot order (as the round's rows run: which blocks a full cache keeps can depend on it)."""
+        for request in sorted(plan.prefill_to, key=slot_of):
+            note_prefill(request, plan.prefill_to[request])
             if request.prompt_done:
                 self.kv.insert_prompt(request)
 

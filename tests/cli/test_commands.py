@@ -3,19 +3,21 @@
 The version printed is checked against pyproject.toml (an independent source), and each subcommand against
 running its own module, which stays the documented entry point (`python -m minirt.generate`)."""
 
-import json
 import importlib
-from inspect import signature as inspect_signature
+import json
+import os
 import subprocess
 import sys
+from inspect import signature as inspect_signature
 
 import pytest
+from conftest import ROOT
 
 import minirt
 from minirt import LLM
-
-from conftest import ROOT
 from minirt.__main__ import SUBCOMMANDS, main
+from minirt.__main__ import main as minirt_main
+from minirt.cli.command import EXIT_OK, EXIT_STDOUT_CLOSED
 
 tomllib = pytest.importorskip(
     "tomllib"
@@ -134,3 +136,87 @@ def test_inspect_without_a_model_describes_the_shipped_one(capsys):
     assert importlib.import_module("minirt.inspect").main(["--ids", "1,2"]) == 0
     out = capsys.readouterr().out
     assert "shakespeare-gpt2-tiny" in out.splitlines()[0] and "most likely next tokens" in out
+
+
+HELP_FORMS = [["-h"], ["--help"], ["--version"]] + [
+    [name, flag] for name in sorted(SUBCOMMANDS) for flag in ("--help", "--version")
+]
+
+
+@pytest.mark.parametrize("argv", HELP_FORMS, ids=" ".join)
+def test_help_into_a_closed_pipe_exits_quietly_with_0(argv):
+    """`minirt -h | head -3`: before, sometimes "standard output was closed" and exit 141 (or
+    Python's "Exception ignored ... BrokenPipeError")."""
+    reader, writer = os.pipe()
+    # The reader has gone before anything is written: what `head` does once it has its lines.
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "minirt", *argv],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (EXIT_OK, "")
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_each_modules_help_into_a_closed_pipe_exits_quietly(name):
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", f"minirt.{name}", "--help"],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (EXIT_OK, "")
+
+
+@pytest.fixture
+def closed_stdout(monkeypatch):
+    """Standard output on a pipe whose reader has gone, as after `| head -3`."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    stream = os.fdopen(writer, "w")
+    monkeypatch.setattr(sys, "stdout", stream)
+    yield stream
+    monkeypatch.undo()
+    try:
+        stream.close()
+    except OSError:
+        pass
+
+
+def test_help_written_to_a_closed_stdout_in_process(closed_stdout, capsys):
+    assert minirt_main(["-h"]) == EXIT_OK
+    with pytest.raises(SystemExit) as exit_:
+        minirt_main(["rounds", "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_completions_cut_by_head_still_exit_141(tiny_lm, tmp_path):
+    """Only help and --version are quiet: a run whose output is cut short says so."""
+    (tmp_path / "p.txt").write_text("a\nb\n")
+    reader, writer = os.pipe()
+    os.close(reader)
+    argv = [sys.executable, "-m", "minirt", "generate", "--model", str(tiny_lm)]
+    argv += ["--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "2"]
+    try:
+        done = subprocess.run(
+            argv, stdout=writer, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120
+        )
+    finally:
+        os.close(writer)
+    assert done.returncode == EXIT_STDOUT_CLOSED
+    assert "standard output was closed" in done.stderr

@@ -5,10 +5,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from minirt.cli.command import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -16,9 +17,11 @@ from minirt.cli.command import (
     EXIT_USAGE,
     run_command,
 )
-from minirt.model.gpt2 import GPT2
-from minirt.generate import main
+from minirt.cli.progress import Progress
 from minirt.cli.prompt_file import read_prompts, unescape_txt
+from minirt.generate import main
+from minirt.generate import main as generate_main
+from minirt.model.gpt2 import GPT2
 
 REQUIRED_FIELDS = {
     "index",
@@ -362,7 +365,6 @@ def test_the_progress_bar_names_the_running_group_and_draws_its_final_state(
     """5 requests in static groups of 2: three groups.  Before, the bar never drew its final state (the last
     records come after the last round), so it stopped short of 5/5."""
     import minirt.generate as generate
-    from minirt.cli.progress import Progress
 
     stream = io.StringIO()
 
@@ -504,3 +506,47 @@ def test_prompts_given_on_the_command_line_run_as_a_file_of_them_would(tiny_lm, 
 def test_prompts_come_one_way(tiny_lm, argv, capsys):
     code, _, err = run(["--model", str(tiny_lm), *argv], capsys)
     assert code == EXIT_USAGE and err.count("\n") == 1 and "give the prompts one way" in err
+
+
+def test_a_prompt_that_names_a_file_is_still_text_but_gets_a_hint(
+    tiny_lm, tmp_path, capsys, monkeypatch
+):
+    # A short relative path: the tiny model's context holds its text whatever tmp_path is.
+    monkeypatch.chdir(tmp_path)
+    prompts = Path("p.txt")
+    prompts.write_text("To be\n")
+    argv = ["--model", str(tiny_lm), "--prompt", str(prompts), "--max-new-tokens", "2"]
+    code, out, err = run_generate(argv, capsys)
+    assert code == EXIT_OK and out.startswith("### [0]: ")
+    # Generated from the path's text, as before.
+    assert f"\n{prompts}" in out
+    note = (
+        f"note: --prompt takes the prompt's text; {prompts} is a file: "
+        f"use --prompts {prompts} to read it"
+    )
+    assert [line for line in err.splitlines() if "note:" in line] == [
+        f"python -m minirt.generate: {note}".removeprefix("python -m ")
+    ]
+
+
+def test_a_prompt_that_is_no_file_gets_no_hint(tiny_lm, capsys):
+    argv = ["--model", str(tiny_lm), "--prompt", "To be", "--max-new-tokens", "2"]
+    code, _, err = run_generate(argv, capsys)
+    assert code == EXIT_OK and "note:" not in err
+
+
+def test_prompts_text_that_is_no_file_suggests_prompt(tiny_lm, capsys):
+    argv = ["--model", str(tiny_lm), "--prompts", "To be, or not to be"]
+    code, out, err = run_generate(argv, capsys)
+    assert code == EXIT_USAGE and out == "" and err.count("\n") == 1
+    assert err.startswith(
+        "minirt.generate: error: prompts file To be, or not to be does not exist; "
+        "pass a .txt or .jsonl file, or - for standard input"
+    )
+    assert "use --prompt 'To be, or not to be'" in err
+
+
+def run_generate(argv, capsys):
+    code = run_command(generate_main, argv, prog="minirt.generate")
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -5,9 +5,9 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import FIXTURES, ROOT, load_expected
 
 import minirt
-from conftest import FIXTURES, ROOT, load_expected
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.inspect import main as inspect_main
 
@@ -69,3 +69,20 @@ def test_inspect_as_a_module_subprocess():
         and bad.stderr.count("\n") == 1
         and "Traceback" not in bad.stderr
     )
+
+
+def test_inspect_takes_its_model_as_model_too(tiny_lm, capsys):
+    assert inspect_main(["--model", str(tiny_lm), "--ids", "5,6"]) == EXIT_OK
+    flag = capsys.readouterr().out
+    assert inspect_main([str(tiny_lm), "--ids", "5,6"]) == EXIT_OK
+    positional = capsys.readouterr().out
+    assert flag.startswith(f"model      {tiny_lm}\n")
+    assert flag.splitlines()[1] == positional.splitlines()[1]
+
+
+def test_inspect_refuses_the_model_given_twice_in_one_line(tiny_lm, capsys):
+    argv = [str(tiny_lm), "--model", str(tiny_lm)]
+    code = run_command(inspect_main, argv, prog="minirt.inspect")
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE and err.count("\n") == 1
+    assert "the model is given twice" in err and "--model" in err

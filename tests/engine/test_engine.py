@@ -1,7 +1,5 @@
 """The static-group engine: rounds, independent stopping, batch invariance, bad requests among good ones."""
 
-from contextlib import closing
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -434,7 +432,7 @@ def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(mode
 
     # Ctrl-C after the second round, in the loop over the run's steps.
     with pytest.raises(KeyboardInterrupt):
-        with closing(run_steps(engine, requests, "a test's run")) as steps:
+        with run_steps(engine, requests, "a test's run") as steps:
             for step in steps:
                 if step.round_number == 2:
                     raise KeyboardInterrupt

@@ -368,3 +368,31 @@ def test_the_budget_holds_at_the_moment_a_kv_cache_is_allocated(policy, monkeypa
     assert seen == [0, B]
     for request in made:
         assert request.token_ids == alone(request.prompt_ids, params(4))[0]
+
+
+def test_prompts_that_end_in_one_round_enter_the_cache_in_slot_order():
+    """By hand: a pool of 2 rows x 53 positions in a budget of 154 leaves the cache 48
+    positions.  In round 2 two prompts end: slot 0's (20 tokens, 1 block) and slot 1's (50
+    tokens, 3 blocks).  Slot 0's goes in first; slot 1's 48 positions then evict it, so the
+    last request, which shares slot 1's first 48 tokens, copies all 48 (in the other order,
+    slot 1's first block would be evicted for slot 0's, and it would copy none)."""
+    model = random_model(seed=1, vocab_size=50, n_positions=128)
+    shared = [(i * 7) % 50 for i in range(50)]
+    prompts = [[1, 2], shared, [(i * 3 + 1) % 50 for i in range(20)], shared[:48] + [9] * 5]
+    engine = Engine(
+        model,
+        None,
+        batch_size=2,
+        policy="continuous",
+        kv_budget_tokens=154,
+        round_token_budget=40,
+        prefix_cache=True,
+    )
+    made = [
+        engine.make_request(i, p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        for i, (p, n) in enumerate(zip(prompts, [1, 2, 1, 1], strict=True))
+    ]
+    serve_all(engine, made)
+    assert (engine.kv_budget_positions, made[1].slot, made[2].slot) == (154, 1, 0)
+    assert [(r.first_round, r.finish_round) for r in made] == [(1, 1), (1, 3), (2, 2), (3, 3)]
+    assert made[3].cached_prompt_tokens == 48

@@ -183,3 +183,20 @@ def test_start_run_from_a_callback_is_refused_and_the_run_goes_on(llm):
 
     outputs = llm.generate(PROMPTS, params, on_token=on_token)
     assert refused and [(o.token_ids, o.finish_reason) for o in outputs] == expected
+
+
+def test_leaving_a_run_of_steps_early_frees_the_llm(llm):
+    """A `break` out of `with llm.steps(...)`, and an exception raised in its loop, end the run
+    there: the LLM serves the same prompts as before straight after (no ReentryError)."""
+    params = SamplingParams(max_new_tokens=3)
+    expected, _ = plain_run(llm, params)
+    with llm.steps(llm.make_requests(PROMPTS, params, None, False)) as steps:
+        for step in steps:
+            if step.round_number == 1:
+                break
+    assert plain_run(llm, params)[0] == expected
+    with pytest.raises(KeyError):
+        with llm.steps(llm.make_requests(PROMPTS, params, None, False)) as steps:
+            for _step in steps:
+                raise KeyError("the caller's own error")
+    assert plain_run(llm, params)[0] == expected

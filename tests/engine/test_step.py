@@ -322,7 +322,7 @@ def test_whenever_requests_arrive_or_one_is_aborted_the_others_get_their_solo_to
 # ------------------------------------------------------------------ the offline loop over step
 
 
-def test_serve_is_refused_while_added_requests_are_unfinished(model):
+def test_an_offline_run_is_refused_while_added_requests_are_unfinished(model):
     engine = Engine(model, None, batch_size=2)
     engine.add_request(engine.make_request(0, [1], greedy(3)))
     with pytest.raises(RequestError, match="still serving"):
@@ -354,7 +354,7 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
 # ------------------------------------------------------------------ an engine that stays usable
 
 
-def test_after_serve_the_engine_steps_a_new_run(model):
+def test_after_an_offline_run_the_engine_steps_a_new_run(model):
     engine = Engine(model, None, batch_size=2, policy="continuous")
     stats = serve_all(engine, [engine.make_request(i, [1 + i, 2], greedy(3)) for i in range(2)])
     late = engine.make_request(2, [5], greedy(2))
@@ -378,7 +378,7 @@ def test_a_request_is_added_once(model):
         serve_all(engine, [request])
 
 
-def test_a_serve_refused_for_one_request_leaves_the_engine_ready(model):
+def test_an_offline_run_refused_for_one_request_leaves_the_engine_ready(model):
     engine = Engine(model, None, batch_size=2)
     served = engine.make_request(0, [1], greedy(2))
     serve_all(engine, [served])
@@ -423,14 +423,20 @@ def test_an_abort_inside_the_loop_is_heard_as_final_and_ends_its_group(model):
     requests = [engine.make_request(i, [1 + i], greedy(5), request_id=f"r{i}") for i in range(2)]
     finals = []
     groups = []
-    for step in run_steps(engine, requests, "a test's run"):
-        for request in step.new_tokens:
-            if request.id == "r0" and len(request.token_ids) == 2:
-                engine.abort("r0")
-        finals += [(r.id, r.finish_reason) for r in step.finished]
-        groups += [group.number for group in step.ended_groups]
+    waiting_at_group_ends = []
+    with run_steps(engine, requests, "a test's run") as steps:
+        for step in steps:
+            for request in step.new_tokens:
+                if request.id == "r0" and len(request.token_ids) == 2:
+                    engine.abort("r0")
+            finals += [(r.id, r.finish_reason) for r in step.finished]
+            groups += [group.number for group in step.ended_groups]
+            if step.ended_groups:
+                waiting_at_group_ends.append([r.id for r in step.waiting])
     assert finals == [("r0", "abort"), ("r1", "length")]
     assert groups == [1, 2]
+    # The group the abort ended left r1 waiting (the next group's only member); then nobody.
+    assert waiting_at_group_ends == [["r1"], []]
     assert requests[1].first_round == 3  # the aborted group ended after its second round
 
 

@@ -4,13 +4,16 @@ request (for the numbers) or to OpenAI's documented shapes (for the errors)."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
+from conftest import FIXTURES
+from serving import Server, offline_alone, serve_tests
 from tokenizers import Tokenizer as HFTokenizer
 
 from minirt import LLM, SamplingParams
 from minirt.loading.checkpoint import shipped_model_folder
-from serving import Server, offline_alone, serve_tests
 
 pytestmark = serve_tests
 
@@ -269,3 +272,38 @@ def test_with_an_api_key_every_v1_path_needs_it_and_health_stays_open():
         )
         assert len(ok.choices) == 1
         assert server.stop() == 0
+
+
+def test_logprobs_on_a_model_without_a_tokenizer_name_tokens_as_vllm_does():
+    body = {
+        "prompt": [1, 2, 3],
+        "max_tokens": 5,
+        "temperature": 0,
+        "logprobs": 1,
+        "ignore_eos": True,
+    }
+    with Server("--model", str(FIXTURES / "untied_head")) as server:
+        whole = httpx.post(f"{server.url}/v1/completions", json=body).json()
+        with httpx.stream(
+            "POST", f"{server.url}/v1/completions", json={**body, "stream": True}
+        ) as answer:
+            events = [
+                json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")
+            ]
+        assert server.stop() == 0
+    (expected,) = offline_alone(
+        LLM(FIXTURES / "untied_head"),
+        [1, 2, 3],
+        SamplingParams(max_new_tokens=5, logprobs=1, ignore_eos=True),
+    )
+    logprobs = whole["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in expected.token_ids]
+    assert logprobs["token_logprobs"] == pytest.approx(expected.logprobs, abs=1e-5)
+    assert logprobs["text_offset"] == [0] * 5
+    streamed = [
+        lp
+        for e in events
+        if e["choices"] and e["choices"][0]["logprobs"]
+        for lp in e["choices"][0]["logprobs"]["token_logprobs"]
+    ]
+    assert streamed == pytest.approx(expected.logprobs, abs=1e-5)

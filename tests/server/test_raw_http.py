@@ -9,10 +9,10 @@ import socket
 
 import httpx
 import pytest
+from serving import Server, serve_tests
 from tokenizers import Tokenizer as HFTokenizer
 
 from minirt.loading.checkpoint import shipped_model_folder
-from serving import Server, serve_tests
 
 pytestmark = serve_tests
 
@@ -247,3 +247,59 @@ def test_a_full_queue_is_a_503_a_completion_bigger_than_the_queue_a_400_and_the_
         )
         assert answer.status_code == 200
         assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def unchunked_server():
+    # Unchunked, so that a prompt over the round's budget is refused (chunked, it is fed over several rounds).
+    with Server("--max-round-tokens", "8", "--no-chunked-prefill") as running:
+        yield running
+        assert running.stop() == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/tokenize"])
+def test_a_lone_surrogate_is_a_400_that_names_no_file(unchunked_server, path):
+    answer = httpx.post(f"{unchunked_server.url}{path}", content=b'{"prompt": "x\\ud800y"}')
+    error = answer.json()["error"]
+    assert (
+        answer.status_code == 400 and error["param"] == "prompt" and "surrogate" in error["message"]
+    )
+    assert "/" not in error["message"]
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_plain_400(unchunked_server):
+    answer = httpx.post(
+        f"{unchunked_server.url}/v1/completions",
+        content=b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}",
+    )
+    assert answer.status_code == 400 and "4300 digits" in answer.json()["error"]["message"]
+    assert "sys." not in answer.text
+
+
+def test_a_prompt_over_the_round_token_budget_is_about_the_prompt_and_the_servers_flag(
+    unchunked_server,
+):
+    answer = httpx.post(
+        f"{unchunked_server.url}/v1/completions", json={"prompt": [5] * 17, "max_tokens": 2}
+    )
+    error = answer.json()["error"]
+    assert (
+        answer.status_code == 400
+        and error["param"] == "prompt"
+        and "--max-round-tokens" in error["message"]
+    )
+
+
+def test_with_include_usage_every_chunk_has_a_usage_null_until_the_last(unchunked_server):
+    body = {
+        "prompt": "ROMEO",
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{unchunked_server.url}/v1/completions", json=body) as answer:
+        events = [
+            json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")
+        ]
+    assert all("usage" in e and e["usage"] is None for e in events[:-1])
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 from serving import MISSING
 
@@ -84,3 +83,16 @@ def test_a_taken_port_a_bad_host_and_a_missing_model_are_one_line_and_exit_2(tmp
         assert_one_line_refusal(serve("--port", port), "--port " + port, "cannot listen")
     assert_one_line_refusal(serve("--port", "0", "--model", str(tmp_path / "nothing")), "nothing")
     assert_one_line_refusal(serve("--port", "0", "--host", "no-such-host.invalid"), "--host")
+
+
+def test_a_kv_budget_that_holds_no_token_is_one_line_and_exit_2():
+    done = subprocess.run(
+        [sys.executable, "-m", "minirt", "serve", "--port", "0", "--kv-budget", "1KiB"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        done.returncode == 2 and done.stderr.count("\n") == 1 and "--kv-budget 1KiB" in done.stderr
+    )

@@ -27,7 +27,7 @@
                  -ntg 128 -npl 1,8,32 -ctk f32 -ctv f32`, S_TG = B*128 / time of the 128 steps.  minirt: the
                  B prompts as one static group (batch_size B), max_new_tokens=129, ignore_eos; round 1 is
                  the prefill (it makes token 1), rounds 2..129 the 128 decode steps, timed from the end of
-                 round 1 to the end of round 129 (LLM.serve's on_round): B*128 / that time.  Same KV
+                 round 1 to the end of round 129 (each LLM.steps step): B*128 / that time.  Same KV
                  positions (128..255) on both sides; minirt's rounds also pick tokens greedily and
                  detokenise, llama-batched-bench samples nothing.
 
@@ -323,9 +323,10 @@ def minirt_decode(llm, prompts: list[list[int]], n_gen: int) -> float:
     params = SamplingParams(max_new_tokens=n_gen + 1, ignore_eos=True)
     requests = [llm.make_request(i, p, params) for i, p in enumerate(prompts)]
     round_ends: dict[int, float] = {}
-    for step in llm.steps(requests):
-        if step.round_number is not None:
-            round_ends[step.round_number] = time.perf_counter()
+    with llm.steps(requests) as steps:
+        for step in steps:
+            if step.round_number is not None:
+                round_ends[step.round_number] = time.perf_counter()
     assert all(len(r.token_ids) == n_gen + 1 for r in requests) and max(round_ends) == n_gen + 1
     return len(prompts) * n_gen / (round_ends[n_gen + 1] - round_ends[1])
 

@@ -928,7 +928,7 @@ MUTANTS = [
         "a request over the KV budget is queued and can never run",
     ),
     Mutant(
-        "serve_reports_no_tokens",
+        "command_line_streams_no_tokens",
         "minirt/generate.py",
         "                for request in step.new_tokens:",
         "                for request in step.new_tokens[:0]:",
@@ -1021,7 +1021,7 @@ MUTANTS = [
         "a round that raises leaves half-updated state for the next",
     ),
     Mutant(
-        "serve_leaves_the_run_behind",
+        "offline_run_leaves_the_run_behind",
         "minirt/engine/engine.py",
         "            finally:\n                self.reset_run()",
         "            finally:\n                pass",
@@ -1663,6 +1663,13 @@ MUTANTS = [
     # (Dropping the prefix cache's new limit when a group's cache is released is no mutant: the
     # next allocation sets the limit before anything can be inserted, so no test can tell.)
     Mutant(
+        "prompts_cached_in_plan_order",
+        "minirt/engine/scheduler.py",
+        "        for request in sorted(plan.prefill_to, key=slot_of):",
+        "        for request in list(plan.prefill_to):",
+        "prompts that end in one round enter the prefix cache in the plan's order, not the rows'",
+    ),
+    Mutant(
         "grown_pool_loses_a_new_row",
         "minirt/engine/kv_manager.py",
         "list(range(len(old.lengths), rows))",
@@ -1702,8 +1709,8 @@ MUTANTS = [
     Mutant(
         "refused_at_once_never_reported",
         "minirt/llm.py",
-        "        yield StepOutput(round_number=None, finished=final_at_once)",
-        "        yield StepOutput(round_number=None, finished=[])",
+        "    yield StepOutput(round_number=None, finished=final_at_once)",
+        "    yield StepOutput(round_number=None, finished=[])",
         "a request refused as it is added (over the KV budget) never reaches on_final or the output file",
     ),
     Mutant(
