@@ -85,6 +85,8 @@ def test_a_taken_port_a_bad_host_and_a_missing_model_are_one_line_and_exit_2(tmp
     assert_one_line_refusal(serve("--port", "0", "--host", "no-such-host.invalid"), "--host")
 
 
+@pytest.mark.serve
+@pytest.mark.skipif(bool(MISSING), reason="the serve extra is not installed")
 def test_a_kv_budget_that_holds_no_token_is_one_line_and_exit_2():
     done = subprocess.run(
         [sys.executable, "-m", "minirt", "serve", "--port", "0", "--kv-budget", "1KiB"],

@@ -429,14 +429,14 @@ def section_greedy(args, deadline, state) -> dict:
     """Greedy tokens, minirt (this backend, fp32 and fp16, one padded batch) against transformers
     (fp32, each prompt alone): on the shipped trained model, whose margins are wide, and on the
     random gpt2-124M shape, whose margins are narrow."""
-    from transformers import GPT2LMHeadModel
-
-    from minirt import LLM, SamplingParams
-
     if args.no_transformers:
         return {"skipped": "--no-transformers"}
     if "folder" not in state:
         return {"skipped": "needs the correctness section"}
+    from transformers import GPT2LMHeadModel
+
+    from minirt import LLM, SamplingParams
+
     device = torch_device(args)
     new_tokens = 8 if args.quick else 48
     models = {
