@@ -10,19 +10,24 @@ from conftest import ROOT, random_model, requires_reference
 from device_check import kv_bytes_per_step, parse_args, summary_table, weight_bytes_per_step
 
 
+# Every section of the script, in the order it runs them by default (written out here, not read
+# from the script, so that a section dropped or reordered there fails these tests).
+EVERY_SECTION = [
+    "environment",
+    "gpu_tests",
+    "correctness",
+    "greedy",
+    "timing",
+    "floor",
+    "counts",
+    "launches",
+]
+
+
 def test_arguments():
     args = parse_args(["--batch-sizes", "1,8,64", "--dtypes", "float16", "--out", "x.json"])
     assert args.batch_sizes == [1, 8, 64] and args.dtypes == ["float16"] and args.backend == "cupy"
-    assert args.sections == [
-        "environment",
-        "gpu_tests",
-        "correctness",
-        "greedy",
-        "timing",
-        "floor",
-        "counts",
-        "launches",
-    ]
+    assert args.sections == EVERY_SECTION
     quick = parse_args(["--quick", "--new-tokens", "64"])
     assert quick.new_tokens == 4
     with pytest.raises(SystemExit):
@@ -64,16 +69,7 @@ def test_numpy_run_writes_every_section(tmp_path):
     )
     results = json.loads(out.read_text())
     sections = results["sections"]
-    assert set(sections) == {
-        "environment",
-        "gpu_tests",
-        "correctness",
-        "greedy",
-        "timing",
-        "floor",
-        "counts",
-        "launches",
-    }
+    assert list(sections) == EVERY_SECTION
     assert sections["correctness"]["fp32_within_1e-4"] is True
     # NumPy's greedy tokens are transformers' on the shipped model, where every margin is wide.
     assert sections["greedy"]["shipped_float32"]["prompts_identical"] == 8
@@ -113,16 +109,7 @@ def test_the_whole_script_runs_on_the_cpu_without_torch(tmp_path):
     argv = ["--backend", "numpy", "--quick", "--no-transformers", "--batch-sizes", "1,2"]
     assert main([*argv, "--out", str(out)]) == 0
     sections = json.loads(out.read_text())["sections"]
-    assert set(sections) == {
-        "environment",
-        "gpu_tests",
-        "correctness",
-        "greedy",
-        "timing",
-        "floor",
-        "counts",
-        "launches",
-    }
+    assert list(sections) == EVERY_SECTION
     assert sections["greedy"] == {"skipped": "--no-transformers", "seconds": 0.0}
     assert not any("error" in section for section in sections.values() if isinstance(section, dict))
     fixtures = sections["correctness"]["fixtures_max_rel_error_vs_transformers"]
