@@ -52,6 +52,7 @@ from .loading.json_file import broken_link, read_json_file
 from .loading.tokenizer import load_tokenizer
 from .model.backend import get_backend, resolve_dtype
 from .model.gpt2 import GPT2
+from .request_maker import RequestMaker
 
 
 def load_model(
@@ -161,6 +162,8 @@ class LLM:
             checkpoint.folder, config.eos_token_id, config.bos_token_id, config.vocab_size
         )
         self.defaults = generation_defaults(checkpoint.folder)
+        # Text and parameters into requests of token ids (the engine never sees text going in).
+        self.request_maker = RequestMaker.for_model(config, self.tokenizer, run_seed=seed)
         self.engine = Engine(
             self.model,
             self.tokenizer,
@@ -172,30 +175,26 @@ class LLM:
             prefix_cache=prefix_cache,
             chunked_prefill=chunked_prefill,
         )
-        self.seed = seed
         self.last_stats: RunStats | None = None
 
     def make_request(
         self,
         index: int,
-        prompt: str | Sequence[int] | None,
+        prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         request_id=None,
         logprobs: bool = False,
-        error: str | None = None,
         sample: int = 0,
         output_index: int = -1,
     ) -> Request:
-        """One request: refused at once (with its own error) when it is bad or when `error` is
-        given.  Without params, it takes the model's generation defaults."""
-        return self.engine.make_request(
+        """One request (`RequestMaker.make`): refused at once, with its own error, when it is
+        bad.  Without params, it takes the model's generation defaults."""
+        return self.request_maker.make(
             index,
             prompt,
             params or self.defaults,
             request_id=request_id,
-            run_seed=self.seed,
             want_logprobs=logprobs,
-            error=error,
             sample=sample,
             output_index=output_index,
         )
@@ -245,7 +244,7 @@ class LLM:
     def check_params(self, params: SamplingParams) -> None:
         """Refuse (a RequestError or InputError) what this model cannot take of `params`: token
         ids outside its vocabulary, stop strings when it has no tokenizer."""
-        self.engine.check_params(params)
+        self.request_maker.check_params(params)
 
     def refusal(self, request: Request) -> str | None:
         """Why no round could ever take this request under this LLM's budgets (its KV budget,
@@ -255,7 +254,7 @@ class LLM:
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """What the model is fed first for a prompt: its ids, BOS alone when empty; a
         RequestError if bad."""
-        return self.engine.prompt_ids(prompt)
+        return self.request_maker.prompt_ids(prompt)
 
     @contextmanager
     def steps(self, requests: list[Request]) -> Iterator[Iterator[StepOutput]]:

@@ -247,12 +247,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
         if args.round_delay > 0:
             describe += f", {args.round_delay:g} ms between rounds"
         serve_forever(
-            llm.engine,
+            llm,
             sock,
             settings,
             max_queue=args.max_queue,
             shutdown_timeout_s=args.shutdown_timeout,
-            run_seed=args.seed,
             describe=describe,
             round_delay_s=args.round_delay / 1000,
             batch_window_s=args.batch_window / 1000,

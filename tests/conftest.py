@@ -185,6 +185,16 @@ def finished_request(index: int = 0, tokens: int = 1):
     return request
 
 
+def make_request(engine, index, prompt, params, run_seed: int = 0, **fields):
+    """A request for an Engine's model, made as the API and the server make theirs
+    (minirt/request_maker.py, with the engine's tokenizer, if any): `fields` are
+    `RequestMaker.make`'s (request_id, want_logprobs, sample, output_index)."""
+    from minirt.request_maker import RequestMaker
+
+    maker = RequestMaker.for_model(engine.model.config, engine.detokenizer, run_seed=run_seed)
+    return maker.make(index, prompt, params, **fields)
+
+
 def serve_all(engine, requests):
     """An offline run of these requests on an Engine, as `LLM.run` does: minirt/llm.py's loop over
     the engine's steps (`run_steps`), to the end.  Returns the run's counts."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .prompt_file import PromptEntry, json_text
 from ..engine.params import SamplingParams, first_refused_field
-from ..engine.request import Request
+from ..engine.request import Request, fail_request
 from ..errors import RequestError
 from ..llm import LLM
 
@@ -39,20 +39,53 @@ def build_requests(
                 params = run_defaults.updated(**entry.overrides)
             except RequestError as exc:
                 error = f"line {entry.line}: {override_refusal(run_defaults, entry.overrides, exc)}"
-        for sample in range(params.n if error is None else 1):
+        if error is not None:
             requests.append(
-                llm.make_request(
-                    index,
-                    entry.prompt,
-                    params,
-                    request_id=entry.id,
-                    logprobs=logprobs,
-                    error=error,
-                    sample=sample,
-                    output_index=len(requests),
-                )
+                refused_line(index, entry, run_defaults, logprobs, len(requests), error)
             )
+            continue
+        assert entry.prompt is not None  # a line without a prompt has an error
+        for sample in range(params.n):
+            request = llm.make_request(
+                index,
+                entry.prompt,
+                params,
+                request_id=entry.id,
+                logprobs=logprobs,
+                sample=sample,
+                output_index=len(requests),
+            )
+            requests.append(request)
     return requests
+
+
+def refused_line(
+    index: int,
+    entry: PromptEntry,
+    params: SamplingParams,
+    logprobs: bool,
+    output_index: int,
+    error: str,
+) -> Request:
+    """The request of a line that is bad before any prompt is made of it (not JSON, an unknown
+    or bad field): failed at once with the line's own error, and never served, so that its
+    record still comes in its place."""
+    if entry.id is None:
+        request_id = str(index)
+    else:
+        request_id = entry.id
+    request = Request(
+        index=index,
+        id=request_id,
+        prompt=entry.prompt if isinstance(entry.prompt, str) else None,
+        prompt_ids=[],
+        params=params,
+        # Its record has the logprobs fields its peers have (empty).
+        want_logprobs=logprobs or params.logprobs is not None,
+        output_index=output_index,
+    )
+    fail_request(request, error)
+    return request
 
 
 def override_refusal(run_defaults: SamplingParams, overrides: dict, refusal: RequestError) -> str:

@@ -1,8 +1,9 @@
 """The engine: requests in at any time, one round per `step()`, results out.
 
-Owns: a request's way through the runtime, in one place.  `make_request` turns a prompt into a
-`Request` (a bad one comes back failed, with an error of its own).  Then four calls, the
-interface online serving needs:
+Owns: a request's way through the runtime, in one place.  It takes requests of token ids, made
+outside it (minirt/request_maker.py: a bad one comes back failed, with an error of its own), and
+a detokenizer for their text (minirt/engine/detokenizer.py).  Then four calls, the interface
+online serving needs:
 
     add_request(request)  queue it, at any time, also while others run; a request no round
                           could ever take fails at once
@@ -42,7 +43,8 @@ numbered across a run; a request that produces L tokens is active in L consecuti
 first being its prefill (and in C - 1 more before them when its prefill was chunked into C
 rounds).  A finished request costs no compute later and never stops or alters the others.
 
-Must not know: the layers' arithmetic, files, command-line flags or output formats.
+Must not know: the layers' arithmetic, text on the way in (tokenizing, prompts), files,
+command-line flags or output formats.
 """
 
 from __future__ import annotations
@@ -51,22 +53,20 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
-from ..errors import InputError, ReentryError, RequestError, require_at_least_one
-from ..loading.tokenizer import Tokenizer, special_ids
-from ..model.batch import check_token_ids
+from ..errors import ReentryError, RequestError, require_at_least_one
+from ..model.config import special_ids
 from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
-from .params import SamplingParams
+from .detokenizer import Detokenizer
 from .kv_manager import KVManager
 from .prefix_cache import PrefixCache
 from .request import Request, Status, abort_request, fail_request
 from .round_record import RoundRecord, record_round
 from .runner import ModelRunner
-from .sampler import derived_seed, request_rng, sample_seed
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .stats import RunStats
 
@@ -102,7 +102,7 @@ class Engine:
     def __init__(
         self,
         model: GPT2,
-        tokenizer: Tokenizer | None,
+        detokenizer: Detokenizer | None,
         batch_size: int = 8,
         kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB,
         policy: str = "static",
@@ -123,16 +123,15 @@ class Engine:
         self.batch_size = require_at_least_one(batch_size, "batch size")
         self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
         self.model = model
-        self.tokenizer = tokenizer
+        self.detokenizer = detokenizer
         self.policy = policy
         c = model.config
         self.kv_bytes_per_position = KVCache.bytes_needed(
             c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
         )
         self.kv_budget_positions = self.budget_in_positions(kv_budget_mib, kv_budget_tokens)
-        eos_token_id, self.bos_token_id = self.special_tokens()
         # The forward pass and the picking of tokens, round by round (it stops a request at EOS).
-        self.runner = ModelRunner(model, eos_token_id)
+        self.runner = ModelRunner(model, self.stopping_token(detokenizer))
         # Held while an offline run goes (`offline_run`) or `step` runs a round (and while
         # `start_run` starts one), so that a callback or another thread cannot start a second
         # run, or step this one behind its back: taken without waiting, or a ReentryError.
@@ -156,6 +155,15 @@ class Engine:
             return int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
         return require_at_least_one(kv_budget_tokens, "the KV budget in tokens")
 
+    def stopping_token(self, detokenizer: Detokenizer | None) -> int | None:
+        """The EOS that stops a request: the tokenizer's, else the model config's when it lies
+        in its vocabulary."""
+        if detokenizer is not None:
+            return detokenizer.eos_token_id
+        c = self.model.config
+        eos_token_id, _bos_token_id = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
+        return eos_token_id
+
     @property
     def eos_token_id(self) -> int | None:
         """The end-of-text token that stops a request (unless it ignores EOS): the runner's."""
@@ -164,91 +172,6 @@ class Engine:
     @eos_token_id.setter
     def eos_token_id(self, token: int | None) -> None:
         self.runner.eos_token_id = token
-
-    def special_tokens(self) -> tuple[int | None, int | None]:
-        """(EOS, BOS): the tokenizer's, else the model config's that lie in its vocabulary."""
-        if self.tokenizer is not None:
-            return self.tokenizer.eos_token_id, self.tokenizer.bos_token_id
-        c = self.model.config
-        return special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
-
-    # ------------------------------------------------------------------ making a request
-
-    def make_request(
-        self,
-        index: int,
-        prompt: str | Sequence[int] | None,
-        params: SamplingParams,
-        request_id=None,
-        run_seed: int = 0,
-        want_logprobs: bool = False,
-        error: str | None = None,
-        sample: int = 0,
-        output_index: int = -1,
-    ) -> Request:
-        """A Request for one prompt (text or token ids).  A bad one, or one given an `error`,
-        comes back failed, with that error of its own."""
-        request = Request(
-            index=index,
-            id=str(index if request_id is None else request_id),
-            prompt=prompt if isinstance(prompt, str) else None,
-            prompt_ids=[],
-            params=params,
-            want_logprobs=want_logprobs or params.logprobs is not None,
-            sample=sample,
-            output_index=output_index,
-        )
-        try:
-            # Already known to be bad (a bad line of a prompts file).
-            if error is not None:
-                raise RequestError(error)
-            request.prompt_ids = self.prompt_ids(prompt)
-            self.check_params(params)
-        except (RequestError, InputError) as exc:
-            fail_request(request, str(exc))
-            return request
-        if params.seed is not None:
-            seed = params.seed
-        else:
-            seed = derived_seed(run_seed, index)
-        request.rng = request_rng(sample_seed(seed, sample))
-        return request
-
-    def check_params(self, params: SamplingParams) -> None:
-        """Refuse (RequestError or InputError) what SamplingParams cannot check alone, since it
-        needs this model: token ids outside its vocabulary, stop strings without a tokenizer."""
-        if params.stop and self.tokenizer is None:
-            raise RequestError(
-                "stop strings need a tokenizer, and this model has none; use stop_token_ids"
-            )
-        vocab_size = self.model.config.vocab_size
-        check_token_ids(params.stop_token_ids, vocab_size, "stop")
-        biased_tokens = [token for token, _ in params.logit_bias]
-        check_token_ids(biased_tokens, vocab_size, "logit_bias")
-
-    def prompt_ids(self, prompt) -> list[int]:
-        """What the model is fed first: the encoded text or the checked ids; BOS alone for an
-        empty prompt."""
-        c = self.model.config
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this model has no tokenizer, so prompts must be token-id lists")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = check_token_ids(prompt, c.vocab_size, "prompt")
-        # An empty prompt starts from the beginning-of-text token.
-        if not ids:
-            if self.bos_token_id is None:
-                raise RequestError(
-                    "the prompt is empty and the model has no BOS/EOS token to start from"
-                )
-            ids = [self.bos_token_id]
-        if len(ids) > c.n_positions:
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens, more than the model's context of "
-                f"{c.n_positions}; shorten it"
-            )
-        return ids
 
     # ------------------------------------------------------------------ a run
 
@@ -320,7 +243,7 @@ class Engine:
         return time.perf_counter() - self.run_start
 
     def check_new(self, request: Request) -> None:
-        """A request may be added once: made by `make_request` (perhaps failed already), and
+        """A request may be added once: made by a RequestMaker (perhaps failed already), and
         not yet queued, run or finished by a run."""
         if request.status is Status.RUNNING:
             # Half-served by an interrupted run: its slot is gone.
@@ -506,8 +429,8 @@ class Engine:
             request.admitted_s = self.seconds()
             if request.params.prompt_logprobs:
                 self.runner.score_prompt(request)
-            if self.tokenizer is not None:
-                request.decoder = self.tokenizer.stream()
+            if self.detokenizer is not None:
+                request.decoder = self.detokenizer.stream()
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)

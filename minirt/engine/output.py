@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..loading.tokenizer import Tokenizer
+from .detokenizer import Detokenizer
 from .request import Request, unshown_text
 
 
@@ -77,9 +77,11 @@ class RequestOutput:
         return self.error is None
 
     @classmethod
-    def from_request(cls, request: Request, tokenizer: Tokenizer | None = None) -> RequestOutput:
+    def from_request(
+        cls, request: Request, detokenizer: Detokenizer | None = None
+    ) -> RequestOutput:
         """The result of a finished request; a token-id prompt gets its text decoded when a
-        tokenizer is given."""
+        detokenizer (the model's tokenizer) is given."""
         assert request.finish_reason is not None, "only a finished request has a result"
         if request.want_logprobs:
             logprobs = list(request.logprobs)
@@ -93,7 +95,7 @@ class RequestOutput:
             index=request.index,
             id=request.id,
             sample=request.sample,
-            prompt=prompt_text(request, tokenizer),
+            prompt=prompt_text(request, detokenizer),
             prompt_token_ids=list(request.prompt_ids),
             text=request.text,
             token_ids=list(request.token_ids),
@@ -101,7 +103,7 @@ class RequestOutput:
             error=request.error,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
-            prompt_logprobs=request.prompt_logprobs,
+            prompt_logprobs=copied(request.prompt_logprobs),
             group=request.group,
             first_round=request.first_round,
             finish_round=request.finish_round,
@@ -192,6 +194,13 @@ class TokenEvent:
         )
 
 
+def copied(values: list | None) -> list | None:
+    """A copy of a list the request goes on holding (None stays None)."""
+    if values is None:
+        return None
+    return list(values)
+
+
 def json_logprob(logprob: float) -> float | None:
     """Rounded to 6 places; a -inf (a token the raw model gave probability 0) as None, as strict
     JSON needs."""
@@ -200,9 +209,9 @@ def json_logprob(logprob: float) -> float | None:
     return None
 
 
-def prompt_text(request: Request, tokenizer: Tokenizer | None) -> str | None:
+def prompt_text(request: Request, detokenizer: Detokenizer | None) -> str | None:
     """The prompt as text: as given, or a token-id prompt decoded (None when there is no
     tokenizer, or no valid ids)."""
-    if request.prompt is not None or tokenizer is None or not request.prompt_ids:
+    if request.prompt is not None or detokenizer is None or not request.prompt_ids:
         return request.prompt
-    return tokenizer.decode(request.prompt_ids)
+    return detokenizer.decode(request.prompt_ids)

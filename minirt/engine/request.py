@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..loading.tokenizer import StreamDecoder
+from .detokenizer import TextDecoder
 from .params import SamplingParams
 
 
@@ -96,7 +96,7 @@ class Request:
     # Streaming text: the decoder turns its tokens into text as they come; `decoded` is all
     # text so far, before stop-string cutting; `shown` is how much of `text` a stream has
     # handed out (`unshown_text`).
-    decoder: StreamDecoder | None = field(default=None, repr=False)
+    decoder: TextDecoder | None = field(default=None, repr=False)
     decoded: str = field(default="", repr=False)
     shown: int = field(default=0, repr=False)
 

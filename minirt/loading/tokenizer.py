@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import RequestError, TokenizerError
+from ..model.config import special_ids
 from .json_file import broken_link, not_a_regular_file
 
 ENDOFTEXT = "<|endoftext|>"
@@ -267,20 +268,3 @@ def load_tokenizer(
         endoftext=hf.token_to_id(ENDOFTEXT),
     )
     return Tokenizer(hf, source=source, eos_token_id=eos, bos_token_id=bos)
-
-
-def special_ids(
-    eos_token_id: int | None,
-    bos_token_id: int | None,
-    vocab_size: int,
-    endoftext: int | None = None,
-) -> tuple[int | None, int | None]:
-    """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else
-    `<|endoftext|>` (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used
-    with and without a tokenizer."""
-
-    def usable(token_id: int | None, fallback: int | None) -> int | None:
-        return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback
-
-    eos = usable(eos_token_id, endoftext)
-    return eos, usable(bos_token_id, endoftext if endoftext is not None else eos)

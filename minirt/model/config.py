@@ -177,5 +177,22 @@ def read_token_id(raw: dict[str, Any], name: str, source: str) -> int | None:
             f"{source}: {name} must be a token id (an integer >= 0), found {value!r}"
         )
     # An id outside the vocabulary (a tiny model that kept GPT-2's 50256) is no error: see
-    # minirt/loading/tokenizer.py's special_ids.
+    # `special_ids`, below.
     return value
+
+
+def special_ids(
+    eos_token_id: int | None,
+    bos_token_id: int | None,
+    vocab_size: int,
+    endoftext: int | None = None,
+) -> tuple[int | None, int | None]:
+    """The (EOS, BOS) a runtime uses: each config id when it lies inside the vocabulary, else
+    `<|endoftext|>` (GPT-2's id 50256, when the vocabulary has it); BOS falls back to EOS.  Used
+    with and without a tokenizer."""
+
+    def usable(token_id: int | None, fallback: int | None) -> int | None:
+        return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback
+
+    eos = usable(eos_token_id, endoftext)
+    return eos, usable(bos_token_id, endoftext if endoftext is not None else eos)

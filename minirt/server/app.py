@@ -49,7 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine.engine import Engine
+from ..llm import LLM
 from ..errors import InputError, RequestError
 from .api_errors import APIError, error_body
 from .bodies import read_body
@@ -102,10 +102,10 @@ class Prompted:
     choices: list[ChoiceSpec]
 
 
-def build_app(engine: Engine, loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings):
+def build_app(llm: LLM, loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings):
     """The ASGI app: the routes, the API key's guard, and errors in OpenAI's shape."""
-    api = CompletionsAPI(engine, loop, metrics, settings)
-    rounds = RoundsPage(engine, loop, loop.feed, settings)
+    api = CompletionsAPI(llm, loop, metrics, settings)
+    rounds = RoundsPage(llm, loop, loop.feed, settings)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -208,8 +208,8 @@ def param_of(refusal: str) -> str | None:
 class CompletionsAPI:
     """The routes' handlers, sharing the engine's thread, the metrics and the settings."""
 
-    def __init__(self, engine: Engine, loop: EngineLoop, metrics, settings: ServerSettings):
-        self.engine = engine
+    def __init__(self, llm: LLM, loop: EngineLoop, metrics, settings: ServerSettings):
+        self.llm = llm
         self.loop = loop
         self.metrics = metrics
         self.settings = settings
@@ -264,7 +264,7 @@ class CompletionsAPI:
     def prompted(self, body: CompletionRequest) -> Prompted:
         """Each prompt's ids and SamplingParams, checked against the model; n choices each."""
         prompts = prompts_of(body)
-        n_positions = self.engine.model.config.n_positions
+        n_positions = self.llm.model.config.n_positions
         prompted = Prompted(texts=[], ids=[], choices=[])
         for number, prompt in enumerate(prompts):
             if len(prompts) > 1:
@@ -272,12 +272,12 @@ class CompletionsAPI:
             else:
                 where = ""
             try:
-                ids = self.engine.prompt_ids(prompt)
+                ids = self.llm.prompt_ids(prompt)
             except (RequestError, InputError) as exc:
                 raise APIError(400, f"{where}{exc}", param="prompt") from None
             params = sampling_params(sampling_fields(body, len(ids), n_positions))
             try:
-                self.engine.check_params(params)
+                self.llm.check_params(params)
             except (RequestError, InputError) as exc:
                 raise APIError(400, str(exc), param=param_of(str(exc))) from None
             prompted.texts.append(self.prompt_text(prompt))
@@ -290,7 +290,7 @@ class CompletionsAPI:
         """The prompt as text (for echo): as given, or its ids decoded."""
         if isinstance(prompt, str):
             return prompt
-        tokenizer = self.engine.tokenizer
+        tokenizer = self.llm.tokenizer
         if tokenizer is None:
             return ""
         return tokenizer.decode(prompt)
@@ -317,14 +317,14 @@ class CompletionsAPI:
         """The whole completion; a choice that failed makes it an error (500, or 503 when
         the server shut down before it finished)."""
         for final in finals:
-            if final.finish_reason in ("error", "abort"):
+            if final.output.finish_reason in ("error", "abort"):
                 raise choice_failure(final)
         choices = []
         for final in finals:
             prompt = final.choice // body.n
             text = prompted.texts[prompt]
             ids = prompted.ids[prompt]
-            choices.append(choice_body(final, text, ids, body.echo, self.engine.tokenizer))
+            choices.append(choice_body(final, text, ids, body.echo, self.llm.tokenizer))
         lengths = [len(ids) for ids in prompted.ids]
         return JSONResponse(completion_body(head, choices, lengths, finals))
 
@@ -359,7 +359,7 @@ class CompletionsAPI:
                     continue
                 assert isinstance(event, Finished)
                 finals[event.choice] = event
-                if event.finish_reason in ("error", "abort"):
+                if event.output.finish_reason in ("error", "abort"):
                     yield sse(choice_failure(event).body())
                     yield DONE
                     return
@@ -377,7 +377,7 @@ class CompletionsAPI:
 
     def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:
         """Each choice's logprobs builder, or None each when logprobs were not asked for."""
-        tokenizer = self.engine.tokenizer
+        tokenizer = self.llm.tokenizer
         if body.logprobs is None:
             return [None] * n_choices
         builders = []
@@ -403,7 +403,7 @@ class CompletionsAPI:
             "owned_by": "minirt",
             "root": self.settings.model_path,
             "parent": None,
-            "max_model_len": self.engine.model.config.n_positions,
+            "max_model_len": self.llm.model.config.n_positions,
         }
         return JSONResponse({"object": "list", "data": [card]})
 
@@ -426,14 +426,14 @@ class CompletionsAPI:
             tokens = tokenizer.encode(body.prompt)
         except RequestError as exc:
             raise APIError(400, str(exc), param="prompt") from None
-        n_positions = self.engine.model.config.n_positions
+        n_positions = self.llm.model.config.n_positions
         return JSONResponse({"count": len(tokens), "max_model_len": n_positions, "tokens": tokens})
 
     async def detokenize(self, request: Request) -> Response:
         body = await self.body_of(request, DetokenizeRequest)
         assert isinstance(body, DetokenizeRequest)
         tokenizer = self.require_tokenizer()
-        vocab_size = self.engine.model.config.vocab_size
+        vocab_size = self.llm.model.config.vocab_size
         for token in body.tokens:
             if not 0 <= token < vocab_size:
                 message = f"token id {token} is outside the vocabulary [0, {vocab_size})"
@@ -441,15 +441,15 @@ class CompletionsAPI:
         return JSONResponse({"prompt": tokenizer.decode(body.tokens)})
 
     def require_tokenizer(self):
-        if self.engine.tokenizer is None:
+        if self.llm.tokenizer is None:
             raise APIError(400, "this model has no tokenizer; send token ids")
-        return self.engine.tokenizer
+        return self.llm.tokenizer
 
 
 def choice_failure(final: Finished) -> APIError:
     """The error a failed or aborted choice is answered with."""
-    if final.finish_reason == "abort":
-        message = final.error or "the completion was aborted"
+    if final.output.finish_reason == "abort":
+        message = final.output.error or "the completion was aborted"
         return APIError(503, f"choice {final.choice}: {message}", code="aborted")
-    message = final.error or "it failed"
+    message = final.output.error or "it failed"
     return APIError(500, f"choice {final.choice} failed: {message}", code="request_failed")

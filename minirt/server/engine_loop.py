@@ -60,8 +60,10 @@ import traceback
 from dataclasses import dataclass
 
 from ..engine.engine import Engine, StepOutput
+from ..engine.output import RequestOutput
 from ..engine.params import SamplingParams
-from ..engine.request import Request, unshown_text
+from ..engine.request import Request, fail_request, unshown_text
+from ..request_maker import RequestMaker
 from .metrics import ServerMetrics
 from .round_feed import RoundFeed
 
@@ -127,24 +129,13 @@ class Token:
 
 @dataclass(frozen=True)
 class Finished:
-    """One choice's final record."""
+    """One choice's final record: its `RequestOutput` (minirt/engine/output.py, as the offline
+    API returns it), and what was left of its text to stream (the held-back tail, when the
+    choice stopped)."""
 
     choice: int
-    finish_reason: str
-    error: str | None
-    text: str
-    # What was left of the text to stream (the held-back tail, when the choice stopped).
+    output: RequestOutput
     unshown_text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...] | None
-    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None
-    prompt_logprobs: tuple[float | None, ...] | None
-    group: int | None
-    first_round: int | None
-    finish_round: int | None
-    rounds_waited: int | None
-    # Prompt tokens copied from the prefix cache.
-    cached_prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -176,36 +167,10 @@ def budget_refusal(reason: str) -> Refused:
     return Refused(400, reason.replace("max_new_tokens", "max_tokens"), param="max_tokens")
 
 
-def finished_event(request: Request, choice: int, error: str | None = None) -> Finished:
-    """The final event of a request, its values copied."""
-    if request.want_logprobs:
-        logprobs = tuple(request.logprobs)
-    else:
-        logprobs = None
-    if request.params.logprobs:
-        top = tuple(tuple(step) for step in request.top_logprobs)
-    else:
-        top = None
-    if request.prompt_logprobs is None:
-        prompt_logprobs = None
-    else:
-        prompt_logprobs = tuple(request.prompt_logprobs)
-    return Finished(
-        choice=choice,
-        finish_reason=request.finish_reason or "error",
-        error=error or request.error,
-        text=request.text or "",
-        unshown_text=unshown_text(request),
-        token_ids=tuple(request.token_ids),
-        logprobs=logprobs,
-        top_logprobs=top,
-        prompt_logprobs=prompt_logprobs,
-        group=request.group,
-        first_round=request.first_round,
-        finish_round=request.finish_round,
-        rounds_waited=request.rounds_waited,
-        cached_prompt_tokens=request.cached_prompt_tokens,
-    )
+def finished_event(request: Request, choice: int) -> Finished:
+    """The final event of a finished request: its output (copies of its values, never the
+    Request), as the offline API makes it."""
+    return Finished(choice, RequestOutput.from_request(request), unshown_text(request))
 
 
 def token_event(request: Request, choice: int) -> Token:
@@ -233,17 +198,17 @@ class EngineLoop:
     def __init__(
         self,
         engine: Engine,
+        request_maker: RequestMaker,
         metrics: ServerMetrics,
         max_queue: int,
-        run_seed: int = 0,
         feed: RoundFeed | None = None,
         round_delay_s: float = 0.0,
         batch_window_s: float = 0.0,
     ):
         self.engine = engine
+        self.request_maker = request_maker
         self.metrics = metrics
         self.max_queue = max_queue
-        self.run_seed = run_seed
         if feed is None:
             feed = RoundFeed()
         self.feed = feed
@@ -343,7 +308,8 @@ class EngineLoop:
         starts a new run (whatever a half-done iteration left in it is dropped)."""
         message = f"the server failed ({type(exc).__name__}: {exc}); retry it"
         for request, (completion, choice) in self.tracked.items():
-            self.send(completion, finished_event(request, choice, error=message))
+            fail_request(request, message)
+            self.send(completion, finished_event(request, choice))
         self.tracked.clear()
         self.engine.reset_run()
 
@@ -442,12 +408,11 @@ class EngineLoop:
 
     def make_request(self, completion: Completion, spec: ChoiceSpec) -> Request:
         self.requests_made += 1
-        return self.engine.make_request(
+        return self.request_maker.make(
             self.requests_made,
             list(spec.prompt_ids),
             spec.params,
             request_id=completion.id,
-            run_seed=self.run_seed,
             sample=spec.sample,
         )
 
@@ -486,11 +451,10 @@ class EngineLoop:
                 continue
             completion, choice = entry
             if request.finish_reason == "abort" and not self.accepting:
-                error = SHUTDOWN_ABORT
-            else:
-                error = None
+                # Aborted by the shutdown's deadline: the client is told so.
+                request.error = SHUTDOWN_ABORT
             self.metrics.finished(request, now - completion.received_s)
-            self.send(completion, finished_event(request, choice, error=error))
+            self.send(completion, finished_event(request, choice))
 
     def abort_past_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() >= self.deadline:

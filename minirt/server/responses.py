@@ -100,13 +100,14 @@ class Logprobs:
 def batching_fields(final: Finished) -> dict:
     """minirt's own per-choice fields: where the choice ran, in rounds, and the token ids it
     produced (an EOS or stop token included)."""
+    output = final.output
     return {
-        "group": final.group,
-        "first_round": final.first_round,
-        "finish_round": final.finish_round,
-        "rounds_waited": final.rounds_waited,
-        "cached_prompt_tokens": final.cached_prompt_tokens,
-        "token_ids": list(final.token_ids),
+        "group": output.group,
+        "first_round": output.first_round,
+        "finish_round": output.finish_round,
+        "rounds_waited": output.rounds_waited,
+        "cached_prompt_tokens": output.cached_prompt_tokens,
+        "token_ids": list(output.token_ids),
     }
 
 
@@ -116,12 +117,12 @@ def usage(prompt_lengths: list[int], finals: list[Finished]) -> dict:
     OpenAI reports it: per prompt, the fewest that any of its n choices took from the cache
     (choice i is prompt i // n's)."""
     prompt_tokens = sum(prompt_lengths)
-    completion_tokens = sum(len(final.token_ids) for final in finals)
+    completion_tokens = sum(len(final.output.token_ids) for final in finals)
     n = max(1, len(finals) // max(1, len(prompt_lengths)))
     cached_per_prompt: dict[int, int] = {}
     for final in finals:
         prompt = final.choice // n
-        cached = final.cached_prompt_tokens
+        cached = final.output.cached_prompt_tokens
         cached_per_prompt[prompt] = min(cached, cached_per_prompt.get(prompt, cached))
     return {
         "prompt_tokens": prompt_tokens,
@@ -153,7 +154,7 @@ def finish_chunk(head: dict, final: Finished) -> dict:
         "index": final.choice,
         "text": final.unshown_text,
         "logprobs": None,
-        "finish_reason": final.finish_reason,
+        "finish_reason": final.output.finish_reason,
         "minirt": batching_fields(final),
     }
     return {**head, "choices": [choice]}
@@ -165,32 +166,35 @@ def usage_chunk(head: dict, prompt_lengths: list[int], finals: list[Finished]) -
 
 def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, tokenizer) -> dict:
     """One choice of a whole completion."""
+    output = final.output
+    # None only for a model without a tokenizer, whose choices have no text.
+    completion_text = output.text or ""
     if echo:
-        text = prompt_text + final.text
+        text = prompt_text + completion_text
     else:
-        text = final.text
-    if final.logprobs is None:
+        text = completion_text
+    if output.logprobs is None:
         logprobs = None
     else:
         built = Logprobs(tokenizer, 0)
         if echo:
-            assert final.prompt_logprobs is not None  # asked for with echo and logprobs
-            built.add_prompt(prompt_ids, final.prompt_logprobs)
+            assert output.prompt_logprobs is not None  # asked for with echo and logprobs
+            built.add_prompt(prompt_ids, output.prompt_logprobs)
             # The completion's offsets follow the prompt's text, decoded afresh.
             built.offset = len(prompt_text)
             built.decoder = None if tokenizer is None else tokenizer.stream()
-        for k, token_id in enumerate(final.token_ids):
-            if final.top_logprobs is None:
+        for k, token_id in enumerate(output.token_ids):
+            if output.top_logprobs is None:
                 top = None
             else:
-                top = final.top_logprobs[k]
-            built.add(token_id, final.logprobs[k], top)
+                top = output.top_logprobs[k]
+            built.add(token_id, output.logprobs[k], top)
         logprobs = built.body()
     return {
         "index": final.choice,
         "text": text,
         "logprobs": logprobs,
-        "finish_reason": final.finish_reason,
+        "finish_reason": output.finish_reason,
         "minirt": batching_fields(final),
     }
 

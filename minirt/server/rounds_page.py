@@ -31,7 +31,7 @@ from importlib import resources
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from ..engine.engine import Engine
+from ..llm import LLM
 from ..engine.params import SamplingParams
 from .api_errors import APIError
 from .bodies import read_body
@@ -56,8 +56,8 @@ def page_html() -> str:
 class RoundsPage:
     """The page's handlers, sharing the engine's thread, its feed and the server's facts."""
 
-    def __init__(self, engine: Engine, loop: EngineLoop, feed: RoundFeed, settings):
-        self.engine = engine
+    def __init__(self, llm: LLM, loop: EngineLoop, feed: RoundFeed, settings):
+        self.llm = llm
         self.loop = loop
         self.feed = feed
         self.settings = settings
@@ -67,12 +67,12 @@ class RoundsPage:
         """What the page says beside the grid, and how many lines it draws."""
         return {
             "model": self.settings.model_name,
-            "policy": self.engine.policy,
-            "batch_size": self.engine.batch_size,
-            "kv_budget_positions": self.engine.kv_budget_positions,
-            "max_round_tokens": self.engine.round_token_budget,
-            "chunked_prefill": self.engine.chunked_prefill,
-            "prefix_cache": self.engine.prefix_cache is not None,
+            "policy": self.llm.engine.policy,
+            "batch_size": self.llm.engine.batch_size,
+            "kv_budget_positions": self.llm.engine.kv_budget_positions,
+            "max_round_tokens": self.llm.engine.round_token_budget,
+            "chunked_prefill": self.llm.engine.chunked_prefill,
+            "prefix_cache": self.llm.engine.prefix_cache is not None,
             "round_delay_ms": round(1000 * self.loop.round_delay_s, 3),
             "batch_window_ms": round(1000 * self.loop.batch_window_s, 3),
             "api_key_required": self.settings.api_key is not None,
@@ -116,7 +116,7 @@ class RoundsPage:
         assert isinstance(body, ExerciseRequest)
         lengths = self.checked_lengths(body.lengths)
         # The empty prompt: the beginning-of-text token alone, as in `minirt rounds`' lesson.
-        prompt_ids = tuple(self.engine.prompt_ids([]))
+        prompt_ids = tuple(self.llm.prompt_ids([]))
         completions = []
         for length in lengths:
             params = SamplingParams(max_new_tokens=length, ignore_eos=True)
@@ -128,7 +128,7 @@ class RoundsPage:
             if isinstance(answer, Refused):
                 raise APIError(answer.status, answer.message, param=answer.param)
         ids = [completion.id for completion in completions]
-        facts = {"policy": self.engine.policy, "batch_size": self.engine.batch_size}
+        facts = {"policy": self.llm.engine.policy, "batch_size": self.llm.engine.batch_size}
         return JSONResponse({"ids": ids, "lengths": lengths, **facts})
 
     def checked_lengths(self, lengths: list[int]) -> list[int]:
@@ -141,7 +141,7 @@ class RoundsPage:
                 message += " (the server queues at most --max-queue requests)"
             raise APIError(400, message, param="lengths")
         # The prompt takes one position of the model's context.
-        longest = min(MAX_EXERCISE_LENGTH, self.engine.model.config.n_positions - 1)
+        longest = min(MAX_EXERCISE_LENGTH, self.llm.model.config.n_positions - 1)
         for length in lengths:
             if not 1 <= length <= longest:
                 message = f"every length must be from 1 to {longest} tokens, got {length}"

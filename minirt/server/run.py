@@ -22,7 +22,7 @@ import threading
 
 import uvicorn
 
-from ..engine.engine import Engine
+from ..llm import LLM
 from ..errors import MinirtError
 from .app import ServerSettings, build_app
 from .engine_loop import EngineLoop
@@ -98,12 +98,11 @@ class MinirtServer(uvicorn.Server):
 
 
 def serve_forever(
-    engine: Engine,
+    llm: LLM,
     sock: socket.socket,
     settings: ServerSettings,
     max_queue: int,
     shutdown_timeout_s: float,
-    run_seed: int,
     describe: str,
     round_delay_s: float = 0.0,
     batch_window_s: float = 0.0,
@@ -111,15 +110,15 @@ def serve_forever(
     """Serve on `sock` until a signal stops the server."""
     metrics = ServerMetrics(settings.model_name)
     loop = EngineLoop(
-        engine,
+        llm.engine,
+        llm.request_maker,
         metrics,
         max_queue=max_queue,
-        run_seed=run_seed,
         feed=RoundFeed(),
         round_delay_s=round_delay_s,
         batch_window_s=batch_window_s,
     )
-    app = build_app(engine, loop, metrics, settings)
+    app = build_app(llm, loop, metrics, settings)
     config = uvicorn.Config(
         app,
         log_level="warning",

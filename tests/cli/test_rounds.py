@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model, serve_all
+from conftest import make_request, random_model, serve_all
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine.engine import Engine
 from minirt.errors import MinirtError
@@ -175,8 +175,8 @@ def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, dat
     for policy in ("static", "continuous"):
         engine = Engine(model, None, batch_size=rows, policy=policy, round_token_budget=12)
         requests = [
-            engine.make_request(
-                i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True)
+            make_request(
+                engine, i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True)
             )
             for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
         ]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, random_model, serve_all
+from conftest import ROOT, make_request, random_model, serve_all
 from round_costs import forward_without_syncs
 from strict_cupy import StrictCuPy, strict_backend
 
@@ -48,7 +48,7 @@ def served(model, prompts, params, **engine_settings):
     one SamplingParams per prompt."""
     engine = Engine(model, None, **engine_settings)
     pairs = enumerate(zip(prompts, params, strict=True))
-    requests = [engine.make_request(i, prompt, settings) for i, (prompt, settings) in pairs]
+    requests = [make_request(engine, i, prompt, settings) for i, (prompt, settings) in pairs]
     serve_all(engine, requests)
     return requests
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import random_model
+from conftest import make_request, random_model
 from round_costs import blocks_counted, forward_without_syncs, round_costs
 from strict_cupy import StrictCuPy, strict_backend
 
@@ -135,7 +135,7 @@ def test_each_round_uploads_once_downloads_once_and_never_syncs_in_forward(
     model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2)
     engine = Engine(model, None, batch_size=3, policy=policy)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11], [12]]
-    requests = [engine.make_request(i, p, PARAMS[kind]) for i, p in enumerate(prompts)]
+    requests = [make_request(engine, i, p, PARAMS[kind]) for i, p in enumerate(prompts)]
     costs = round_costs(stand_in, engine, requests, monkeypatch)
     assert len(costs) > 5
     for cost in costs:
@@ -157,7 +157,7 @@ def test_chunked_and_cached_prefills_upload_once_and_a_round_that_gives_no_token
     )
     shared = list(range(1, 18))
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [4], shared + [20], shared + [21, 22]]
-    requests = [engine.make_request(i, p, PARAMS[kind]) for i, p in enumerate(prompts)]
+    requests = [make_request(engine, i, p, PARAMS[kind]) for i, p in enumerate(prompts)]
     costs = round_costs(stand_in, engine, requests, monkeypatch)
     assert costs[0].new_tokens == 0 and costs[0].counts.downloads == 0
     for cost in costs:
@@ -174,7 +174,7 @@ def test_prompt_logprobs_cost_one_upload_and_one_download_per_prompt_scored(monk
     model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2)
     engine = Engine(model, None, batch_size=3)
     params = SamplingParams(max_new_tokens=3, prompt_logprobs=True, ignore_eos=True)
-    requests = [engine.make_request(i, p, params) for i, p in enumerate([[1, 2], [3], [4, 5]])]
+    requests = [make_request(engine, i, p, params) for i, p in enumerate([[1, 2], [3], [4, 5]])]
     costs = round_costs(stand_in, engine, requests, monkeypatch)
     first = costs[0].counts
     assert (first.uploads, first.downloads) == (1 + 3, 1 + 3)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, FIXTURE_NAMES, load_expected, random_model, serve_all
+from conftest import FIXTURES, FIXTURE_NAMES, load_expected, make_request, random_model, serve_all
 from minirt import LLM, SamplingParams
 from minirt.engine.engine import Engine
 from minirt.llm import run_steps
@@ -21,7 +21,7 @@ def serve(engine, prompts, params, run_seed=0, logprobs=False):
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
     requests = [
-        engine.make_request(i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
+        make_request(engine, i, p, sp, run_seed=run_seed, want_logprobs=logprobs)
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
     stats = serve_all(engine, requests)
@@ -112,13 +112,13 @@ def test_a_requests_tokens_do_not_depend_on_its_batch(model, prompts, data):
     params = [data.draw(params_strategy) for _ in prompts]
     alone = {}
     for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
-        request = engine_for(model, 1).make_request(i, prompt, sp, run_seed=3)
+        request = make_request(engine_for(model, 1), i, prompt, sp, run_seed=3)
         serve_all(engine_for(model, 1), [request])
         alone[i] = request.token_ids
     for batch_size in (2, 3, 7):
         order = data.draw(st.permutations(range(len(prompts))))
         engine = engine_for(model, batch_size)
-        requests = [engine.make_request(i, prompts[i], params[i], run_seed=3) for i in order]
+        requests = [make_request(engine, i, prompts[i], params[i], run_seed=3) for i in order]
         serve_all(engine, requests)
         for request in requests:
             assert request.token_ids == alone[request.index], (batch_size, request.index)
@@ -208,11 +208,15 @@ def test_a_bad_request_gets_its_own_error_and_peers_are_unchanged(model):
 
 
 def test_empty_prompt_starts_from_bos(model):
-    engine = engine_for(model, 2)
-    engine.bos_token_id = 7
-    empty, _ = serve(engine, [[]], SamplingParams(max_new_tokens=4, ignore_eos=True))
-    explicit, _ = serve(engine, [[7]], SamplingParams(max_new_tokens=4, ignore_eos=True))
-    assert empty[0].prompt_ids == [7] and empty[0].token_ids == explicit[0].token_ids
+    from minirt.request_maker import RequestMaker
+
+    c = model.config
+    maker = RequestMaker(None, c.vocab_size, c.n_positions, bos_token_id=7)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    empty, explicit = maker.make(0, [], params), maker.make(0, [7], params)
+    serve_all(engine_for(model, 2), [empty])
+    serve_all(engine_for(model, 2), [explicit])
+    assert empty.prompt_ids == [7] and empty.token_ids == explicit.token_ids
 
 
 def test_kv_budget_limits_the_group_and_refuses_what_can_never_fit(model):
@@ -321,7 +325,7 @@ def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
         lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity),
     )
     sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
-    requests = [engine.make_request(i, [1, 2, 3], sp) for i in range(5)]
+    requests = [make_request(engine, i, [1, 2, 3], sp) for i in range(5)]
     stats = serve_all(engine, requests)
     assert sizes == [(2, 6)] and all(len(r.token_ids) == 4 for r in requests)
     assert max(stats.active_rows_per_round) == 2
@@ -382,7 +386,7 @@ def test_submit_only_queues(model, policy):
 
     scheduler = SCHEDULERS[policy](4, 12, model.config.n_positions, 3)
     fits, too_big = (
-        Engine(model, None).make_request(i, p, SamplingParams(max_new_tokens=n))
+        make_request(Engine(model, None), i, p, SamplingParams(max_new_tokens=n))
         for i, (p, n) in enumerate([([1, 2], 3), ([1, 2, 3], 20)])
     )
     assert scheduler.refusal(fits) is None and "KV cache positions" in scheduler.refusal(too_big)
@@ -401,13 +405,13 @@ def test_the_continuous_pool_grows_for_a_longer_request_that_comes_later(model):
     scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
     engine = Engine(model, None)
     # Needs 4 positions: its prompt of 2, and 3 new tokens but the last.
-    first = engine.make_request(0, [1, 2], SamplingParams(max_new_tokens=3))
+    first = make_request(engine, 0, [1, 2], SamplingParams(max_new_tokens=3))
     scheduler.submit(first)
     # One request waits: one row, as long as its need.
     assert scheduler.plan(1).kv_shape == KVShape(rows=1, capacity=4)
     scheduler.complete(_plan_done(scheduler, 1))
     # Needs 11: within the budget, so it is not refused, though the pool's rows hold 4.
-    later = engine.make_request(1, [1, 2, 3], SamplingParams(max_new_tokens=9))
+    later = make_request(engine, 1, [1, 2, 3], SamplingParams(max_new_tokens=9))
     assert scheduler.refusal(later) is None
     scheduler.submit(later)
     plan = scheduler.plan(2)
@@ -426,7 +430,7 @@ def _plan_done(scheduler, round_number):
 def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(model):
     engine = engine_for(model, 2)
     requests = [
-        engine.make_request(i, [1 + i, 2], SamplingParams(max_new_tokens=6, ignore_eos=True))
+        make_request(engine, i, [1 + i, 2], SamplingParams(max_new_tokens=6, ignore_eos=True))
         for i in range(2)
     ]
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model, serve_all
+from conftest import make_request, random_model, serve_all
 from minirt.engine.engine import Engine
 from minirt.engine.params import SamplingParams
 from minirt.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
@@ -38,7 +38,7 @@ def params(max_new: int, seed: int | None = None) -> SamplingParams:
 def alone(prompt_ids, sampling: SamplingParams):
     """The request served by itself: no cache, no chunking, its own group."""
     engine = Engine(MODEL, None, batch_size=1, prefix_cache=False, chunked_prefill=False)
-    request = engine.make_request(0, prompt_ids, sampling)
+    request = make_request(engine, 0, prompt_ids, sampling)
     serve_all(engine, [request])
     assert request.error is None
     return request.token_ids, request.logprobs
@@ -153,7 +153,7 @@ def test_two_requests_with_one_prefix_the_second_copies_it_and_gets_the_same_tok
     first = prefix + prompt(9, 5)
     second = prefix + prompt(10, 7)
     engine = Engine(MODEL, None, batch_size=2, policy="continuous", prefix_cache=True)
-    requests = [engine.make_request(i, p, params(6)) for i, p in enumerate([first, second])]
+    requests = [make_request(engine, i, p, params(6)) for i, p in enumerate([first, second])]
     serve_all(engine, requests[:1])
     stats = serve_all(engine, requests[1:])
     # The cache outlives a run: the second run's request finds the first's three full blocks.
@@ -174,9 +174,9 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
         MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
     )
     made = [
-        engine.make_request(0, prefix, params(4)),
-        engine.make_request(1, prompt(12, 60), params(4)),
-        engine.make_request(2, late, params(4)),
+        make_request(engine, 0, prefix, params(4)),
+        make_request(engine, 1, prompt(12, 60), params(4)),
+        make_request(engine, 2, late, params(4)),
     ]
     serve_all(engine, made)
     assert [r.cached_prompt_tokens for r in made] == [0, 0, 0]
@@ -185,7 +185,7 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
     engine = Engine(
         MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
     )
-    made = [engine.make_request(0, prefix, params(4)), engine.make_request(2, late, params(4))]
+    made = [make_request(engine, 0, prefix, params(4)), make_request(engine, 2, late, params(4))]
     serve_all(engine, made)
     assert [r.cached_prompt_tokens for r in made] == [0, B]
     assert made[1].token_ids == alone(late, params(4))[0]
@@ -196,7 +196,7 @@ def test_the_cache_never_holds_more_than_the_budget_leaves_beside_the_kv_cache()
         MODEL, None, batch_size=2, kv_budget_tokens=200, policy="continuous", prefix_cache=True
     )
     prompts = [prompt(20 + i, 30 + 17 * i) for i in range(5)]
-    made = [engine.make_request(i, p, params(5)) for i, p in enumerate(prompts)]
+    made = [make_request(engine, i, p, params(5)) for i, p in enumerate(prompts)]
     for request in made:
         engine.add_request(request)
     while engine.has_unfinished():
@@ -213,8 +213,8 @@ def test_chunked_prefill_feeds_decode_rows_first_and_gives_the_first_token_when_
     engine = Engine(
         MODEL, None, batch_size=2, policy="continuous", round_token_budget=8, prefix_cache=False
     )
-    short = engine.make_request(0, prompt(30, 3), params(10))
-    long = engine.make_request(1, prompt(31, 20), params(2))
+    short = make_request(engine, 0, prompt(30, 3), params(10))
+    long = make_request(engine, 1, prompt(31, 20), params(2))
     engine.add_request(short)
     engine.add_request(long)
     fed = []
@@ -284,7 +284,8 @@ def test_neither_the_cache_nor_chunking_nor_arrival_changes_a_requests_tokens(
         chunked_prefill=chunked,
     )
     made = [
-        engine.make_request(i, ids, params(n, seed)) for i, (ids, n, seed, _) in enumerate(workload)
+        make_request(engine, i, ids, params(n, seed))
+        for i, (ids, n, seed, _) in enumerate(workload)
     ]
     arrivals = sorted(range(len(made)), key=lambda i: workload[i][3])
     step = 0
@@ -313,7 +314,7 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
     assert engine.prefix_cache is None
     for enabled, expected in ((True, [0, 2 * B]), (False, [0, 0])):
         engine = Engine(MODEL, None, batch_size=1, policy=policy, prefix_cache=enabled)
-        made = [engine.make_request(i, prefix + [i + 1], params(3)) for i in range(2)]
+        made = [make_request(engine, i, prefix + [i + 1], params(3)) for i in range(2)]
         serve_all(engine, made)
         outputs = [RequestOutput.from_request(r) for r in made]
         assert [o.cached_prompt_tokens for o in outputs] == expected
@@ -325,9 +326,9 @@ def test_continuous_batching_waits_for_a_prefix_in_flight_rather_than_computing_
     engine = Engine(
         MODEL, None, batch_size=4, policy="continuous", round_token_budget=20, prefix_cache=True
     )
-    first = engine.make_request(0, prefix + [1], params(3))
-    second = engine.make_request(1, prefix + [2], params(3))
-    other = engine.make_request(2, prompt(51, 10), params(3))
+    first = make_request(engine, 0, prefix + [1], params(3))
+    second = make_request(engine, 1, prefix + [2], params(3))
+    other = make_request(engine, 2, prompt(51, 10), params(3))
     serve_all(engine, [first, second, other])
     # By hand, 20 tokens a round: round 1 feeds 20 of the first's 36; the second shares two blocks with it and
     # waits, and nothing is left for the third.  Round 2 ends the first prompt (16) and starts the third (4).
@@ -358,9 +359,9 @@ def test_the_budget_holds_at_the_moment_a_kv_cache_is_allocated(policy, monkeypa
 
     monkeypatch.setattr(engine.model, "new_kv_cache", checked)
     prefix = prompt(60, 2 * B + 8)
-    serve_all(engine, [engine.make_request(0, prefix, params(4))])
+    serve_all(engine, [make_request(engine, 0, prefix, params(4))])
     made = [
-        engine.make_request(i, prefix[: 2 * B] + prompt(61 + i, 5), params(4)) for i in range(4)
+        make_request(engine, i, prefix[: 2 * B] + prompt(61 + i, 5), params(4)) for i in range(4)
     ]
     serve_all(engine, made)
     # The first run left two blocks; before the 4 x 40 positions of the second run's KV cache are allocated, the
@@ -389,7 +390,7 @@ def test_prompts_that_end_in_one_round_enter_the_cache_in_slot_order():
         prefix_cache=True,
     )
     made = [
-        engine.make_request(i, p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        make_request(engine, i, p, SamplingParams(max_new_tokens=n, ignore_eos=True))
         for i, (p, n) in enumerate(zip(prompts, [1, 2, 1, 1], strict=True))
     ]
     serve_all(engine, made)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, random_model
+from conftest import ROOT, make_request, random_model
 from minirt.engine.engine import Engine
 from minirt.engine.params import SamplingParams
 from minirt.engine.round_record import WAITING_SHOWN, RoundRecord
@@ -33,7 +33,7 @@ def run_records(model, lengths, policy, batch_size, prompt_lens=None):
         prompt_len = 1 if prompt_lens is None else prompt_lens[index]
         prompt = [(index + k) % 50 for k in range(prompt_len)]
         params = SamplingParams(max_new_tokens=length, ignore_eos=True)
-        request = engine.make_request(index, prompt, params, request_id=f"req-{index}")
+        request = make_request(engine, index, prompt, params, request_id=f"req-{index}")
         engine.add_request(request)
         requests.append(request)
     records: list[RoundRecord] = []
@@ -159,7 +159,7 @@ def test_every_round_record_holds_the_invariants_of_a_round(
 def test_an_abort_that_no_round_follows_still_has_its_record(model, policy):
     engine = Engine(model, None, batch_size=2, policy=policy)
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    running = engine.make_request(0, [1, 2, 3], params, request_id="running")
+    running = make_request(engine, 0, [1, 2, 3], params, request_id="running")
     engine.add_request(running)
     first = engine.step().round_record
     assert first is not None and first.ran_round and first.cells[0].state == "active"
@@ -184,10 +184,10 @@ def test_a_chunk_round_that_gives_no_token_is_marked_prefill(model):
     engine = Engine(
         model, None, batch_size=2, policy="continuous", round_token_budget=6, prefix_cache=False
     )
-    long = engine.make_request(
-        0, list(range(1, 15)), SamplingParams(max_new_tokens=2, ignore_eos=True)
+    long = make_request(
+        engine, 0, list(range(1, 15)), SamplingParams(max_new_tokens=2, ignore_eos=True)
     )
-    short = engine.make_request(1, [3, 4], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    short = make_request(engine, 1, [3, 4], SamplingParams(max_new_tokens=2, ignore_eos=True))
     engine.add_request(long)
     engine.add_request(short)
     states = {}

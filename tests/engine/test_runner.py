@@ -3,7 +3,7 @@ feeds the model, row by row."""
 
 import numpy as np
 
-from conftest import random_model
+from conftest import make_request, random_model
 from minirt import SamplingParams
 from minirt.engine.engine import Engine
 
@@ -27,7 +27,7 @@ def test_each_rounds_rows_go_in_slot_order_after_a_freed_slot_is_reused(monkeypa
     monkeypatch.setattr(model, "forward", spy)
     lengths = (1, 3, 2)
     made = [
-        engine.make_request(i, [10 + i, 20 + i], SamplingParams(max_new_tokens=n, ignore_eos=True))
+        make_request(engine, i, [10 + i, 20 + i], SamplingParams(max_new_tokens=n, ignore_eos=True))
         for i, n in enumerate(lengths)
     ]
     for request in made:

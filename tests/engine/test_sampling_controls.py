@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import random_model, reference_available, serve_all
+from conftest import make_request, random_model, reference_available, serve_all
 from minirt.engine.engine import Engine
 from minirt.errors import RequestError
 from minirt.engine.params import SamplingParams
@@ -104,7 +104,8 @@ def test_json_keys_are_token_ids_and_bad_values_are_refused():
 
 def serve(engine, prompts, params):
     requests = [
-        engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        make_request(engine, i, p, sp)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
     serve_all(engine, requests)
     return [r.token_ids for r in requests]
@@ -169,7 +170,7 @@ def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, po
 def served(engine, prompts, params):
     """Every request, a prompt's n samples one after another, after serving them together."""
     requests = [
-        engine.make_request(i, p, sp, sample=k)
+        make_request(engine, i, p, sp, sample=k)
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
         for k in range(sp.n)
     ]
@@ -540,10 +541,9 @@ def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
 
     engine = Engine(model, None, batch_size=2)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 6, 3, 1)]
-    requests = [engine.make_request(i, [1 + i], sp) for i, sp in enumerate(params)]
-    requests.append(
-        engine.make_request(4, [5], SamplingParams(), error="a bad line")
-    )  # refused, never runs
+    requests = [make_request(engine, i, [1 + i], sp) for i, sp in enumerate(params)]
+    # Refused (a token outside the vocabulary), so it never runs.
+    requests.append(make_request(engine, 4, [10**6], SamplingParams()))
     stats = serve_all(engine, requests)
     served, refused = requests[:4], requests[4]
     assert all(

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minirt.llm import run_steps
-from conftest import random_model, serve_all
+from minirt.request_maker import RequestMaker
+from conftest import make_request, random_model, serve_all
 from minirt import LLM, SamplingParams
 from minirt.engine.engine import Engine
 from minirt.engine.request import Status
@@ -35,7 +36,7 @@ def greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
 def solo(model, prompt, params, index=0):
     """The request served alone, in a batch of one."""
     engine = Engine(model, None, batch_size=1)
-    request = engine.make_request(index, prompt, params)
+    request = make_request(engine, index, prompt, params)
     serve_all(engine, [request])
     return request.token_ids
 
@@ -56,8 +57,8 @@ def run_to_end(engine):
 
 def test_a_step_is_one_round_and_says_what_it_produced(model):
     engine = Engine(model, None, batch_size=4, policy="continuous")
-    short = engine.make_request(0, [1, 2, 3], greedy(2))
-    long = engine.make_request(1, [4, 5], greedy(3))
+    short = make_request(engine, 0, [1, 2, 3], greedy(2))
+    long = make_request(engine, 1, [4, 5], greedy(3))
     engine.add_request(short)
     engine.add_request(long)
     first = engine.step()
@@ -80,7 +81,7 @@ def test_a_step_is_one_round_and_says_what_it_produced(model):
 
 def test_a_request_no_round_could_take_is_final_when_added(model):
     engine = Engine(model, None, batch_size=2, kv_budget_tokens=10)
-    too_big = engine.make_request(0, [1, 2, 3], greedy(20))
+    too_big = make_request(engine, 0, [1, 2, 3], greedy(20))
     engine.add_request(too_big)
     assert too_big.finished and too_big.finish_reason == "error"
     assert "over the budget of 10" in too_big.error
@@ -92,11 +93,11 @@ def test_a_request_no_round_could_take_is_final_when_added(model):
 
 def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(model):
     engine = Engine(model, None, batch_size=4, policy="continuous")
-    early = engine.make_request(0, [3, 1, 4], greedy(6))
+    early = make_request(engine, 0, [3, 1, 4], greedy(6))
     engine.add_request(early)
     engine.step()
     engine.step()
-    late = engine.make_request(1, [1, 5, 9, 2], greedy(5))
+    late = make_request(engine, 1, [1, 5, 9, 2], greedy(5))
     engine.add_request(late)
     engine.step()
     assert late.first_round == 3
@@ -110,10 +111,10 @@ def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(mo
 
 def test_a_request_added_mid_run_arrives_when_it_is_added(model):
     engine = Engine(model, None, batch_size=2, policy="continuous")
-    early = engine.make_request(0, [1, 2], greedy(4))
+    early = make_request(engine, 0, [1, 2], greedy(4))
     engine.add_request(early)
     engine.step()
-    late = engine.make_request(1, [3], greedy(2))
+    late = make_request(engine, 1, [3], greedy(2))
     engine.add_request(late)
     run_to_end(engine)
     assert 0 <= early.arrival_s <= early.first_token_s <= late.arrival_s
@@ -122,12 +123,12 @@ def test_a_request_added_mid_run_arrives_when_it_is_added(model):
 
 def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
     engine = Engine(model, None, batch_size=4, policy="static")
-    members = [engine.make_request(i, [i + 1, 2], greedy(2 + 2 * i)) for i in range(2)]
+    members = [make_request(engine, i, [i + 1, 2], greedy(2 + 2 * i)) for i in range(2)]
     for request in members:
         engine.add_request(request)
     engine.step()
     # A row of the group is free from round 3 on, but the group still runs to round 4.
-    late = engine.make_request(2, [7, 7, 7], greedy(3))
+    late = make_request(engine, 2, [7, 7, 7], greedy(3))
     engine.add_request(late)
     outputs = run_to_end(engine)
     group_end = max(r.finish_round for r in members)
@@ -140,11 +141,11 @@ def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
 
 def test_a_longer_request_arriving_after_the_pool_started_is_served(model):
     engine = Engine(model, None, batch_size=3, policy="continuous")
-    first = engine.make_request(0, [1, 2], greedy(2))
+    first = make_request(engine, 0, [1, 2], greedy(2))
     engine.add_request(first)
     engine.step()
     assert engine.kv_cache.capacity == 3  # its prompt of 2 and 2 tokens, but the last
-    longer = engine.make_request(1, [5, 4, 3, 2, 1], greedy(12))
+    longer = make_request(engine, 1, [5, 4, 3, 2, 1], greedy(12))
     engine.add_request(longer)
     assert not longer.finished
     run_to_end(engine)
@@ -159,14 +160,14 @@ def test_a_pool_the_budget_cannot_grow_drains_then_is_made_anew(model):
     it waits too, though it would fit the row that frees first (else a stream of short
     requests could keep the long one waiting for ever)."""
     engine = Engine(model, None, batch_size=2, policy="continuous", kv_budget_tokens=16)
-    a = engine.make_request(0, [1, 2, 3], greedy(2))
-    b = engine.make_request(1, [4, 5, 6], greedy(6))
+    a = make_request(engine, 0, [1, 2, 3], greedy(2))
+    b = make_request(engine, 1, [4, 5, 6], greedy(6))
     engine.add_request(a)
     engine.add_request(b)
     engine.step()
     assert (engine.kv_cache.capacity, len(engine.kv_cache.lengths)) == (8, 2)
-    long = engine.make_request(2, [2] * 6, greedy(7))
-    short = engine.make_request(3, [9], greedy(2))
+    long = make_request(engine, 2, [2] * 6, greedy(7))
+    short = make_request(engine, 3, [9], greedy(2))
     engine.add_request(long)
     engine.add_request(short)
     run_to_end(engine)
@@ -183,8 +184,8 @@ def test_a_pool_the_budget_cannot_grow_drains_then_is_made_anew(model):
 
 def test_a_request_aborted_while_waiting_never_runs(model):
     engine = Engine(model, None, batch_size=1, policy="continuous")
-    running = engine.make_request(0, [1, 2], greedy(3))
-    waiting = engine.make_request(1, [3, 4], greedy(3), request_id="w")
+    running = make_request(engine, 0, [1, 2], greedy(3))
+    waiting = make_request(engine, 1, [3, 4], greedy(3), request_id="w")
     engine.add_request(running)
     engine.add_request(waiting)
     engine.step()
@@ -204,8 +205,8 @@ def test_an_aborted_running_request_frees_its_slot_for_the_next_whose_tokens_equ
     model, params
 ):
     engine = Engine(model, None, batch_size=1, policy="continuous")
-    doomed = engine.make_request(0, [6, 6, 6, 6], greedy(20), request_id="doomed")
-    after = engine.make_request(1, [2, 7, 1], params, request_id="after")
+    doomed = make_request(engine, 0, [6, 6, 6, 6], greedy(20), request_id="doomed")
+    after = make_request(engine, 1, [2, 7, 1], params, request_id="after")
     engine.add_request(doomed)
     engine.add_request(after)
     engine.step()
@@ -225,7 +226,7 @@ def test_an_aborted_running_request_frees_its_slot_for_the_next_whose_tokens_equ
 
 def test_an_aborted_static_member_leaves_the_compute_while_its_group_runs_on(model):
     engine = Engine(model, None, batch_size=3, policy="static")
-    members = [engine.make_request(i, [i + 2, 3], greedy(4), request_id=f"m{i}") for i in range(3)]
+    members = [make_request(engine, i, [i + 2, 3], greedy(4), request_id=f"m{i}") for i in range(3)]
     for request in members:
         engine.add_request(request)
     engine.step()
@@ -241,8 +242,8 @@ def test_an_aborted_static_member_leaves_the_compute_while_its_group_runs_on(mod
 
 def test_a_static_group_whose_members_are_all_aborted_ends_and_the_next_starts(model):
     engine = Engine(model, None, batch_size=2, policy="static")
-    group = [engine.make_request(i, [i + 1], greedy(9), request_id="group") for i in range(2)]
-    nxt = engine.make_request(2, [4, 4], greedy(3), request_id="next")
+    group = [make_request(engine, i, [i + 1], greedy(9), request_id="group") for i in range(2)]
+    nxt = make_request(engine, 2, [4, 4], greedy(3), request_id="next")
     for request in [*group, nxt]:
         engine.add_request(request)
     engine.step()
@@ -261,7 +262,7 @@ def test_abort_ends_every_sample_of_a_prompt(model):
     llm_engine = Engine(model, None, batch_size=4, policy="continuous")
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     samples = [
-        llm_engine.make_request(0, [1, 2], params, request_id="p", sample=k, output_index=k)
+        make_request(llm_engine, 0, [1, 2], params, request_id="p", sample=k, output_index=k)
         for k in range(3)
     ]
     for request in samples:
@@ -298,7 +299,7 @@ def test_whenever_requests_arrive_or_one_is_aborted_the_others_get_their_solo_to
     engine = Engine(model, None, batch_size=batch_size, policy=policy)
     prompts = [[(3 * k + j) % 60 for j in range(1 + k % 3)] for k in range(len(arrivals))]
     requests = [
-        engine.make_request(k, prompts[k], greedy(lengths[k]), request_id=f"r{k}")
+        make_request(engine, k, prompts[k], greedy(lengths[k]), request_id=f"r{k}")
         for k in range(len(arrivals))
     ]
     step = 0
@@ -324,24 +325,25 @@ def test_whenever_requests_arrive_or_one_is_aborted_the_others_get_their_solo_to
 
 def test_an_offline_run_is_refused_while_added_requests_are_unfinished(model):
     engine = Engine(model, None, batch_size=2)
-    engine.add_request(engine.make_request(0, [1], greedy(3)))
+    engine.add_request(make_request(engine, 0, [1], greedy(3)))
     with pytest.raises(RequestError, match="still serving"):
-        serve_all(engine, [engine.make_request(1, [2], greedy(3))])
+        serve_all(engine, [make_request(engine, 1, [2], greedy(3))])
 
 
 def test_llm_generate_equals_a_loop_over_step_by_hand(model):
     llm = LLM.__new__(LLM)  # the engine of an LLM, without a checkpoint on disk
     llm.engine = Engine(model, None, batch_size=2, policy="continuous")
     llm.tokenizer = None
+    llm.request_maker = RequestMaker.for_model(model.config, None)
     llm.defaults = greedy(5)
-    llm.seed = 0
     llm.last_stats = None
     prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
     params = [SamplingParams(max_new_tokens=2 + i, temperature=0.9, seed=i) for i in range(4)]
     outputs = llm.generate(prompts, params)
     engine = Engine(model, None, batch_size=2, policy="continuous")
     by_hand = [
-        engine.make_request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+        make_request(engine, i, p, sp)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
     ]
     for request in by_hand:
         engine.add_request(request)
@@ -356,8 +358,8 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
 
 def test_after_an_offline_run_the_engine_steps_a_new_run(model):
     engine = Engine(model, None, batch_size=2, policy="continuous")
-    stats = serve_all(engine, [engine.make_request(i, [1 + i, 2], greedy(3)) for i in range(2)])
-    late = engine.make_request(2, [5], greedy(2))
+    stats = serve_all(engine, [make_request(engine, i, [1 + i, 2], greedy(3)) for i in range(2)])
+    late = make_request(engine, 2, [5], greedy(2))
     engine.add_request(late)
     run_to_end(engine)
     # A new run: round numbers from 1, and the first run's counts are left as they were.
@@ -368,7 +370,7 @@ def test_after_an_offline_run_the_engine_steps_a_new_run(model):
 
 def test_a_request_is_added_once(model):
     engine = Engine(model, None, batch_size=2)
-    request = engine.make_request(0, [1, 2], greedy(4))
+    request = make_request(engine, 0, [1, 2], greedy(4))
     engine.add_request(request)
     with pytest.raises(RequestError, match="added to a run already"):
         engine.add_request(request)
@@ -380,9 +382,9 @@ def test_a_request_is_added_once(model):
 
 def test_an_offline_run_refused_for_one_request_leaves_the_engine_ready(model):
     engine = Engine(model, None, batch_size=2)
-    served = engine.make_request(0, [1], greedy(2))
+    served = make_request(engine, 0, [1], greedy(2))
     serve_all(engine, [served])
-    fresh = engine.make_request(1, [2], greedy(2))
+    fresh = make_request(engine, 1, [2], greedy(2))
     with pytest.raises(RequestError):
         serve_all(engine, [fresh, served])
     # Nothing of the refused run stays queued: `fresh` was never added, and serves now.
@@ -394,7 +396,7 @@ def test_an_offline_run_refused_for_one_request_leaves_the_engine_ready(model):
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_a_round_that_raises_abandons_the_run_and_the_next_run_is_whole(model, monkeypatch, policy):
     engine = Engine(model, None, batch_size=2, policy=policy)
-    first = [engine.make_request(i, [1 + i, 2], greedy(4)) for i in range(2)]
+    first = [make_request(engine, i, [1 + i, 2], greedy(4)) for i in range(2)]
     for request in first:
         engine.add_request(request)
     engine.step()
@@ -410,7 +412,7 @@ def test_a_round_that_raises_abandons_the_run_and_the_next_run_is_whole(model, m
     assert not engine.has_unfinished() and engine.kv_cache is None
     with pytest.raises(RequestError, match="already started running"):
         engine.add_request(first[0])
-    again = engine.make_request(0, [1, 2], greedy(4))
+    again = make_request(engine, 0, [1, 2], greedy(4))
     engine.add_request(again)
     run_to_end(engine)
     assert again.token_ids == greedy_by_recompute(model, [1, 2], 4)
@@ -420,7 +422,7 @@ def test_an_abort_inside_the_loop_is_heard_as_final_and_ends_its_group(model):
     """An abort while the run's loop reports a step (as a callback would): the next step lists
     the request among its final records, and its group's end."""
     engine = Engine(model, None, batch_size=1, policy="static")
-    requests = [engine.make_request(i, [1 + i], greedy(5), request_id=f"r{i}") for i in range(2)]
+    requests = [make_request(engine, i, [1 + i], greedy(5), request_id=f"r{i}") for i in range(2)]
     finals = []
     groups = []
     waiting_at_group_ends = []
@@ -442,10 +444,10 @@ def test_an_abort_inside_the_loop_is_heard_as_final_and_ends_its_group(model):
 
 def test_time_to_first_token_counts_from_arrival(model):
     engine = Engine(model, None, batch_size=2, policy="continuous")
-    engine.add_request(engine.make_request(0, [1], greedy(30)))
+    engine.add_request(make_request(engine, 0, [1], greedy(30)))
     for _ in range(20):
         engine.step()
-    late = engine.make_request(1, [2], greedy(1))
+    late = make_request(engine, 1, [2], greedy(1))
     engine.add_request(late)
     engine.step()
     assert engine.stats.first_token_seconds[-1] == pytest.approx(
@@ -456,11 +458,11 @@ def test_time_to_first_token_counts_from_arrival(model):
 
 def test_a_pool_the_budget_holds_down_as_it_grows_says_so(model):
     engine = Engine(model, None, batch_size=4, policy="continuous", kv_budget_tokens=12)
-    engine.add_request(engine.make_request(0, [1], greedy(2)))
+    engine.add_request(make_request(engine, 0, [1], greedy(2)))
     engine.step()
     assert engine.stats.kv_limited_rows == []
     for i in range(1, 4):
-        engine.add_request(engine.make_request(i, [1 + i, 2, 3], greedy(3)))
+        engine.add_request(make_request(engine, i, [1 + i, 2, 3], greedy(3)))
     engine.step()
     # Rows of 5 positions: the budget of 12 holds two, though four requests want one each.
     assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (2, 5)
@@ -471,7 +473,7 @@ def test_a_stream_of_arrivals_grows_the_pool_twofold_not_row_by_row(model):
     engine = Engine(model, None, batch_size=8, policy="continuous")
     rows_after_each_arrival = []
     for i in range(5):
-        engine.add_request(engine.make_request(i, [1 + i], greedy(40)))
+        engine.add_request(make_request(engine, i, [1 + i], greedy(40)))
         engine.step()
         rows_after_each_arrival.append(len(engine.kv_cache.lengths))
     assert rows_after_each_arrival == [1, 2, 4, 4, 8]
@@ -493,8 +495,8 @@ def test_forget_history_drops_what_only_reports_read_and_changes_no_result(model
         for step in range(60):
             if step % 4 == 0 and len(requests) < 12:
                 prompt = rng.integers(1, 60, size=int(rng.integers(1, 6))).tolist()
-                request = engine.make_request(
-                    len(requests), prompt, greedy(int(rng.integers(1, 9)))
+                request = make_request(
+                    engine, len(requests), prompt, greedy(int(rng.integers(1, 9)))
                 )
                 engine.add_request(request)
                 requests.append(request)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, random_model, serve_all
+from conftest import FIXTURES, make_request, random_model, serve_all
 from minirt.model import backend as backend_module
 from minirt.model.backend import get_backend
 from minirt.engine.engine import Engine
@@ -138,7 +138,7 @@ def test_greedy_tokens_agree_where_margins_are_clear(cfg, batch, dtype):
     runs = {}
     for name, model in (("cpu", cpu), ("gpu", gpu)):
         engine = Engine(model, None, batch_size=3)
-        requests = [engine.make_request(i, p, sp) for i, p in enumerate(prompts)]
+        requests = [make_request(engine, i, p, sp) for i, p in enumerate(prompts)]
         serve_all(engine, requests)
         runs[name] = requests
     tolerance = 1e-4 if dtype == np.float32 else FP16_TOLERANCE
@@ -164,7 +164,7 @@ def test_seeded_sampling_gives_the_same_tokens(cfg, batch, seed):
     outputs = []
     for model in (cpu, gpu):
         engine = Engine(model, None, batch_size=4)
-        requests = [engine.make_request(i, p, sp) for i, p in enumerate(prompts)]
+        requests = [make_request(engine, i, p, sp) for i, p in enumerate(prompts)]
         serve_all(engine, requests)
         outputs.append([r.token_ids for r in requests])
     assert outputs[0] == outputs[1]
@@ -260,7 +260,7 @@ def assert_runs_agree(cpu_model, want, got):
 
 def served_on(model, prompts, params, **settings):
     engine = Engine(model, None, **settings)
-    requests = [engine.make_request(i, p, params) for i, p in enumerate(prompts)]
+    requests = [make_request(engine, i, p, params) for i, p in enumerate(prompts)]
     serve_all(engine, requests)
     return requests
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, random_model, serve_all
+from conftest import ROOT, make_request, random_model, serve_all
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine.engine import Engine
 from minirt.model.gpt2 import GPT2
@@ -249,7 +249,7 @@ def test_the_kv_cache_never_has_more_slots_than_requests(model, n_requests, batc
     prompts = [[1 + i, 2 + i] for i in range(n_requests)]
 
     def serve(engine):
-        requests = [engine.make_request(i, p, params) for i, p in enumerate(prompts)]
+        requests = [make_request(engine, i, p, params) for i, p in enumerate(prompts)]
         stats = serve_all(engine, requests)
         return [r.token_ids for r in requests], stats
 

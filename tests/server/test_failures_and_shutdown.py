@@ -162,7 +162,7 @@ def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_
     llm = LLM(batch_size=2, policy="continuous")
     engine = llm.engine
     metrics = ServerMetrics("m")
-    loop = EngineLoop(engine, metrics, max_queue=8)
+    loop = EngineLoop(engine, llm.request_maker, metrics, max_queue=8)
     faults = []
 
     def fault_once(real):
@@ -180,7 +180,7 @@ def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_
     else:
         metrics.observe_engine = fault_once(metrics.observe_engine)
     params = SamplingParams(max_new_tokens=3, ignore_eos=True)
-    ids = tuple(engine.prompt_ids("ROMEO:"))
+    ids = tuple(llm.prompt_ids("ROMEO:"))
 
     async def complete() -> list:
         completion = Completion("c", [ChoiceSpec(ids, params, 0)], 0.0)
@@ -199,7 +199,9 @@ def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_
 
     first, second = asyncio.run(two_completions())
     assert faults == [where]
-    assert isinstance(first[0], Accepted) and first[-1].finish_reason == "error"
-    assert f"a bug {where}" in first[-1].error
+    assert isinstance(first[0], Accepted) and first[-1].output.finish_reason == "error"
+    assert f"a bug {where}" in first[-1].output.error
     (expected,) = offline_alone(llm, "ROMEO:", params)
-    assert second[-1].finish_reason == "length" and list(second[-1].token_ids) == expected.token_ids
+    second_output = second[-1].output
+    assert second_output.finish_reason == "length"
+    assert second_output.token_ids == expected.token_ids

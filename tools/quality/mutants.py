@@ -235,7 +235,7 @@ MUTANTS = [
     Mutant(
         "id_prompt_not_decoded",
         "minirt/engine/output.py",
-        "if request.prompt is not None or tokenizer is None or not request.prompt_ids:",
+        "if request.prompt is not None or detokenizer is None or not request.prompt_ids:",
         "if True:",
         "a token-id prompt is recorded and shown as null",
     ),
@@ -682,7 +682,7 @@ MUTANTS = [
     ),
     Mutant(
         "special_id_at_vocab_size",
-        "minirt/loading/tokenizer.py",
+        "minirt/model/config.py",
         "return token_id if token_id is not None and 0 <= token_id < vocab_size else fallback",
         "return token_id if token_id is not None and 0 <= token_id <= vocab_size else fallback",
         "an EOS id one past the vocabulary is used",
@@ -1387,8 +1387,8 @@ MUTANTS = [
     Mutant(
         "server_usage_counts_one_choice",
         "minirt/server/responses.py",
-        "completion_tokens = sum(len(final.token_ids) for final in finals)",
-        "completion_tokens = sum(len(final.token_ids) for final in finals[:1])",
+        "completion_tokens = sum(len(final.output.token_ids) for final in finals)",
+        "completion_tokens = sum(len(final.output.token_ids) for final in finals[:1])",
         "usage counts the first choice's tokens only",
     ),
     Mutant(
@@ -1408,15 +1408,15 @@ MUTANTS = [
     Mutant(
         "server_echo_drops_the_prompt",
         "minirt/server/responses.py",
-        "        text = prompt_text + final.text",
-        "        text = final.text",
+        "        text = prompt_text + completion_text",
+        "        text = completion_text",
         "echo is accepted and ignored",
     ),
     Mutant(
         "server_failed_choice_answered_200",
         "minirt/server/app.py",
-        '            if final.finish_reason in ("error", "abort"):\n                raise choice_failure(final)',
-        '            if final.finish_reason in ("abort",):\n                raise choice_failure(final)',
+        '            if final.output.finish_reason in ("error", "abort"):\n                raise choice_failure(final)',
+        '            if final.output.finish_reason in ("abort",):\n                raise choice_failure(final)',
         "a completion whose logits went NaN is answered 200 as if it had finished",
     ),
     Mutant(
@@ -1733,6 +1733,49 @@ MUTANTS = [
         "        if round_number < first + request.prefill_rounds - 1:",
         "        if False:",
         "--trace draws a chunk round as a token round",
+    ),
+    # ---- inputs and outputs out of the core (minirt/request_maker.py, the command line's bad lines)
+    Mutant(
+        "bad_line_not_failed",
+        "minirt/cli/requests_from_prompts.py",
+        "    fail_request(request, error)\n",
+        "    request.error = error\n",
+        "a bad line of a prompts file is queued and run with an empty prompt",
+    ),
+    Mutant(
+        "bad_line_record_without_logprobs",
+        "minirt/cli/requests_from_prompts.py",
+        "        want_logprobs=logprobs or params.logprobs is not None,",
+        "        want_logprobs=False,",
+        "with --logprobs, a bad line's record lacks the logprobs field its peers have",
+    ),
+    Mutant(
+        "unseeded_requests_share_a_stream",
+        "minirt/request_maker.py",
+        "            seed = derived_seed(self.run_seed, index)",
+        "            seed = derived_seed(self.run_seed, 0)",
+        "every unseeded request of a run draws the same random stream",
+    ),
+    Mutant(
+        "run_seed_ignored",
+        "minirt/request_maker.py",
+        "        return cls(tokenizer, config.vocab_size, config.n_positions, bos_token_id, run_seed)",
+        "        return cls(tokenizer, config.vocab_size, config.n_positions, bos_token_id)",
+        "--seed and LLM(seed=...) change nothing: every run samples the same",
+    ),
+    Mutant(
+        "empty_prompt_without_bos",
+        "minirt/request_maker.py",
+        "            bos_token_id = tokenizer.bos_token_id",
+        "            bos_token_id = None",
+        "an empty prompt is refused although the tokenizer has a BOS",
+    ),
+    Mutant(
+        "final_output_shares_the_token_list",
+        "minirt/engine/output.py",
+        "            token_ids=list(request.token_ids),",
+        "            token_ids=request.token_ids,",
+        "a final output shares the request's token list, which a later change would alter",
     ),
 ]
 

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from conftest import random_model
     from minirt.engine.engine import Engine
     from minirt.engine.params import SamplingParams
+    from minirt.request_maker import RequestMaker
 
     if not minirt.__file__.startswith(tree):
         print(f"round_costs.py: minirt came from {minirt.__file__}, not {tree}", file=sys.stderr)
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             engine = Engine(model, None, batch_size=4)
             prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3]]
-            requests = [engine.make_request(i, p, params) for i, p in enumerate(prompts)]
+            maker = RequestMaker.for_model(model.config, None)
+            requests = [maker.make(i, p, params) for i, p in enumerate(prompts)]
             costs = round_costs(stand_in, engine, requests, monkeypatch)
             for name, cost in (("prefill", costs[0]), ("decode", costs[1])):
                 counts = cost.counts
