@@ -44,6 +44,7 @@ import numpy as np
 from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, StepOutput
 from .engine.output import RequestOutput, TokenEvent
 from .engine.params import SamplingParams
+from .engine.runner import ModelRunner
 from .engine.request import Request
 from .engine.stats import RunStats
 from .errors import CheckpointError, RequestError
@@ -165,7 +166,7 @@ class LLM:
         # Text and parameters into requests of token ids (the engine never sees text going in).
         self.request_maker = RequestMaker.for_model(config, self.tokenizer, run_seed=seed)
         self.engine = Engine(
-            self.model,
+            ModelRunner(self.model),
             self.tokenizer,
             batch_size=batch_size,
             kv_budget_mib=kv_budget_mib,

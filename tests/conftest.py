@@ -191,7 +191,9 @@ def make_request(engine, index, prompt, params, run_seed: int = 0, **fields):
     `RequestMaker.make`'s (request_id, want_logprobs, sample, output_index)."""
     from minirt.request_maker import RequestMaker
 
-    maker = RequestMaker.for_model(engine.model.config, engine.detokenizer, run_seed=run_seed)
+    maker = RequestMaker.for_model(
+        engine.runner.model.config, engine.detokenizer, run_seed=run_seed
+    )
     return maker.make(index, prompt, params, **fields)
 
 

@@ -33,7 +33,9 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
         (f"req {r.index:<3d}", "".join(cell_mark(r, n, sim.row_held_until(r)) for n in rounds), "")
         for r in sim.requests
     ]
-    return "\n".join(lines + grid_lines(rows, rounds, sim.scheduler.active_rows, "active", gap=1))
+    return "\n".join(
+        lines + grid_lines(rows, rounds, sim.stats.active_rows_per_round, "active", gap=1)
+    )
 
 
 def request_table(sim: Simulation) -> str:

@@ -1,12 +1,13 @@
-"""Rounds without a model: requests of known lengths run through the engine's own schedulers.
+"""Rounds without a model: requests of known lengths run through the engine itself.
 
-Owns: `simulate` (each request finishes after its output length, through the engine's schedulers,
-their KV owner, `Request` records and stop rule; the KV owner allocates positions without numbers,
-and its prefix cache keeps only its bookkeeping), `Simulation` (one policy's run: rounds,
-utilization, who waited) and `long_tailed_workload`. A round is one forward pass; a request with
-output length L is active for L consecutive rounds, the first being its prefill (and in C - 1 rounds
-before those when continuous batching chunks its prompt over C rounds, as the engine does).
-Utilization = active row-rounds / held row-rounds.
+Owns: `simulate` (each request finishes after its output length, served by the engine, its
+schedulers, their KV owner, `Request` records and stop rule, and the loop over `step()`, with a
+runner that computes nothing: minirt/engine/model_free_runner.py; the KV owner allocates
+positions without numbers, and its prefix cache keeps only its bookkeeping), `Simulation` (one
+policy's run: rounds, utilization, who waited) and `long_tailed_workload`.  A round is one
+forward pass; a request with output length L is active for L consecutive rounds, the first being
+its prefill (and in C - 1 rounds before those when continuous batching chunks its prompt over C
+rounds, as the engine does).  Utilization = active row-rounds / held row-rounds.
 
 Must not know: models, arrays or text.
 """
@@ -17,17 +18,15 @@ from dataclasses import dataclass
 from typing import Callable
 import numpy as np
 
-from ..engine.engine import DEFAULT_ROUND_TOKENS
-from ..engine.kv_manager import KVManager, PositionsOnly
+from ..engine.engine import DEFAULT_ROUND_TOKENS, Engine
+from ..engine.model_free_runner import UNLIMITED, ModelFreeRunner
 from ..engine.params import SamplingParams
-from ..engine.prefix_cache import PrefixCache
-from ..engine.request import Request, add_token
-from ..engine.scheduler import SCHEDULERS, RoundPlan, Scheduler
+from ..engine.request import Request
+from ..engine.scheduler import RoundPlan, Scheduler
+from ..engine.stats import RunStats
 from ..errors import MinirtError
+from ..llm import run_steps
 from .plural import plural
-
-
-UNLIMITED = 10**12  # a context / KV budget that never binds
 
 
 @dataclass
@@ -37,23 +36,23 @@ class Simulation:
     policy: str
     rows: int
     requests: list[Request]  # each asks for its output length as max_new_tokens
-    scheduler: Scheduler
+    stats: RunStats  # the run's counts, as the engine kept them
 
     @property
     def total_rounds(self) -> int:
-        return len(self.scheduler.active_rows)
+        return len(self.stats.active_rows_per_round)
 
     @property
     def utilization(self) -> float:
         """Active row-rounds / held row-rounds, as generate's summary counts them."""
-        held = max(1, sum(self.scheduler.held_rows))
-        return sum(self.scheduler.active_rows) / held
+        held = max(1, sum(self.stats.held_rows_per_round))
+        return sum(self.stats.active_rows_per_round) / held
 
     def row_held_until(self, request: Request) -> int | None:
         """The last round a request's row was held: its group's end (static) or its own finish
         (continuous)."""
         if request.group is not None:
-            return self.scheduler.groups[request.group - 1].last_round
+            return self.stats.groups[request.group - 1].last_round
         return request.finish_round
 
     def summary(self) -> dict:
@@ -88,32 +87,36 @@ def simulate(
     shared_prefix: int = 0,
     prefix_cache: bool = False,
 ) -> Simulation:
-    """Run requests with the given output (and prompt) lengths through the engine's scheduler
-    (whose continuous policy chunks long prompts, as the engine's does, unless told not to).
-    Each prompt starts with the same `shared_prefix` tokens, the rest its own; with
-    `prefix_cache`, the engine's prefix cache (its bookkeeping, without numbers) serves them."""
+    """Run requests with the given output (and prompt) lengths through the engine, with a
+    runner that computes nothing (whose continuous policy chunks long prompts, as the engine's
+    does, unless told not to).  Each prompt starts with the same `shared_prefix` tokens, the
+    rest its own; with `prefix_cache`, the engine's prefix cache (its bookkeeping, without
+    numbers) serves them.  `on_plan(scheduler, plan)` sees each round's plan before it runs."""
     prompt_lens = prompt_lens or [1] * len(output_lens)
     check_lengths(output_lens, prompt_lens)
     requests = made_requests(output_lens, prompt_lens, shared_prefix)
-    # The engine's KV owner, allocating positions without numbers.
-    kv = KVManager(kv_budget, PositionsOnly, PrefixCache() if prefix_cache else None)
-    scheduler = SCHEDULERS[policy](
-        rows, kv_budget, UNLIMITED, round_tokens, chunked_prefill=chunked_prefill, kv=kv
+    runner = ModelFreeRunner()
+    engine = Engine(
+        runner,
+        None,
+        batch_size=rows,
+        policy=policy,
+        round_token_budget=round_tokens,
+        kv_budget_tokens=kv_budget,
+        prefix_cache=prefix_cache,
+        chunked_prefill=chunked_prefill,
     )
+    if on_plan is not None:
+        watch = on_plan
+        runner.on_plan = lambda plan: watch(engine.scheduler, plan)
+    with run_steps(engine, requests, "simulate") as steps:
+        stats = engine.stats
+        for _step in steps:
+            pass
     for request in requests:
-        reason = scheduler.refusal(request)
-        if reason is not None:
-            raise MinirtError(f"request {request.index} can never run: {reason}")
-        scheduler.submit(request)
-    round_number = 0
-    while scheduler.has_work():
-        round_number += 1
-        plan = scheduler.plan(round_number)
-        if on_plan:
-            on_plan(scheduler, plan)
-        run_round(scheduler, plan, round_number)
-        scheduler.complete(plan)
-    return Simulation(policy, rows, requests, scheduler)
+        if request.error is not None:
+            raise MinirtError(f"request {request.index} can never run: {request.error}")
+    return Simulation(policy, rows, requests, stats)
 
 
 def check_lengths(output_lens: list[int], prompt_lens: list[int]) -> None:
@@ -125,15 +128,6 @@ def check_lengths(output_lens: list[int], prompt_lens: list[int]) -> None:
         )
     if any(n < 1 for n in output_lens) or any(p < 1 for p in prompt_lens):
         raise MinirtError("every output and prompt length must be at least 1")
-
-
-def run_round(scheduler: Scheduler, plan: RoundPlan, round_number: int) -> None:
-    """The "forward pass": every active row feeds its tokens (a prompt all in gives the prefix
-    cache its blocks), and each whose prompt is then all in produces one token (id 0)."""
-    scheduler.note_prefills(plan)
-    for request in plan.active:
-        if request.prompt_done:
-            add_token(request, 0, None, round_number, None, UNLIMITED)
 
 
 def made_requests(

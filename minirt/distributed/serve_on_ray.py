@@ -4,10 +4,10 @@ Owns: `serve_on_ray`, which checks what it can before Ray starts (the model fold
 files, the --output path, a local backend), serves through `ray_data.generate_dataset`, and reports
 as generate does without --ray: each record in input order to --output (`RecordSink`: one JSONL
 file, replaced only by a run that wrote records, or a folder of shards), each completion to standard
-output, a summary, and exit status 1 if any request failed.  `OneProcessSchedule` replays the
-engine's scheduler on what the workers report, so that each record's group and round fields are
-those one process gives: the file is the file of one process, but for the timing fields (seconds
-from each worker batch's start).
+output, a summary, and exit status 1 if any request failed.  `OneProcessSchedule` replays the run
+on the engine (its scheduler and loop, with a runner that computes nothing) from what the workers
+report, so that each record's group and round fields are those one process gives: the file is the
+file of one process, but for the timing fields (seconds from each worker batch's start).
 
 Must not know: Ray itself (minirt/distributed/ray_data.py alone imports it), the layers, or
 sampling."""
@@ -30,9 +30,10 @@ from .ray_data import PromptsDatasource, connect, generate_dataset, worker_error
 from ..errors import MinirtError
 from ..cli.plural import plural
 from ..cli.records import completion_block
-from ..engine.request import Request, Status, note_prefill
+from ..engine.engine import Engine
+from ..engine.model_free_runner import Ending, ModelFreeRunner
+from ..engine.request import Request, Status
 from ..engine.params import SamplingParams
-from ..engine.scheduler import SCHEDULERS, Scheduler
 
 # Records per file of a folder --output.
 SHARD_RECORDS = 100_000
@@ -77,15 +78,16 @@ class RecordSink:
 
 class OneProcessSchedule:
     """The `group`, `rounds_waited`, `first_round` and `finish_round` that one process gives each
-    request, found by replaying the engine's own scheduler on what the workers report: which
-    requests ran, their prompt lengths and max_new_tokens (a request's KV need), and how many
-    tokens each produced (and one more round for one that failed mid-run).  Records go in in input
-    order and come out in input order with those four fields replaced.  Continuous batching is
-    replayed with the workers' chunked prefill, but without their prefix caches: a cache hit only
-    makes a prefill feed fewer tokens, which moves rounds only where a round's token budget binds.
-    Static groups are replayed as records arrive (a group is chosen once batch_size requests wait,
-    or at the end); continuous batching may admit a later request first, so it is replayed at the
-    end."""
+    request, found by replaying the run on the engine itself (its scheduler, KV owner and loop
+    over `step()`) with a runner that computes nothing (minirt/engine/model_free_runner.py),
+    from what the workers report: which requests ran, their prompt lengths and max_new_tokens
+    (a request's KV need), and how many tokens each produced before it stopped (or failed).
+    Records go in in input order and come out in input order with those four fields replaced.
+    Continuous batching is replayed with the workers' chunked prefill, but without their prefix
+    caches: a cache hit only makes a prefill feed fewer tokens, which moves rounds only where a
+    round's token budget binds.  Static groups are replayed as records arrive (a group is chosen
+    once batch_size requests wait, or at the end); continuous batching may admit a later request
+    first, so it is replayed at the end."""
 
     SCHEDULED = ("group", "rounds_waited", "first_round", "finish_round")
 
@@ -96,65 +98,54 @@ class OneProcessSchedule:
         self.batch_size = batch_size
         self.round_tokens = round_tokens
         self.chunked_prefill = chunked_prefill
-        # Made with the first row: the KV budget comes from the workers.
-        self.scheduler: Scheduler | None = None
+        self.runner = ModelFreeRunner()
+        # Made with the first row: the KV budget and the context come from the workers.
+        self.engine: Engine | None = None
         # In input order, their four fields not known yet.
         self.pending: deque[tuple[dict[str, Any], Request | None]] = deque()
-        # A running stub's index: the rounds, once its prompt is in, that it gives a token in (or
-        # fails in).
-        self.token_rounds: dict[int, int] = {}
-        self.round = 0
+        self.stubs = 0
 
     def add(self, record: dict[str, Any], row: dict[str, Any]) -> None:
-        if self.scheduler is None:
-            self.scheduler = SCHEDULERS[self.policy](
-                self.batch_size,
-                int(row["kv_budget"]),
-                int(row["n_positions"]),
-                self.round_tokens,
+        if self.engine is None:
+            self.runner.n_positions = int(row["n_positions"])
+            self.engine = Engine(
+                self.runner,
+                None,
+                batch_size=self.batch_size,
+                policy=self.policy,
+                round_token_budget=self.round_tokens,
+                kv_budget_tokens=int(row["kv_budget"]),
                 chunked_prefill=self.chunked_prefill,
             )
         stub = None
         # It ran, so it was queued in one process too.
         if record["first_round"] is not None:
-            # Its index is this stub's own.
             stub = Request(
-                index=len(self.token_rounds),
+                index=self.stubs,
                 id=record["id"],
                 prompt=None,
                 prompt_ids=[0] * record["prompt_tokens"],
                 params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True),
             )
+            self.stubs += 1
             failed_mid_run = record["finish_reason"] == "error"
-            self.token_rounds[stub.index] = len(record["token_ids"]) + int(failed_mid_run)
-            self.scheduler.submit(stub)
+            self.runner.endings[stub] = Ending(len(record["token_ids"]), fails=failed_mid_run)
+            # In one process, every request of the run was there when it started.
+            self.engine.add_request(stub, arrival_s=0.0, arrival_round=0)
         self.pending.append((record, stub))
 
     def ready(self, final: bool = False) -> Iterator[dict[str, Any]]:
         """The records whose four fields are now known, in input order (all of them when
         `final`)."""
-        scheduler = self.scheduler
-        while scheduler is not None and scheduler.has_work():
+        engine = self.engine
+        while engine is not None and engine.has_unfinished():
             # Static: a new group is chosen from what waits.
-            choosing = not scheduler.running
-            short = choosing and len(scheduler.waiting) < self.batch_size
+            choosing = not engine.scheduler.running
+            short = choosing and len(engine.scheduler.waiting) < self.batch_size
             # More records may join the choice.
             if not final and (self.policy != "static" or short):
                 break
-            self.round += 1
-            plan = scheduler.plan(self.round)
-            # Each active row feeds its prompt (or a chunk of it); once the prompt is in, it
-            # produces a token each round, and is done after its own count.
-            for active in plan.active:
-                if active in plan.prefill_to:
-                    note_prefill(active, plan.prefill_to[active])
-                if not active.prompt_done:
-                    continue
-                active.token_ids.append(0)
-                if len(active.token_ids) == self.token_rounds[active.index]:
-                    active.status = Status.FINISHED
-                    active.finish_round = self.round
-            scheduler.complete(plan)
+            engine.step()
         while self.pending and (self.pending[0][1] is None or self.pending[0][1].finished):
             record, stub = self.pending.popleft()
             if stub is not None:

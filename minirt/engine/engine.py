@@ -58,15 +58,13 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import ReentryError, RequestError, require_at_least_one
-from ..model.config import special_ids
-from ..model.gpt2 import GPT2
 from ..model.kv_cache import KVCache
 from .detokenizer import Detokenizer
 from .kv_manager import KVManager
 from .prefix_cache import PrefixCache
 from .request import Request, Status, abort_request, fail_request
 from .round_record import RoundRecord, record_round
-from .runner import ModelRunner
+from .runner import Runner
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
 from .stats import RunStats
 
@@ -101,7 +99,7 @@ class Engine:
 
     def __init__(
         self,
-        model: GPT2,
+        runner: Runner,
         detokenizer: Detokenizer | None,
         batch_size: int = 8,
         kv_budget_mib: float = DEFAULT_KV_BUDGET_MIB,
@@ -111,27 +109,28 @@ class Engine:
         prefix_cache: bool = False,
         chunked_prefill: bool = True,
     ):
-        """The KV budget is `kv_budget_mib` of memory, or `kv_budget_tokens` positions (one
-        token's keys and values in every layer) when that is given.  `prefix_cache`: reuse the
-        keys and values of prompt prefixes across requests (and runs), within that budget (off
-        by default: its copies cost a few percent where no prompt shares a prefix, as
-        docs/performance.md measures); `chunked_prefill`: continuous batching may feed a long
-        prompt over several rounds."""
+        """`runner` computes the rounds (a `ModelRunner` of a model, or a model-free one);
+        `detokenizer` turns tokens into text (None: token ids only), and its EOS, when it has
+        one, is what stops a request.  The KV budget is `kv_budget_mib` of memory, or
+        `kv_budget_tokens` positions (one token's keys and values in every layer) when that is
+        given.  `prefix_cache`: reuse the keys and values of prompt prefixes across requests
+        (and runs), within that budget (off by default: its copies cost a few percent where no
+        prompt shares a prefix, as docs/performance.md measures); `chunked_prefill`: continuous
+        batching may feed a long prompt over several rounds."""
         if policy not in POLICIES:
             choices = ", ".join(POLICIES)
             raise RequestError(f"unknown policy {policy!r}: choose one of {choices}")
         self.batch_size = require_at_least_one(batch_size, "batch size")
         self.round_token_budget = require_at_least_one(round_token_budget, "the round token budget")
-        self.model = model
-        self.detokenizer = detokenizer
-        self.policy = policy
-        c = model.config
-        self.kv_bytes_per_position = KVCache.bytes_needed(
-            c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
-        )
-        self.kv_budget_positions = self.budget_in_positions(kv_budget_mib, kv_budget_tokens)
         # The forward pass and the picking of tokens, round by round (it stops a request at EOS).
-        self.runner = ModelRunner(model, self.stopping_token(detokenizer))
+        self.runner = runner
+        self.detokenizer = detokenizer
+        if detokenizer is not None:
+            # The tokenizer's EOS (which may be its <|endoftext|> where the config has none).
+            runner.eos_token_id = detokenizer.eos_token_id
+        self.policy = policy
+        self.kv_bytes_per_position = runner.kv_bytes_per_position
+        self.kv_budget_positions = self.budget_in_positions(kv_budget_mib, kv_budget_tokens)
         # Held while an offline run goes (`offline_run`) or `step` runs a round (and while
         # `start_run` starts one), so that a callback or another thread cannot start a second
         # run, or step this one behind its back: taken without waiting, or a ReentryError.
@@ -154,15 +153,6 @@ class Engine:
         if kv_budget_tokens is None:
             return int(kv_budget_mib * 2**20) // self.kv_bytes_per_position
         return require_at_least_one(kv_budget_tokens, "the KV budget in tokens")
-
-    def stopping_token(self, detokenizer: Detokenizer | None) -> int | None:
-        """The EOS that stops a request: the tokenizer's, else the model config's when it lies
-        in its vocabulary."""
-        if detokenizer is not None:
-            return detokenizer.eos_token_id
-        c = self.model.config
-        eos_token_id, _bos_token_id = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
-        return eos_token_id
 
     @property
     def eos_token_id(self) -> int | None:
@@ -187,10 +177,10 @@ class Engine:
         self.scheduler: Scheduler = SCHEDULERS[self.policy](
             self.batch_size,
             self.kv_budget_positions,
-            self.model.config.n_positions,
+            self.runner.n_positions,
             self.round_token_budget,
             chunked_prefill=self.chunked_prefill,
-            kv=KVManager(self.kv_budget_positions, self.new_kv_cache, self.prefix_cache),
+            kv=KVManager(self.kv_budget_positions, self.runner.new_kv_cache, self.prefix_cache),
         )
         # The run's counts; the scheduler's per-round lists grow as it runs.
         self.stats = RunStats(
@@ -222,11 +212,6 @@ class Engine:
                 group.members = []
                 group.active_rows = []
 
-    def new_kv_cache(self, rows: int, capacity: int) -> KVCache:
-        """The model's KV buffers for `rows` requests of `capacity` positions (what the KV owner
-        allocates a group or pool)."""
-        return self.model.new_kv_cache(n_slots=rows, capacity=capacity)
-
     @property
     def kv_cache(self) -> KVCache | None:
         """The running group's (or the continuous pool's) KV buffers, held by the scheduler's KV
@@ -255,7 +240,9 @@ class Engine:
                 f"request {request.index} was added to a run already; make it anew to run it again"
             )
 
-    def add_request(self, request: Request, arrival_s: float | None = None) -> None:
+    def add_request(
+        self, request: Request, arrival_s: float | None = None, arrival_round: int | None = None
+    ) -> None:
         """Queue a request, at any time.  One that is already failed, or that no round could
         ever take (over the KV budget, a prompt over the round's token budget), is final at
         once: `request.finished` tells the caller, and no step reports it."""
@@ -264,8 +251,11 @@ class Engine:
         if arrival_s is None:
             arrival_s = self.seconds()
         request.arrival_s = arrival_s
-        # Rounds that ran before it arrived: it did not wait through those.
-        request.arrival_round = self.round_number
+        # Rounds that ran before it arrived: it did not wait through those.  A replay (the Ray
+        # path's) may say when it arrived in the run it replays.
+        if arrival_round is None:
+            arrival_round = self.round_number
+        request.arrival_round = arrival_round
         if not request.finished:
             reason = self.scheduler.refusal(request)
             if reason is None:

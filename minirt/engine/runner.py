@@ -1,7 +1,10 @@
 """The model runner: a round's plan turned into a forward pass, and each row's token picked.
 
-Owns: `ModelRunner`, what the engine asks of the model each round, in the order a round needs
-it (nano-vllm's model runner, vLLM's execute_model):
+Owns: `Runner`, what the engine asks of whatever computes its rounds, and `ModelRunner`, the
+one that runs a model (nano-vllm's model runner, vLLM's execute_model).  The engine is given a
+runner; `minirt rounds` and the Ray path's replay give it a runner without a model
+(minirt/engine/model_free_runner.py), so that one scheduler, KV owner and loop serve all three.
+What a runner does, in the order a round needs it:
 
     score_prompt(request)      prompt logprobs: one scoring pass of the request's own prompt,
                                without a KV cache, for a request that asked
@@ -15,26 +18,74 @@ it (nano-vllm's model runner, vLLM's execute_model):
                                and its own random stream, appends it and checks its own stop
                                rules; a row whose logits are not finite fails alone
 
+and what it tells the engine before any round: the context (`n_positions`), the memory of one
+position's keys and values (`kv_bytes_per_position`, for the KV budget in MiB), the KV buffers
+of a group or pool (`new_kv_cache`), and the EOS that stops a request.
+
 Must not know: who runs (the scheduler decides), the KV budget, when requests arrive, clocks,
 text or files.
 """
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
 from ..model.batch import Batch
+from ..model.config import special_ids
+from ..model.kv_cache import KVCache
+from .kv_manager import SlotStore
 from .request import Request, add_token, fail_request, slot_of
 from .sampler import choose_tokens, prompt_logprobs
 from .scheduler import RoundPlan
 
 
-class ModelRunner:
-    """Runs the rounds the scheduler plans on one model."""
+class Runner(Protocol):
+    """What the engine asks of whatever computes its rounds."""
 
-    def __init__(self, model, eos_token_id: int | None):
+    # The end-of-text token that stops a request (None: nothing does).
+    eos_token_id: int | None
+    # The longest prompt + output a request may have.
+    n_positions: int
+    # One position's keys and values, in every layer: what a KV budget in MiB is divided by.
+    kv_bytes_per_position: int
+
+    def new_kv_cache(self, rows: int, capacity: int) -> SlotStore:
+        """The KV buffers of `rows` requests of `capacity` positions."""
+        ...
+
+    def score_prompt(self, request: Request) -> None:
+        """Prompt logprobs, for a request that asked."""
+        ...
+
+    def forward(self, plan: RoundPlan, kv_cache: Any) -> tuple[list[Request], Any]:
+        """One forward pass of the plan's active rows: (the rows, their logits)."""
+        ...
+
+    def pick_tokens(self, active: list[Request], logits: Any, round_number: int) -> list[Request]:
+        """Each row whose prompt is in gets its token; returns those that got one."""
+        ...
+
+
+class ModelRunner:
+    """Runs the rounds the scheduler plans on one model.  A request stops at the model
+    config's EOS (when it lies in its vocabulary); an engine given a tokenizer sets the
+    tokenizer's instead."""
+
+    def __init__(self, model):
         self.model = model
-        self.eos_token_id = eos_token_id
+        c = model.config
+        self.eos_token_id, _bos_token_id = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
+        self.n_positions = c.n_positions
+        self.kv_bytes_per_position = KVCache.bytes_needed(
+            c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
+        )
+
+    def new_kv_cache(self, rows: int, capacity: int) -> KVCache:
+        """The model's KV buffers for `rows` requests of `capacity` positions (what the KV owner
+        allocates a group or pool)."""
+        return self.model.new_kv_cache(n_slots=rows, capacity=capacity)
 
     def score_prompt(self, request: Request) -> None:
         """Prompt logprobs: one scoring pass of the request's own prompt, without a KV cache,
@@ -85,7 +136,7 @@ class ModelRunner:
         it, and checks its own stops (a row fed a chunk short of its prompt's end gets none).
         Returns the requests that got a token (a row whose logits are not finite fails alone:
         its peers' rows are untouched and go on)."""
-        n_positions = self.model.config.n_positions
+        n_positions = self.n_positions
         # The logits are those of these rows alone (`Batch`'s wants_logits), in row order.
         producing = [request for request in active if request.prompt_done]
         if not producing:

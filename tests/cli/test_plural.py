@@ -38,7 +38,7 @@ def test_one_new_token_and_one_group_are_singular():
 
 def test_a_runs_trace_and_summary_count_one_in_the_singular():
     sim = simulate([1], "static", 1)
-    group = sim.scheduler.groups[0]
+    group = sim.stats.groups[0]
     assert group_grid(group, []).startswith("group 1: 1 member, rounds 1-1\n")
     assert "   1 token, length" in group_grid(group, [])
     assert grid_text(sim).startswith("static: 1 request, 1 row, 1 round, ")

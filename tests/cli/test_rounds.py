@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from conftest import make_request, random_model, serve_all
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.errors import MinirtError
 from minirt.rounds import main
 from minirt.cli.simulation import simulate
@@ -22,7 +23,7 @@ lengths = st.lists(st.integers(1, 12), min_size=1, max_size=12)
 
 def test_seed_exercise_static():
     sim = simulate([2, 5, 8, 4], "static", rows=3)
-    first_group = sim.scheduler.groups[0]
+    first_group = sim.stats.groups[0]
     assert (first_group.first_round, first_group.last_round) == (1, 8)
     assert first_group.active_rows == [3, 3, 2, 2, 2, 1, 1, 1]
     fourth = sim.requests[3]
@@ -33,7 +34,7 @@ def test_seed_exercise_continuous():
     sim = simulate([2, 5, 8, 4], "continuous", rows=3)
     fourth = sim.requests[3]
     assert fourth.first_round == 3 and fourth.rounds_waited == 2 and fourth.finish_round == 6
-    assert sim.total_rounds == 8 and sim.scheduler.active_rows == [3, 3, 3, 3, 3, 2, 1, 1]
+    assert sim.total_rounds == 8 and sim.stats.active_rows_per_round == [3, 3, 3, 3, 3, 2, 1, 1]
 
 
 def test_cli_json_for_the_seed_exercise(capsys):
@@ -72,10 +73,10 @@ def test_every_request_gets_exactly_its_tokens(output_lens, rows, data):
                 len(r.token_ids) == n
                 and r.finish_round - r.first_round + 1 == n + r.prefill_rounds - 1
             )
-        assert sum(sim.scheduler.active_rows) == sum(output_lens) + sum(
+        assert sum(sim.stats.active_rows_per_round) == sum(output_lens) + sum(
             r.prefill_rounds - 1 for r in sim.requests
         )
-        assert max(sim.scheduler.active_rows) <= rows
+        assert max(sim.stats.active_rows_per_round) <= rows
 
 
 @SETTINGS
@@ -83,7 +84,7 @@ def test_every_request_gets_exactly_its_tokens(output_lens, rows, data):
 def test_static_rounds_are_the_sum_of_each_groups_longest(output_lens, rows, kv_extra):
     kv_budget = max(output_lens) + kv_extra  # prompts of 1: a request reserves its output length
     sim = simulate(output_lens, "static", rows, kv_budget=kv_budget)
-    groups = sim.scheduler.groups
+    groups = sim.stats.groups
     assert sim.total_rounds == sum(max(len(r.token_ids) for r in g.members) for g in groups)
     order = [r.index for g in groups for r in g.members]
     assert order == list(range(len(output_lens)))  # groups take requests in arrival order
@@ -157,7 +158,7 @@ def test_continuous_never_leaves_a_row_idle_while_a_fitting_request_waits(output
         on_plan=check,
         chunked_prefill=chunked,
     )
-    assert checked == sim.scheduler.active_rows  # the check ran on every round's plan
+    assert checked == sim.stats.active_rows_per_round  # the check ran on every round's plan
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -173,7 +174,9 @@ def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, dat
     )
     tokens_by_policy = {}
     for policy in ("static", "continuous"):
-        engine = Engine(model, None, batch_size=rows, policy=policy, round_token_budget=12)
+        engine = Engine(
+            ModelRunner(model), None, batch_size=rows, policy=policy, round_token_budget=12
+        )
         requests = [
             make_request(
                 engine, i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True)
@@ -192,7 +195,7 @@ def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, dat
         assert [(r.first_round, r.finish_round) for r in requests] == [
             (r.first_round, r.finish_round) for r in sim.requests
         ]
-        assert stats.active_rows_per_round == sim.scheduler.active_rows
+        assert stats.active_rows_per_round == sim.stats.active_rows_per_round
         tokens_by_policy[policy] = [r.token_ids for r in requests]
     assert (
         tokens_by_policy["static"] == tokens_by_policy["continuous"]

@@ -20,6 +20,7 @@ from strict_cupy import StrictCuPy, strict_backend
 
 import minirt
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.evaluate import text_loss
 from minirt.model import backend as backend_module
@@ -46,7 +47,7 @@ def model_pair(stand_in: StrictCuPy, dtype=np.float32, **fields):
 def served(model, prompts, params, **engine_settings):
     """Serve the prompts offline and return the finished requests, in input order.  `params` is
     one SamplingParams per prompt."""
-    engine = Engine(model, None, **engine_settings)
+    engine = Engine(ModelRunner(model), None, **engine_settings)
     pairs = enumerate(zip(prompts, params, strict=True))
     requests = [make_request(engine, i, prompt, settings) for i, (prompt, settings) in pairs]
     serve_all(engine, requests)

@@ -36,6 +36,7 @@ from round_costs import blocks_counted, forward_without_syncs, round_costs
 from strict_cupy import StrictCuPy, strict_backend
 
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.model.batch import Batch
 from minirt.model.layers import elementwise_chains
@@ -133,7 +134,7 @@ def test_each_round_uploads_once_downloads_once_and_never_syncs_in_forward(
     stand_in = StrictCuPy()
     forward_without_syncs(stand_in, monkeypatch)
     model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2)
-    engine = Engine(model, None, batch_size=3, policy=policy)
+    engine = Engine(ModelRunner(model), None, batch_size=3, policy=policy)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11], [12]]
     requests = [make_request(engine, i, p, PARAMS[kind]) for i, p in enumerate(prompts)]
     costs = round_costs(stand_in, engine, requests, monkeypatch)
@@ -153,7 +154,12 @@ def test_chunked_and_cached_prefills_upload_once_and_a_round_that_gives_no_token
     forward_without_syncs(stand_in, monkeypatch)
     model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2, n_positions=64)
     engine = Engine(
-        model, None, batch_size=3, policy="continuous", round_token_budget=4, prefix_cache=True
+        ModelRunner(model),
+        None,
+        batch_size=3,
+        policy="continuous",
+        round_token_budget=4,
+        prefix_cache=True,
     )
     shared = list(range(1, 18))
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [4], shared + [20], shared + [21, 22]]
@@ -172,7 +178,7 @@ def test_prompt_logprobs_cost_one_upload_and_one_download_per_prompt_scored(monk
     stand_in = StrictCuPy()
     forward_without_syncs(stand_in, monkeypatch)
     model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2)
-    engine = Engine(model, None, batch_size=3)
+    engine = Engine(ModelRunner(model), None, batch_size=3)
     params = SamplingParams(max_new_tokens=3, prompt_logprobs=True, ignore_eos=True)
     requests = [make_request(engine, i, p, params) for i, p in enumerate([[1, 2], [3], [4, 5]])]
     costs = round_costs(stand_in, engine, requests, monkeypatch)

@@ -8,13 +8,14 @@ from hypothesis import strategies as st
 from conftest import FIXTURES, FIXTURE_NAMES, load_expected, make_request, random_model, serve_all
 from minirt import LLM, SamplingParams
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.llm import run_steps
 from minirt.errors import RequestError
 from minirt.engine.sampler import log_softmax
 
 
 def engine_for(model, batch_size, tokenizer=None, **kw):
-    return Engine(model, tokenizer, batch_size=batch_size, **kw)
+    return Engine(ModelRunner(model), tokenizer, batch_size=batch_size, **kw)
 
 
 def serve(engine, prompts, params, run_seed=0, logprobs=False):
@@ -315,7 +316,7 @@ def test_stop_strings_need_a_tokenizer():
 
 
 def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
-    engine = Engine(model, None, batch_size=8, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=8, policy="continuous")
     engine.kv_budget_positions = 12  # two rows of the longest need (6 positions)
     sizes = []
     original = model.new_kv_cache
@@ -386,7 +387,7 @@ def test_submit_only_queues(model, policy):
 
     scheduler = SCHEDULERS[policy](4, 12, model.config.n_positions, 3)
     fits, too_big = (
-        make_request(Engine(model, None), i, p, SamplingParams(max_new_tokens=n))
+        make_request(Engine(ModelRunner(model), None), i, p, SamplingParams(max_new_tokens=n))
         for i, (p, n) in enumerate([([1, 2], 3), ([1, 2, 3], 20)])
     )
     assert scheduler.refusal(fits) is None and "KV cache positions" in scheduler.refusal(too_big)
@@ -403,7 +404,7 @@ def test_the_continuous_pool_grows_for_a_longer_request_that_comes_later(model):
     from minirt.engine.scheduler import ContinuousScheduler, KVShape
 
     scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
-    engine = Engine(model, None)
+    engine = Engine(ModelRunner(model), None)
     # Needs 4 positions: its prompt of 2, and 3 new tokens but the last.
     first = make_request(engine, 0, [1, 2], SamplingParams(max_new_tokens=3))
     scheduler.submit(first)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import make_request, random_model, serve_all
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
 from minirt.model.batch import Batch
@@ -37,7 +38,9 @@ def params(max_new: int, seed: int | None = None) -> SamplingParams:
 
 def alone(prompt_ids, sampling: SamplingParams):
     """The request served by itself: no cache, no chunking, its own group."""
-    engine = Engine(MODEL, None, batch_size=1, prefix_cache=False, chunked_prefill=False)
+    engine = Engine(
+        ModelRunner(MODEL), None, batch_size=1, prefix_cache=False, chunked_prefill=False
+    )
     request = make_request(engine, 0, prompt_ids, sampling)
     serve_all(engine, [request])
     assert request.error is None
@@ -152,7 +155,7 @@ def test_two_requests_with_one_prefix_the_second_copies_it_and_gets_the_same_tok
     prefix = prompt(8, 3 * B + 4)
     first = prefix + prompt(9, 5)
     second = prefix + prompt(10, 7)
-    engine = Engine(MODEL, None, batch_size=2, policy="continuous", prefix_cache=True)
+    engine = Engine(ModelRunner(MODEL), None, batch_size=2, policy="continuous", prefix_cache=True)
     requests = [make_request(engine, i, p, params(6)) for i, p in enumerate([first, second])]
     serve_all(engine, requests[:1])
     stats = serve_all(engine, requests[1:])
@@ -171,7 +174,12 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
     # A budget of 64 positions, one row: while the 40-token request runs (43 positions) one block fits beside
     # it; the 60-token request after it (63 positions) leaves room for none, evicting it before `late` runs.
     engine = Engine(
-        MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
+        ModelRunner(MODEL),
+        None,
+        batch_size=1,
+        kv_budget_tokens=64,
+        policy="static",
+        prefix_cache=True,
     )
     made = [
         make_request(engine, 0, prefix, params(4)),
@@ -183,7 +191,12 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
     assert made[2].token_ids == alone(late, params(4))[0]
     # Without the long request between them, the block kept is found.
     engine = Engine(
-        MODEL, None, batch_size=1, kv_budget_tokens=64, policy="static", prefix_cache=True
+        ModelRunner(MODEL),
+        None,
+        batch_size=1,
+        kv_budget_tokens=64,
+        policy="static",
+        prefix_cache=True,
     )
     made = [make_request(engine, 0, prefix, params(4)), make_request(engine, 2, late, params(4))]
     serve_all(engine, made)
@@ -193,7 +206,12 @@ def test_a_request_whose_prefix_was_evicted_while_it_waited_prefills_in_full_and
 
 def test_the_cache_never_holds_more_than_the_budget_leaves_beside_the_kv_cache():
     engine = Engine(
-        MODEL, None, batch_size=2, kv_budget_tokens=200, policy="continuous", prefix_cache=True
+        ModelRunner(MODEL),
+        None,
+        batch_size=2,
+        kv_budget_tokens=200,
+        policy="continuous",
+        prefix_cache=True,
     )
     prompts = [prompt(20 + i, 30 + 17 * i) for i in range(5)]
     made = [make_request(engine, i, p, params(5)) for i, p in enumerate(prompts)]
@@ -211,7 +229,12 @@ def test_the_cache_never_holds_more_than_the_budget_leaves_beside_the_kv_cache()
 
 def test_chunked_prefill_feeds_decode_rows_first_and_gives_the_first_token_when_the_prompt_ends():
     engine = Engine(
-        MODEL, None, batch_size=2, policy="continuous", round_token_budget=8, prefix_cache=False
+        ModelRunner(MODEL),
+        None,
+        batch_size=2,
+        policy="continuous",
+        round_token_budget=8,
+        prefix_cache=False,
     )
     short = make_request(engine, 0, prompt(30, 3), params(10))
     long = make_request(engine, 1, prompt(31, 20), params(2))
@@ -274,7 +297,7 @@ def test_neither_the_cache_nor_chunking_nor_arrival_changes_a_requests_tokens(
         # Unchunked, a prompt over the round's budget is refused: give it room.
         round_tokens = max(round_tokens, max(len(ids) for ids, *_ in workload))
     engine = Engine(
-        MODEL,
+        ModelRunner(MODEL),
         None,
         batch_size=rows,
         policy=policy,
@@ -310,10 +333,10 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
 
     prefix = prompt(40, 2 * B + 1)
     # Off unless asked for.
-    engine = Engine(MODEL, None, batch_size=1, policy=policy)
+    engine = Engine(ModelRunner(MODEL), None, batch_size=1, policy=policy)
     assert engine.prefix_cache is None
     for enabled, expected in ((True, [0, 2 * B]), (False, [0, 0])):
-        engine = Engine(MODEL, None, batch_size=1, policy=policy, prefix_cache=enabled)
+        engine = Engine(ModelRunner(MODEL), None, batch_size=1, policy=policy, prefix_cache=enabled)
         made = [make_request(engine, i, prefix + [i + 1], params(3)) for i in range(2)]
         serve_all(engine, made)
         outputs = [RequestOutput.from_request(r) for r in made]
@@ -324,7 +347,12 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
 def test_continuous_batching_waits_for_a_prefix_in_flight_rather_than_computing_it_twice():
     prefix = prompt(50, 2 * B + 3)
     engine = Engine(
-        MODEL, None, batch_size=4, policy="continuous", round_token_budget=20, prefix_cache=True
+        ModelRunner(MODEL),
+        None,
+        batch_size=4,
+        policy="continuous",
+        round_token_budget=20,
+        prefix_cache=True,
     )
     first = make_request(engine, 0, prefix + [1], params(3))
     second = make_request(engine, 1, prefix + [2], params(3))
@@ -343,9 +371,14 @@ def test_continuous_batching_waits_for_a_prefix_in_flight_rather_than_computing_
 def test_the_budget_holds_at_the_moment_a_kv_cache_is_allocated(policy, monkeypatch):
     budget = 180
     engine = Engine(
-        MODEL, None, batch_size=4, kv_budget_tokens=budget, policy=policy, prefix_cache=True
+        ModelRunner(MODEL),
+        None,
+        batch_size=4,
+        kv_budget_tokens=budget,
+        policy=policy,
+        prefix_cache=True,
     )
-    allocate = engine.model.new_kv_cache
+    allocate = engine.runner.model.new_kv_cache
     seen = []
 
     def checked(n_slots, capacity):
@@ -357,7 +390,7 @@ def test_the_budget_holds_at_the_moment_a_kv_cache_is_allocated(policy, monkeypa
         assert engine.prefix_cache.positions + held + n_slots * capacity <= budget
         return allocate(n_slots=n_slots, capacity=capacity)
 
-    monkeypatch.setattr(engine.model, "new_kv_cache", checked)
+    monkeypatch.setattr(engine.runner.model, "new_kv_cache", checked)
     prefix = prompt(60, 2 * B + 8)
     serve_all(engine, [make_request(engine, 0, prefix, params(4))])
     made = [
@@ -381,7 +414,7 @@ def test_prompts_that_end_in_one_round_enter_the_cache_in_slot_order():
     shared = [(i * 7) % 50 for i in range(50)]
     prompts = [[1, 2], shared, [(i * 3 + 1) % 50 for i in range(20)], shared[:48] + [9] * 5]
     engine = Engine(
-        model,
+        ModelRunner(model),
         None,
         batch_size=2,
         policy="continuous",

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, make_request, random_model
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.engine.round_record import WAITING_SHOWN, RoundRecord
 
@@ -27,7 +28,7 @@ def model():
 
 def run_records(model, lengths, policy, batch_size, prompt_lens=None):
     """Serve requests of these output lengths (all there at once) by stepping; every round's record."""
-    engine = Engine(model, None, batch_size=batch_size, policy=policy)
+    engine = Engine(ModelRunner(model), None, batch_size=batch_size, policy=policy)
     requests = []
     for index, length in enumerate(lengths):
         prompt_len = 1 if prompt_lens is None else prompt_lens[index]
@@ -157,7 +158,7 @@ def test_every_round_record_holds_the_invariants_of_a_round(
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_an_abort_that_no_round_follows_still_has_its_record(model, policy):
-    engine = Engine(model, None, batch_size=2, policy=policy)
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy=policy)
     params = SamplingParams(max_new_tokens=20, ignore_eos=True)
     running = make_request(engine, 0, [1, 2, 3], params, request_id="running")
     engine.add_request(running)
@@ -182,7 +183,12 @@ def test_a_chunk_round_that_gives_no_token_is_marked_prefill(model):
     """6 tokens a round: the 14-token prompt is fed 6 + 6 + 2 (rounds 1-3), its first token in round 3; the
     2-token prompt, admitted in round 3 beside it with the 4 tokens left, gives its first token at once."""
     engine = Engine(
-        model, None, batch_size=2, policy="continuous", round_token_budget=6, prefix_cache=False
+        ModelRunner(model),
+        None,
+        batch_size=2,
+        policy="continuous",
+        round_token_budget=6,
+        prefix_cache=False,
     )
     long = make_request(
         engine, 0, list(range(1, 15)), SamplingParams(max_new_tokens=2, ignore_eos=True)

@@ -6,6 +6,7 @@ import numpy as np
 from conftest import make_request, random_model
 from minirt import SamplingParams
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 
 
 def test_each_rounds_rows_go_in_slot_order_after_a_freed_slot_is_reused(monkeypatch):
@@ -15,7 +16,7 @@ def test_each_rounds_rows_go_in_slot_order_after_a_freed_slot_is_reused(monkeypa
     token (by hand: the third's prompt beside the second's first token, then the third's first
     token beside the second's second)."""
     model = random_model(seed=3, vocab_size=50, n_positions=32)
-    engine = Engine(model, None, batch_size=2, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     seen = []
     original = model.forward
 

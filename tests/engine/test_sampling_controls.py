@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import make_request, random_model, reference_available, serve_all
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.errors import RequestError
 from minirt.engine.params import SamplingParams
 from minirt.engine.sampler import filtered_distribution, processed_logits, top_logprobs
@@ -145,14 +146,18 @@ def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, po
         )
         for i in range(n)
     ]
-    together = served(Engine(model, None, batch_size=batch_size, policy=policy), prompts, params)
+    together = served(
+        Engine(ModelRunner(model), None, batch_size=batch_size, policy=policy), prompts, params
+    )
     for (
         request
     ) in together:  # each sample alone, in a batch of one, is what it was beside its peers
         [alone] = [
             r
             for r in served(
-                Engine(model, None, batch_size=1), [prompts[request.index]], [params[request.index]]
+                Engine(ModelRunner(model), None, batch_size=1),
+                [prompts[request.index]],
+                [params[request.index]],
             )
             if r.sample == request.sample
         ]
@@ -180,7 +185,7 @@ def served(engine, prompts, params):
 
 def test_a_bias_steers_greedy_decoding(model):
     """+100 on token 5 makes greedy pick 5 every time; a repetition penalty alone changes nothing unless seen."""
-    engine = Engine(model, None, batch_size=2)
+    engine = Engine(ModelRunner(model), None, batch_size=2)
     biased = serve(
         engine,
         [[1, 2, 3]],
@@ -539,7 +544,7 @@ def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
     under static groups, group 2's first tokens come after every group-1 member's finish."""
     from minirt.cli.summary import summary
 
-    engine = Engine(model, None, batch_size=2)
+    engine = Engine(ModelRunner(model), None, batch_size=2)
     params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 6, 3, 1)]
     requests = [make_request(engine, i, [1 + i], sp) for i, sp in enumerate(params)]
     # Refused (a token outside the vocabulary), so it never runs.

@@ -15,6 +15,7 @@ from minirt.request_maker import RequestMaker
 from conftest import make_request, random_model, serve_all
 from minirt import LLM, SamplingParams
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.engine.request import Status
 from minirt.errors import RequestError
 
@@ -35,7 +36,7 @@ def greedy_by_recompute(model, prompt: list[int], n: int) -> list[int]:
 
 def solo(model, prompt, params, index=0):
     """The request served alone, in a batch of one."""
-    engine = Engine(model, None, batch_size=1)
+    engine = Engine(ModelRunner(model), None, batch_size=1)
     request = make_request(engine, index, prompt, params)
     serve_all(engine, [request])
     return request.token_ids
@@ -56,7 +57,7 @@ def run_to_end(engine):
 
 
 def test_a_step_is_one_round_and_says_what_it_produced(model):
-    engine = Engine(model, None, batch_size=4, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
     short = make_request(engine, 0, [1, 2, 3], greedy(2))
     long = make_request(engine, 1, [4, 5], greedy(3))
     engine.add_request(short)
@@ -80,7 +81,7 @@ def test_a_step_is_one_round_and_says_what_it_produced(model):
 
 
 def test_a_request_no_round_could_take_is_final_when_added(model):
-    engine = Engine(model, None, batch_size=2, kv_budget_tokens=10)
+    engine = Engine(ModelRunner(model), None, batch_size=2, kv_budget_tokens=10)
     too_big = make_request(engine, 0, [1, 2, 3], greedy(20))
     engine.add_request(too_big)
     assert too_big.finished and too_big.finish_reason == "error"
@@ -92,7 +93,7 @@ def test_a_request_no_round_could_take_is_final_when_added(model):
 
 
 def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(model):
-    engine = Engine(model, None, batch_size=4, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
     early = make_request(engine, 0, [3, 1, 4], greedy(6))
     engine.add_request(early)
     engine.step()
@@ -110,7 +111,7 @@ def test_continuous_admits_a_request_added_while_others_run_at_the_next_round(mo
 
 
 def test_a_request_added_mid_run_arrives_when_it_is_added(model):
-    engine = Engine(model, None, batch_size=2, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     early = make_request(engine, 0, [1, 2], greedy(4))
     engine.add_request(early)
     engine.step()
@@ -122,7 +123,7 @@ def test_a_request_added_mid_run_arrives_when_it_is_added(model):
 
 
 def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
-    engine = Engine(model, None, batch_size=4, policy="static")
+    engine = Engine(ModelRunner(model), None, batch_size=4, policy="static")
     members = [make_request(engine, i, [i + 1, 2], greedy(2 + 2 * i)) for i in range(2)]
     for request in members:
         engine.add_request(request)
@@ -140,7 +141,7 @@ def test_a_static_group_admits_nobody_added_while_it_runs_until_it_ends(model):
 
 
 def test_a_longer_request_arriving_after_the_pool_started_is_served(model):
-    engine = Engine(model, None, batch_size=3, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=3, policy="continuous")
     first = make_request(engine, 0, [1, 2], greedy(2))
     engine.add_request(first)
     engine.step()
@@ -159,7 +160,9 @@ def test_a_pool_the_budget_cannot_grow_drains_then_is_made_anew(model):
     running one, so admission waits until the pool is empty; a short request that comes after
     it waits too, though it would fit the row that frees first (else a stream of short
     requests could keep the long one waiting for ever)."""
-    engine = Engine(model, None, batch_size=2, policy="continuous", kv_budget_tokens=16)
+    engine = Engine(
+        ModelRunner(model), None, batch_size=2, policy="continuous", kv_budget_tokens=16
+    )
     a = make_request(engine, 0, [1, 2, 3], greedy(2))
     b = make_request(engine, 1, [4, 5, 6], greedy(6))
     engine.add_request(a)
@@ -183,7 +186,7 @@ def test_a_pool_the_budget_cannot_grow_drains_then_is_made_anew(model):
 
 
 def test_a_request_aborted_while_waiting_never_runs(model):
-    engine = Engine(model, None, batch_size=1, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=1, policy="continuous")
     running = make_request(engine, 0, [1, 2], greedy(3))
     waiting = make_request(engine, 1, [3, 4], greedy(3), request_id="w")
     engine.add_request(running)
@@ -204,7 +207,7 @@ def test_a_request_aborted_while_waiting_never_runs(model):
 def test_an_aborted_running_request_frees_its_slot_for_the_next_whose_tokens_equal_a_solo_run(
     model, params
 ):
-    engine = Engine(model, None, batch_size=1, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=1, policy="continuous")
     doomed = make_request(engine, 0, [6, 6, 6, 6], greedy(20), request_id="doomed")
     after = make_request(engine, 1, [2, 7, 1], params, request_id="after")
     engine.add_request(doomed)
@@ -225,7 +228,7 @@ def test_an_aborted_running_request_frees_its_slot_for_the_next_whose_tokens_equ
 
 
 def test_an_aborted_static_member_leaves_the_compute_while_its_group_runs_on(model):
-    engine = Engine(model, None, batch_size=3, policy="static")
+    engine = Engine(ModelRunner(model), None, batch_size=3, policy="static")
     members = [make_request(engine, i, [i + 2, 3], greedy(4), request_id=f"m{i}") for i in range(3)]
     for request in members:
         engine.add_request(request)
@@ -241,7 +244,7 @@ def test_an_aborted_static_member_leaves_the_compute_while_its_group_runs_on(mod
 
 
 def test_a_static_group_whose_members_are_all_aborted_ends_and_the_next_starts(model):
-    engine = Engine(model, None, batch_size=2, policy="static")
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy="static")
     group = [make_request(engine, i, [i + 1], greedy(9), request_id="group") for i in range(2)]
     nxt = make_request(engine, 2, [4, 4], greedy(3), request_id="next")
     for request in [*group, nxt]:
@@ -259,7 +262,7 @@ def test_a_static_group_whose_members_are_all_aborted_ends_and_the_next_starts(m
 
 
 def test_abort_ends_every_sample_of_a_prompt(model):
-    llm_engine = Engine(model, None, batch_size=4, policy="continuous")
+    llm_engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
     params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
     samples = [
         make_request(llm_engine, 0, [1, 2], params, request_id="p", sample=k, output_index=k)
@@ -296,7 +299,7 @@ def test_whenever_requests_arrive_or_one_is_aborted_the_others_get_their_solo_to
     """Request k arrives before step arrivals[k]; one may be aborted before a later step.
     Every request that is not aborted gets exactly its tokens computed alone; the aborted one
     keeps a prefix of them."""
-    engine = Engine(model, None, batch_size=batch_size, policy=policy)
+    engine = Engine(ModelRunner(model), None, batch_size=batch_size, policy=policy)
     prompts = [[(3 * k + j) % 60 for j in range(1 + k % 3)] for k in range(len(arrivals))]
     requests = [
         make_request(engine, k, prompts[k], greedy(lengths[k]), request_id=f"r{k}")
@@ -324,7 +327,7 @@ def test_whenever_requests_arrive_or_one_is_aborted_the_others_get_their_solo_to
 
 
 def test_an_offline_run_is_refused_while_added_requests_are_unfinished(model):
-    engine = Engine(model, None, batch_size=2)
+    engine = Engine(ModelRunner(model), None, batch_size=2)
     engine.add_request(make_request(engine, 0, [1], greedy(3)))
     with pytest.raises(RequestError, match="still serving"):
         serve_all(engine, [make_request(engine, 1, [2], greedy(3))])
@@ -332,7 +335,7 @@ def test_an_offline_run_is_refused_while_added_requests_are_unfinished(model):
 
 def test_llm_generate_equals_a_loop_over_step_by_hand(model):
     llm = LLM.__new__(LLM)  # the engine of an LLM, without a checkpoint on disk
-    llm.engine = Engine(model, None, batch_size=2, policy="continuous")
+    llm.engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     llm.tokenizer = None
     llm.request_maker = RequestMaker.for_model(model.config, None)
     llm.defaults = greedy(5)
@@ -340,7 +343,7 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
     prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
     params = [SamplingParams(max_new_tokens=2 + i, temperature=0.9, seed=i) for i in range(4)]
     outputs = llm.generate(prompts, params)
-    engine = Engine(model, None, batch_size=2, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     by_hand = [
         make_request(engine, i, p, sp)
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
@@ -357,7 +360,7 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
 
 
 def test_after_an_offline_run_the_engine_steps_a_new_run(model):
-    engine = Engine(model, None, batch_size=2, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     stats = serve_all(engine, [make_request(engine, i, [1 + i, 2], greedy(3)) for i in range(2)])
     late = make_request(engine, 2, [5], greedy(2))
     engine.add_request(late)
@@ -369,7 +372,7 @@ def test_after_an_offline_run_the_engine_steps_a_new_run(model):
 
 
 def test_a_request_is_added_once(model):
-    engine = Engine(model, None, batch_size=2)
+    engine = Engine(ModelRunner(model), None, batch_size=2)
     request = make_request(engine, 0, [1, 2], greedy(4))
     engine.add_request(request)
     with pytest.raises(RequestError, match="added to a run already"):
@@ -381,7 +384,7 @@ def test_a_request_is_added_once(model):
 
 
 def test_an_offline_run_refused_for_one_request_leaves_the_engine_ready(model):
-    engine = Engine(model, None, batch_size=2)
+    engine = Engine(ModelRunner(model), None, batch_size=2)
     served = make_request(engine, 0, [1], greedy(2))
     serve_all(engine, [served])
     fresh = make_request(engine, 1, [2], greedy(2))
@@ -395,7 +398,7 @@ def test_an_offline_run_refused_for_one_request_leaves_the_engine_ready(model):
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_a_round_that_raises_abandons_the_run_and_the_next_run_is_whole(model, monkeypatch, policy):
-    engine = Engine(model, None, batch_size=2, policy=policy)
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy=policy)
     first = [make_request(engine, i, [1 + i, 2], greedy(4)) for i in range(2)]
     for request in first:
         engine.add_request(request)
@@ -421,7 +424,7 @@ def test_a_round_that_raises_abandons_the_run_and_the_next_run_is_whole(model, m
 def test_an_abort_inside_the_loop_is_heard_as_final_and_ends_its_group(model):
     """An abort while the run's loop reports a step (as a callback would): the next step lists
     the request among its final records, and its group's end."""
-    engine = Engine(model, None, batch_size=1, policy="static")
+    engine = Engine(ModelRunner(model), None, batch_size=1, policy="static")
     requests = [make_request(engine, i, [1 + i], greedy(5), request_id=f"r{i}") for i in range(2)]
     finals = []
     groups = []
@@ -443,7 +446,7 @@ def test_an_abort_inside_the_loop_is_heard_as_final_and_ends_its_group(model):
 
 
 def test_time_to_first_token_counts_from_arrival(model):
-    engine = Engine(model, None, batch_size=2, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     engine.add_request(make_request(engine, 0, [1], greedy(30)))
     for _ in range(20):
         engine.step()
@@ -457,7 +460,9 @@ def test_time_to_first_token_counts_from_arrival(model):
 
 
 def test_a_pool_the_budget_holds_down_as_it_grows_says_so(model):
-    engine = Engine(model, None, batch_size=4, policy="continuous", kv_budget_tokens=12)
+    engine = Engine(
+        ModelRunner(model), None, batch_size=4, policy="continuous", kv_budget_tokens=12
+    )
     engine.add_request(make_request(engine, 0, [1], greedy(2)))
     engine.step()
     assert engine.stats.kv_limited_rows == []
@@ -470,7 +475,7 @@ def test_a_pool_the_budget_holds_down_as_it_grows_says_so(model):
 
 
 def test_a_stream_of_arrivals_grows_the_pool_twofold_not_row_by_row(model):
-    engine = Engine(model, None, batch_size=8, policy="continuous")
+    engine = Engine(ModelRunner(model), None, batch_size=8, policy="continuous")
     rows_after_each_arrival = []
     for i in range(5):
         engine.add_request(make_request(engine, i, [1 + i], greedy(40)))
@@ -488,7 +493,7 @@ def test_forget_history_drops_what_only_reports_read_and_changes_no_result(model
     rounds must keep every request's tokens, group and rounds as they were, and leave nothing of ended groups."""
 
     def served(forget_every: int | None):
-        engine = Engine(model, None, batch_size=2, policy=policy)
+        engine = Engine(ModelRunner(model), None, batch_size=2, policy=policy)
         engine.start_run()
         rng = np.random.default_rng(7)
         requests = []

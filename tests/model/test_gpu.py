@@ -27,6 +27,7 @@ from conftest import FIXTURES, make_request, random_model, serve_all
 from minirt.model import backend as backend_module
 from minirt.model.backend import get_backend
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.errors import BackendError
 from minirt.engine.params import SamplingParams
 
@@ -137,7 +138,7 @@ def test_greedy_tokens_agree_where_margins_are_clear(cfg, batch, dtype):
     sp = SamplingParams(max_new_tokens=6, ignore_eos=True)
     runs = {}
     for name, model in (("cpu", cpu), ("gpu", gpu)):
-        engine = Engine(model, None, batch_size=3)
+        engine = Engine(ModelRunner(model), None, batch_size=3)
         requests = [make_request(engine, i, p, sp) for i, p in enumerate(prompts)]
         serve_all(engine, requests)
         runs[name] = requests
@@ -163,7 +164,7 @@ def test_seeded_sampling_gives_the_same_tokens(cfg, batch, seed):
     )
     outputs = []
     for model in (cpu, gpu):
-        engine = Engine(model, None, batch_size=4)
+        engine = Engine(ModelRunner(model), None, batch_size=4)
         requests = [make_request(engine, i, p, sp) for i, p in enumerate(prompts)]
         serve_all(engine, requests)
         outputs.append([r.token_ids for r in requests])
@@ -259,7 +260,7 @@ def assert_runs_agree(cpu_model, want, got):
 
 
 def served_on(model, prompts, params, **settings):
-    engine = Engine(model, None, **settings)
+    engine = Engine(ModelRunner(model), None, **settings)
     requests = [make_request(engine, i, p, params) for i, p in enumerate(prompts)]
     serve_all(engine, requests)
     return requests

@@ -140,6 +140,16 @@ def test_each_part_imports_only_the_parts_below_it(path):
     )
 
 
+def test_the_engine_may_not_import_loading_cli_server_or_distributed():
+    """Issue #37's contract, which the per-module test above holds for every engine module: the
+    engine takes token ids and a detokenizer object, and knows no file, flag or transport."""
+    assert not MAY_IMPORT["engine"] & {"loading", "cli", "server", "distributed", "llm"}
+    engine_files = [path for path in MODULES if part_of(path) == "engine"]
+    assert len(engine_files) > 10
+    for path in engine_files:
+        assert not minirt_imports(path) & {"loading", "cli", "server", "distributed", "llm"}
+
+
 @pytest.mark.parametrize("path", MODULES, ids=relative)
 def test_optional_packages_stay_in_their_own_place(path):
     where = relative(path)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from conftest import ROOT, make_request, random_model, serve_all
 from minirt.cli.command import EXIT_OK, EXIT_USAGE, run_command
 from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.model.gpt2 import GPT2
 from minirt.rounds import MAX_LENGTH, MAX_WORKLOAD, main, parse_lengths
 from minirt.engine.params import SamplingParams
@@ -262,13 +263,15 @@ def test_the_kv_cache_never_has_more_slots_than_requests(model, n_requests, batc
             ),
         )
         tokens, stats = serve(
-            Engine(model, None, batch_size=batch_size, policy=policy, kv_budget_mib=10**6)
+            Engine(
+                ModelRunner(model), None, batch_size=batch_size, policy=policy, kv_budget_mib=10**6
+            )
         )
     assert (
         sizes and max(sizes) <= n_requests
     )  # at most 2 slots for 2 requests, whatever the batch size
     assert stats.kv_limited_rows == []  # nothing held the pool down but the queue
-    same, _ = serve(Engine(model, None, batch_size=n_requests, policy=policy))
+    same, _ = serve(Engine(ModelRunner(model), None, batch_size=n_requests, policy=policy))
     assert tokens == same
 
 

@@ -128,3 +128,25 @@ def test_one_token_id_prompt_among_text_ones_runs_and_the_text_ones_fail_alone(t
     records = [json.loads(line) for line in output.splitlines()]
     assert [r["error"] is None for r in records] == [False, True, False]
     assert "no tokenizer" in records[0]["error"]
+
+
+def test_a_bad_line_fails_alone_and_its_record_has_the_fields_of_its_peers(tmp_path):
+    """A line refused before any prompt is made of it (an unknown field) is a failed record in its
+    place, with the fields every record of the run has: with --logprobs, an empty logprobs list."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": [1, 2]}\n{"prompt": [3], "colour": "red"}\n{"prompt": [4]}\n')
+    output = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "minirt.generate", "--model", str(BASE), "--prompts", str(prompts)]
+        + ["--output", str(output), "--quiet", "--logprobs", "--max-new-tokens", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    good, bad, last = [json.loads(line) for line in output.read_text().splitlines()]
+    assert bad["index"] == 1 and bad["finish_reason"] == "error" and "colour" in bad["error"]
+    assert bad["token_ids"] == [] and bad["logprobs"] == [] and bad["first_round"] is None
+    assert set(bad) == set(good) == set(last)
+    assert len(good["logprobs"]) == len(good["token_ids"]) == 2

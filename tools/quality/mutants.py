@@ -13,8 +13,8 @@ write the test that kills it, and check by hand that the test fails on the mutan
     python tools/quality/mutants.py --only top_p_boundary reused_slot_not_zeroed --jobs 1
     python tools/quality/mutants.py --only window_never_waits --tests tests/server   # a quick look
 
-Two mutants of minirt/distributed/ (worker_forgets_global_index, replay_chooses_groups_early)
-are killed only by the tests marked `ray`: run the tool from an environment with the ray extra
+The mutants of minirt/distributed/ (worker_forgets_global_index, replay_chooses_groups_early,
+replay_arrivals_counted_late) are killed only by the tests marked `ray`: run the tool from an environment with the ray extra
 (`pip install -e ".[ray]"`), or they survive as blind spots of a suite that skipped those tests.
 
 The mutants of minirt/server/ and minirt/serve.py are killed only by the tests marked `serve`: run the tool
@@ -809,8 +809,8 @@ MUTANTS = [
     Mutant(
         "replay_chooses_groups_early",
         "minirt/distributed/serve_on_ray.py",
-        "short = choosing and len(scheduler.waiting) < self.batch_size",
-        "short = choosing and not scheduler.waiting",
+        "short = choosing and len(engine.scheduler.waiting) < self.batch_size",
+        "short = choosing and not engine.scheduler.waiting",
         "a static group is chosen before all its members arrived: a short group, wrong rounds",
     ),
     Mutant(
@@ -1723,8 +1723,8 @@ MUTANTS = [
     Mutant(
         "simulated_cache_never_used",
         "minirt/cli/simulation.py",
-        "    kv = KVManager(kv_budget, PositionsOnly, PrefixCache() if prefix_cache else None)",
-        "    kv = KVManager(kv_budget, PositionsOnly, None)",
+        "        prefix_cache=prefix_cache,\n        chunked_prefill=chunked_prefill,\n    )\n    if on_plan",
+        "        prefix_cache=False,\n        chunked_prefill=chunked_prefill,\n    )\n    if on_plan",
         "minirt rounds --shared-prefix --prefix-cache shows no saving",
     ),
     Mutant(
@@ -1776,6 +1776,42 @@ MUTANTS = [
         "            token_ids=list(request.token_ids),",
         "            token_ids=request.token_ids,",
         "a final output shares the request's token list, which a later change would alter",
+    ),
+    # ---- one scheduler everywhere: the model-free runner (minirt rounds, the Ray replay)
+    Mutant(
+        "replayed_failure_ignored",
+        "minirt/engine/model_free_runner.py",
+        "            if ending is not None and ending.fails and len(request.token_ids) == ending.tokens:",
+        "            if False:",
+        "the Ray replay runs a request that failed mid-run to its max_new_tokens",
+    ),
+    Mutant(
+        "replayed_stop_ignored",
+        "minirt/engine/model_free_runner.py",
+        "            if len(request.token_ids) == ending.tokens:",
+        "            if len(request.token_ids) == ending.tokens + 1:",
+        "the Ray replay runs a request that stopped early one round too long",
+    ),
+    Mutant(
+        "replay_arrivals_counted_late",
+        "minirt/distributed/serve_on_ray.py",
+        "            self.engine.add_request(stub, arrival_s=0.0, arrival_round=0)",
+        "            self.engine.add_request(stub, arrival_s=0.0)",
+        "a replayed request that joins after earlier groups ran is said to have waited fewer rounds",
+    ),
+    Mutant(
+        "tokenizer_eos_ignored",
+        "minirt/engine/engine.py",
+        "            runner.eos_token_id = detokenizer.eos_token_id",
+        "            pass",
+        "a model whose config has no EOS never stops at the tokenizer's <|endoftext|>",
+    ),
+    Mutant(
+        "model_free_rows_out_of_slot_order",
+        "minirt/engine/model_free_runner.py",
+        "        return sorted(plan.active, key=slot_of), None",
+        "        return list(plan.active), None",
+        "the simulated rounds run rows in admission order, so prefix-cache inserts differ from the engine's",
     ),
 ]
 

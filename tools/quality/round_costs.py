@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     import minirt
     from conftest import random_model
     from minirt.engine.engine import Engine
+    from minirt.engine.runner import ModelRunner
     from minirt.engine.params import SamplingParams
     from minirt.request_maker import RequestMaker
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_layer=args.layers,
                 n_positions=64,
             )
-            engine = Engine(model, None, batch_size=4)
+            engine = Engine(ModelRunner(model), None, batch_size=4)
             prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [3, 3]]
             maker = RequestMaker.for_model(model.config, None)
             requests = [maker.make(i, p, params) for i, p in enumerate(prompts)]
