@@ -32,7 +32,7 @@ from .cli.plural import plural
 from .errors import MinirtError
 from .loading.checkpoint import shipped_model_folder
 from .llm import LLM
-from .model.gpt2 import GPT2
+from .model.interface import Model
 from .engine.sampler import log_softmax
 
 # A cap on the fp32 logits held at once (their float64 log-softmax is twice that).
@@ -64,7 +64,7 @@ def windows(n_tokens: int, window: int, stride: int) -> list[tuple[int, int, int
 
 
 def text_loss(
-    model: GPT2, ids: list[int], window: int, stride: int, progress=None
+    model: Model, ids: list[int], window: int, stride: int, progress=None
 ) -> tuple[float, int]:
     """(total negative log-likelihood in nats, number of predictions) of a token sequence."""
     spans = windows(len(ids), window, stride)

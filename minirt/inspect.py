@@ -184,12 +184,7 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
         not a.flags.owndata for a in model.params.values()
     )
     print(f"model      {checkpoint.folder}")
-    print(
-        f"config     {plural(c.n_layer, 'layer')}, {c.n_embd} wide, {plural(c.n_head, 'head')} "
-        f"(head_dim {c.head_dim}), MLP {c.n_inner}, vocab {c.vocab_size}, "
-        f"context {c.n_positions}, {c.activation_function} ({c.gelu_form}), "
-        f"eps {c.layer_norm_epsilon:g}"
-    )
+    print(f"config     {c.summary}")
     if checkpoint.head_is_tied:
         head = "tied to wte"
     else:

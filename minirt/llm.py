@@ -52,18 +52,20 @@ from .loading.checkpoint import Checkpoint, load_checkpoint, shipped_model_folde
 from .loading.json_file import broken_link, read_json_file
 from .loading.tokenizer import load_tokenizer
 from .model.backend import get_backend, resolve_dtype
-from .model.gpt2 import GPT2
+from .model.interface import Model
+from .model.registry import build_model
 from .request_maker import RequestMaker
 
 
 def load_model(
     model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32"
-) -> GPT2:
-    """Load a GPT-2 checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint)
-    onto a backend."""
+) -> Model:
+    """Load a checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a
+    backend, as the model class its config.json's model_type names
+    (minirt/model/registry.py)."""
     chosen, _note = get_backend(backend)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    return GPT2(checkpoint, chosen, resolve_dtype(dtype))
+    return build_model(checkpoint, chosen, resolve_dtype(dtype))
 
 
 def generation_defaults(folder: Path) -> SamplingParams:
@@ -155,7 +157,7 @@ class LLM:
         chosen, backend_note = get_backend(backend)
         self.backend_note = backend_note
         checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-        self.model = GPT2(checkpoint, chosen, resolve_dtype(dtype))
+        self.model = build_model(checkpoint, chosen, resolve_dtype(dtype))
         config = self.model.config
         # None when the folder has no tokenizer (token-id prompts still work); a broken or
         # mismatched one is refused.

@@ -26,7 +26,8 @@ from .engine.sampler import derived_seed, request_rng, sample_seed
 from .errors import InputError, RequestError
 from .loading.tokenizer import Tokenizer
 from .model.batch import check_token_ids
-from .model.config import GPT2Config, special_ids
+from .model.config import special_ids
+from .model.interface import ModelConfig
 
 
 class RequestMaker:
@@ -49,7 +50,7 @@ class RequestMaker:
 
     @classmethod
     def for_model(
-        cls, config: GPT2Config, tokenizer: Tokenizer | None, run_seed: int = 0
+        cls, config: ModelConfig, tokenizer: Tokenizer | None, run_seed: int = 0
     ) -> RequestMaker:
         """The maker of a model's requests: its BOS is the tokenizer's, else its config's when
         that lies in its vocabulary."""

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..model.batch import Batch
 from ..model.config import special_ids
+from ..model.interface import Model
 from ..model.kv_cache import KVCache
 from .kv_manager import SlotStore
 from .request import Request, add_token, fail_request, slot_of
@@ -73,13 +74,13 @@ class ModelRunner:
     config's EOS (when it lies in its vocabulary); an engine given a tokenizer sets the
     tokenizer's instead."""
 
-    def __init__(self, model):
+    def __init__(self, model: Model):
         self.model = model
         c = model.config
         self.eos_token_id, _bos_token_id = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
         self.n_positions = c.n_positions
         self.kv_bytes_per_position = KVCache.bytes_needed(
-            c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype
+            c.n_layer, c.n_kv_head, c.head_dim, 1, 1, model.dtype
         )
 
     def new_kv_cache(self, rows: int, capacity: int) -> KVCache:

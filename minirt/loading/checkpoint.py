@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model.config import GPT2Config
+from ..model.interface import ModelConfig
+from ..model.registry import family_of
 from .json_file import broken_link, not_a_regular_file, read_config, read_json_file
 from ..errors import CheckpointError
 from .safetensors_header import TensorEntry, read_safetensors_header
@@ -193,40 +194,6 @@ def map_tensor(file_map: np.ndarray, data_offset: int, entry: TensorEntry) -> np
     return bf16_to_float32(array) if entry.dtype == "BF16" else array
 
 
-def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every learned tensor of GPT2LMHeadModel, with the shape the config implies."""
-    V = config.vocab_size
-    P = config.n_positions
-    C = config.n_embd
-    I = config.n_inner  # noqa: E741 (I: the MLP's inner width)
-    # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]:
-    # `x @ weight`, no transpose.
-    block = {
-        "ln_1.weight": (C,),
-        "ln_1.bias": (C,),
-        "attn.c_attn.weight": (C, 3 * C),
-        "attn.c_attn.bias": (3 * C,),
-        "attn.c_proj.weight": (C, C),
-        "attn.c_proj.bias": (C,),
-        "ln_2.weight": (C,),
-        "ln_2.bias": (C,),
-        "mlp.c_fc.weight": (C, I),
-        "mlp.c_fc.bias": (I,),
-        "mlp.c_proj.weight": (I, C),
-        "mlp.c_proj.bias": (C,),
-    }
-    blocks = {
-        f"h.{i}.{name}": shape for i in range(config.n_layer) for name, shape in block.items()
-    }
-    return {
-        "wte.weight": (V, C),
-        "wpe.weight": (P, C),
-        **blocks,
-        "ln_f.weight": (C,),
-        "ln_f.bias": (C,),
-    }
-
-
 def describe_names(names: list[str], limit: int = 4) -> str:
     """The first few names, each quoted (so that '' and a name with a line break show as
     what they are), and how many more."""
@@ -239,7 +206,7 @@ class Checkpoint:
     """A checked checkpoint: its folder, config and weights (NumPy, file precision)."""
 
     folder: Path
-    config: GPT2Config
+    config: ModelConfig
     # Canonical name -> array; "lm_head.weight" is always present.
     tensors: dict[str, np.ndarray]
     # Canonical name -> safetensors dtype code, for reports.
@@ -369,7 +336,7 @@ def shard_inside(folder: Path, name: str, index: Path) -> Path:
     return folder / name
 
 
-def check_files_can_hold(config: GPT2Config, files: list[Path], source: Path) -> None:
+def check_files_can_hold(config: ModelConfig, files: list[Path], source: Path) -> None:
     """Refuse a config that implies more weights than the files could hold even in 16 bits (an
     n_layer or a context in the billions), in one line with the memory it asks for, before any
     size is taken from it."""
@@ -433,7 +400,8 @@ def read_tensors(
 
 
 def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
-    """Resolve, open and check a GPT-2 checkpoint.  Raises CheckpointError in one line."""
+    """Resolve, open and check a checkpoint of a family minirt runs (minirt/model/registry.py):
+    every tensor its config implies, each of its shape.  Raises CheckpointError in one line."""
     folder = resolve_model_folder(model)
     config = read_config(folder / "config.json")
     files = weight_files(folder)
@@ -441,7 +409,8 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     headers = [(path, *read_safetensors_header(path)) for path in files]
     # Then, before anything is sized by the config, whether the files could hold what it implies.
     check_files_can_hold(config, files, folder / "config.json")
-    expected = expected_shapes(config)
+    family = family_of(config)
+    expected = family.expected_shapes(config)
     # An untied head is optional.
     allowed = {**expected, "lm_head.weight": (config.vocab_size, config.n_embd)}
     tensors, file_dtypes, unexpected = read_tensors(headers, allowed)
@@ -449,7 +418,7 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     if unexpected:
         raise CheckpointError(
             f"{folder}: unexpected tensors {describe_names(unexpected)}; "
-            "this is not a GPT2LMHeadModel checkpoint"
+            f"this is not a {family.architecture} checkpoint"
         )
     missing = [name for name in expected if name not in tensors]
     if missing:

@@ -3,7 +3,8 @@
 Owns: `read_json_file`, the one reader of a model folder's JSON (config.json,
 generation_config.json, a shard index): a regular file of at most MAX_JSON_BYTES, so a FIFO or
 /dev/zero is never read forever, and refused with `NotAJsonFile`, whose message says what the path
-is instead; `read_config`, config.json as a checked `GPT2Config` or a one-line CheckpointError;
+is instead; `read_config`, config.json as a checked config of its family, or a one-line
+CheckpointError;
 `broken_link`, the one wording of a path that is a symlink to nothing or a symlink loop, and
 `not_a_regular_file`, the one wording of a path that is a folder, a FIFO, a device or a socket.
 checkpoint.py (the folder, the weights, the shards) and tokenizer.py use both, so that such a path
@@ -21,7 +22,8 @@ import stat
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..model.config import GPT2Config
+from ..model.interface import ModelConfig
+from ..model.registry import family_for
 
 # A model's JSON files are kilobytes; nothing bigger (or a FIFO, /dev/zero) is read.
 MAX_JSON_BYTES = 16 * 2**20
@@ -104,9 +106,9 @@ def broken_link(path: Path) -> str | None:
     return f"{path} is a link to {target}, which cannot be reached ({reason.strerror})"
 
 
-def read_config(path: Path) -> GPT2Config:
-    """config.json as a checked GPT2Config, or a CheckpointError saying what is wrong with the
-    file."""
+def read_config(path: Path) -> ModelConfig:
+    """config.json as the checked config of its family (minirt/model/registry.py), or a
+    CheckpointError saying what is wrong with the file."""
     path = Path(path)
     try:
         raw = read_json_file(path)
@@ -130,4 +132,7 @@ def read_config(path: Path) -> GPT2Config:
         raise CheckpointError(
             f"{path}: not JSON in UTF-8 that minirt can read (too deep or too long)"
         ) from None
-    return GPT2Config.from_dict(raw, source=str(path))
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(raw).__name__}")
+    family = family_for(raw, source=str(path))
+    return family.read_config(raw, str(path))

@@ -9,7 +9,7 @@ Must not know: weights, tensors, backends or tokenizers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..errors import CheckpointError
 
@@ -38,6 +38,9 @@ REQUIRED_SIZES = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
 class GPT2Config:
     """The numbers that fix every tensor's shape, and the few switches the layers honour."""
 
+    # The family (minirt/model/registry.py).
+    model_type: ClassVar[str] = "gpt2"
+
     # V: rows of wte and of the head.
     vocab_size: int
     # P: the context length, rows of wpe.
@@ -64,6 +67,11 @@ class GPT2Config:
         return self.n_embd // self.n_head
 
     @property
+    def n_kv_head(self) -> int:
+        """G: GPT-2 has a key/value head for each query head."""
+        return self.n_head
+
+    @property
     def n_weights(self) -> int:
         """How many numbers the checkpoint holds (a tied head counted once): Python integers, so
         never overflows."""
@@ -72,6 +80,18 @@ class GPT2Config:
         # Two norms, attention, the MLP.
         block = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (C * I + I) + (I * C + C)
         return (self.vocab_size + self.n_positions) * C + self.n_layer * block + 2 * C
+
+    @property
+    def summary(self) -> str:
+        """Its sizes and switches in one line (`minirt inspect`'s config line)."""
+        layers = "layer" if self.n_layer == 1 else "layers"
+        heads = "head" if self.n_head == 1 else "heads"
+        return (
+            f"{self.n_layer} {layers}, {self.n_embd} wide, {self.n_head} {heads} "
+            f"(head_dim {self.head_dim}), MLP {self.n_inner}, vocab {self.vocab_size}, "
+            f"context {self.n_positions}, {self.activation_function} ({self.gelu_form}), "
+            f"eps {self.layer_norm_epsilon:g}"
+        )
 
     @property
     def gelu_form(self) -> str:
@@ -110,13 +130,8 @@ class GPT2Config:
 
 
 def refuse_other_models_and_options(raw: dict[str, Any], source: str) -> None:
-    """A model type other than GPT-2, or an option switched on that the layers do not implement."""
-    model_type = raw.get("model_type")
-    if model_type is not None and model_type != "gpt2":
-        raise CheckpointError(
-            f"{source}: model_type is {model_type!r}, "
-            "but minirt runs GPT-2 only (model_type 'gpt2')"
-        )
+    """An option switched on that the layers do not implement (which family a config.json is,
+    minirt/model/registry.py decides before this reads it)."""
     for option, meaning in UNSUPPORTED_WHEN_TRUE.items():
         if raw.get(option):
             raise CheckpointError(

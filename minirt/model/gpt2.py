@@ -1,8 +1,14 @@
-"""GPT-2's weights on a backend, and the one way through them: `GPT2.forward(batch, kv_cache)`.
+"""GPT-2: its weights on a backend, its composition of the layers, and the one way through them,
+`GPT2.forward(batch, kv_cache)`.
 
-Owns: `GPT2`, which takes a loaded checkpoint's tensors onto a backend in the compute dtype (the
-head stored [C, V] in fp32), runs one round's forward pass over minirt/model/layers.py, allocates
-KV caches, and scores whole sequences without one (`logits`).
+Owns: what makes GPT-2 GPT-2 and no other family: the names and shapes of its checkpoint's
+tensors (`expected_shapes`, `block_weights`: `blocks[3].attn.c_attn.weight` is
+`h.3.attn.c_attn.weight`), learned position embeddings added to the token's (`embed`), the fused
+Q/K/V projection (`self_attention`), the pre-norm block (`transformer_block`), and `GPT2`, which
+takes a loaded checkpoint's tensors onto a backend in the compute dtype (the head stored [C, V]
+in fp32), runs one round's forward pass, allocates KV caches, and scores whole sequences without
+one (`logits`).  The layers themselves are minirt/model/layers.py's; minirt/model/registry.py
+picks this file for a config.json whose model_type is "gpt2".
 
 Must not know: files, tokenizers, requests, sampling or scheduling.  It takes any object with
 `config`, `folder`, `tensors` and `head_is_tied` (minirt/loading/checkpoint.py's `Checkpoint` is
@@ -11,6 +17,8 @@ one).
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
@@ -20,16 +28,116 @@ from ..errors import InputError
 from .backend import Backend
 from .config import GPT2Config
 from .batch import Batch, check_token_ids
-from .kv_cache import KVCache
-from .layers import (
-    LayerNorm,
-    block_weights,
-    elementwise_chains,
-    embed,
-    layer_norm,
-    lm_head,
-    transformer_block,
-)
+from .fusion import Chains, elementwise_chains
+from .kv_cache import KVCache, LayerKV
+from .layers import LayerNorm, Linear, attend, layer_norm, linear, lm_head, mlp
+
+
+def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every learned tensor of GPT2LMHeadModel, with the shape the config implies (the loader
+    checks each tensor of a checkpoint against it)."""
+    V = config.vocab_size
+    P = config.n_positions
+    C = config.n_embd
+    I = config.n_inner  # noqa: E741 (I: the MLP's inner width)
+    # One block's tensors.  The projections are Hugging Face `Conv1D`s, stored [in, out]:
+    # `x @ weight`, no transpose.
+    block = {
+        "ln_1.weight": (C,),
+        "ln_1.bias": (C,),
+        "attn.c_attn.weight": (C, 3 * C),
+        "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C),
+        "attn.c_proj.bias": (C,),
+        "ln_2.weight": (C,),
+        "ln_2.bias": (C,),
+        "mlp.c_fc.weight": (C, I),
+        "mlp.c_fc.bias": (I,),
+        "mlp.c_proj.weight": (I, C),
+        "mlp.c_proj.bias": (C,),
+    }
+    blocks = {
+        f"h.{i}.{name}": shape for i in range(config.n_layer) for name, shape in block.items()
+    }
+    return {
+        "wte.weight": (V, C),
+        "wpe.weight": (P, C),
+        **blocks,
+        "ln_f.weight": (C,),
+        "ln_f.bias": (C,),
+    }
+
+
+@dataclass(frozen=True)
+class Attention:
+    """GPT-2's attention weights: queries, keys and values side by side in one projection."""
+
+    c_attn: Linear  # [C, 3C]
+    c_proj: Linear  # [C, C]
+
+
+@dataclass(frozen=True)
+class MLP:
+    """GPT-2's MLP: up to n_inner (c_fc), back down (c_proj)."""
+
+    c_fc: Linear  # [C, I]
+    c_proj: Linear  # [I, C]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One transformer block: blocks[i].<field> is the checkpoint's h.{i}.<field>."""
+
+    ln_1: LayerNorm
+    attn: Attention
+    ln_2: LayerNorm
+    mlp: MLP
+
+
+def block_weights(params: dict[str, Any], i: int) -> Block:
+    """Block i's arrays, picked out of the loaded weights by name."""
+
+    def pair(name: str) -> tuple[Any, Any]:
+        return params[f"h.{i}.{name}.weight"], params[f"h.{i}.{name}.bias"]
+
+    attn = Attention(c_attn=Linear(*pair("attn.c_attn")), c_proj=Linear(*pair("attn.c_proj")))
+    mlp = MLP(c_fc=Linear(*pair("mlp.c_fc")), c_proj=Linear(*pair("mlp.c_proj")))
+    return Block(ln_1=LayerNorm(*pair("ln_1")), attn=attn, ln_2=LayerNorm(*pair("ln_2")), mlp=mlp)
+
+
+def embed(wte_t, wpe, token_ids, positions):
+    """Token plus position embedding of the round's real tokens; a token's is a column of the
+    [C, V] table."""
+    return wte_t[:, token_ids].T.astype(wpe.dtype, copy=False) + wpe[positions]  # [N, C]
+
+
+def self_attention(
+    xp, chains: Chains, x, attn: Attention, config: GPT2Config, batch: Batch, kv: LayerKV | None
+):
+    """GPT-2's attention: the fused Q/K/V projection, split into heads, attention over the round
+    and the cache (`attend`), the heads side by side again, the output projection."""
+    N = x.shape[0]
+    H = config.n_head
+    D = config.head_dim
+    C = config.n_embd
+    qkv = linear(x, attn.c_attn).reshape(N, 3, H, D)  # [N, 3, H, D]
+    q = qkv[:, 0]  # [N, H, D]
+    k = qkv[:, 1]  # [N, H, D]
+    v = qkv[:, 2]  # [N, H, D]
+    scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
+    out = attend(xp, chains, q, k, v, batch, kv, scale)  # [N, H, D]
+    return linear(out.reshape(N, C), attn.c_proj)  # [N, C]
+
+
+def transformer_block(
+    xp, chains: Chains, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None
+):
+    """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    eps = config.layer_norm_epsilon
+    normed = layer_norm(xp, chains, x, block.ln_1, eps)  # [N, C]
+    x = x + self_attention(xp, chains, normed, block.attn, config, batch, kv)  # [N, C]
+    normed = layer_norm(xp, chains, x, block.ln_2, eps)  # [N, C]
+    return x + mlp(xp, chains, normed, block.mlp.c_fc, block.mlp.c_proj, config.gelu_form)  # [N, C]
 
 
 class LoadedWeights(Protocol):
@@ -101,7 +209,7 @@ class GPT2:
             raise ValueError(
                 f"KV capacity {capacity} exceeds the model's context of {c.n_positions} positions"
             )
-        return KVCache(self.xp, c.n_layer, c.n_head, c.head_dim, n_slots, capacity, self.dtype)
+        return KVCache(self.xp, c.n_layer, c.n_kv_head, c.head_dim, n_slots, capacity, self.dtype)
 
     def forward(self, batch: Batch, kv_cache: KVCache | None = None, logits_at=None):
         """One forward pass of a round; returns fp32 logits [M, V] on the backend.  `logits_at`

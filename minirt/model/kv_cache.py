@@ -1,10 +1,11 @@
 """Per-request key/value buffers, preallocated once and filled in place.
 
 Owns: `KVCache`, a pool of slots, and `LayerKV`, one layer's view of it.  Each slot is one
-request's own buffer, keys[layer, slot, head, position, head_dim] (and the same for values), with
+request's own buffer, keys[layer, slot, kv_head, position, head_dim] (and the same for values), with
 its own length (`lengths[slot]`).  The engine gives a request a slot when it is admitted; it keeps
 it until it finishes.  Shape letters are those of minirt/model/layers.py (S slots, K positions per
-slot, the capacity).
+slot, the capacity; G the K/V heads, which are fewer than the query heads in a family that groups
+its queries: the cache, and so the KV budget, shrinks by that ratio).
 
   * Prefill writes a request's prompt keys at positions 0..prompt_len-1 of its slot; each decode
     step writes one more, at `lengths[slot]`.
@@ -36,13 +37,13 @@ class KVCache:
     """Keys and values for `n_slots` requests, `capacity` positions each."""
 
     def __init__(
-        self, xp, n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype
+        self, xp, n_layer: int, n_kv_head: int, head_dim: int, n_slots: int, capacity: int, dtype
     ):
         self.xp = xp
         self.capacity = capacity
-        shape = (n_layer, n_slots, n_head, capacity, head_dim)
-        self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, K, D]
-        self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, H, K, D]
+        shape = (n_layer, n_slots, n_kv_head, capacity, head_dim)
+        self.keys = xp.zeros(shape, dtype=dtype)  # [n_layer, S, G, K, D]
+        self.values = xp.zeros(shape, dtype=dtype)  # [n_layer, S, G, K, D]
         # Host-side: the keys each slot holds.
         self.lengths = np.zeros(n_slots, dtype=np.int64)  # [S]
         # Host-side: has any request written to this slot?
@@ -52,10 +53,10 @@ class KVCache:
 
     @staticmethod
     def bytes_needed(
-        n_layer: int, n_head: int, head_dim: int, n_slots: int, capacity: int, dtype
+        n_layer: int, n_kv_head: int, head_dim: int, n_slots: int, capacity: int, dtype
     ) -> int:
         """Memory for keys + values, for budgeting before anything is allocated."""
-        return 2 * n_layer * n_slots * n_head * capacity * head_dim * np.dtype(dtype).itemsize
+        return 2 * n_layer * n_slots * n_kv_head * capacity * head_dim * np.dtype(dtype).itemsize
 
     def copy_from(self, smaller: KVCache) -> None:
         """Take over a smaller cache's slots, the same slot numbers in this larger one (a
@@ -119,8 +120,8 @@ class KVCache:
                 f"but the cache was allocated with capacity {self.capacity}"
             )
         self.written[batch.slots] = True
-        n_head = self.keys.shape[2]
-        self.round_rows = token_rows(self.xp, batch, n_head, self.capacity)  # [N, H]
+        n_kv_head = self.keys.shape[2]
+        self.round_rows = token_rows(self.xp, batch, n_kv_head, self.capacity)  # [N, G]
 
     def layer(self, i: int) -> LayerKV:
         """Layer i's part of the pool, which is what one attention layer reads and writes."""
@@ -131,14 +132,14 @@ class KVCache:
         self.lengths[batch.slots] = batch.kv_lens
 
 
-def token_rows(xp, batch: Batch, n_head: int, capacity: int):
-    """Where this round's keys go: for each new token and head, its row in one layer's keys seen
-    as rows of D numbers, [S * H * K, D].  One index array, so that a write is one scatter (on
+def token_rows(xp, batch: Batch, n_kv_head: int, capacity: int):
+    """Where this round's keys go: for each new token and K/V head, its row in one layer's keys
+    seen as rows of D numbers, [S * G * K, D].  One index array, so that a write is one scatter (on
     CuPy an index of two arrays, slot and position, costs four kernels)."""
     slots = batch.device.token_slots[:, None]  # [N, 1]
-    heads = xp.arange(n_head)[None, :]  # [1, H]
+    heads = xp.arange(n_kv_head)[None, :]  # [1, G]
     positions = batch.device.positions[:, None]  # [N, 1]
-    return (slots * n_head + heads) * capacity + positions  # [N, H]
+    return (slots * n_kv_head + heads) * capacity + positions  # [N, G]
 
 
 @dataclass(frozen=True)
@@ -146,27 +147,27 @@ class LayerKV:
     """One layer's keys and values for every slot: views into the pool, and where this round's
     new keys go in them (`token_rows`)."""
 
-    keys: Any  # [S, H, K, D] C-contiguous
-    values: Any  # [S, H, K, D] C-contiguous
-    rows: Any  # [N, H]
+    keys: Any  # [S, G, K, D] C-contiguous
+    values: Any  # [S, G, K, D] C-contiguous
+    rows: Any  # [N, G]
 
     def write(self, new_keys, new_values) -> None:
-        """Store this round's keys and values [N, H, D], each token at its own position in its
+        """Store this round's keys and values [N, G, D], each token at its own position in its
         row's slot."""
-        S, H, K, D = self.keys.shape
+        S, G, K, D = self.keys.shape
         # Views, since the layer's buffers are contiguous (a copy would drop the write).
         assert self.keys.flags.c_contiguous and self.values.flags.c_contiguous
-        key_rows = self.keys.reshape(S * H * K, D)  # [S * H * K, D]
-        value_rows = self.values.reshape(S * H * K, D)  # [S * H * K, D]
-        key_rows[self.rows] = new_keys  # [N, H, D]
-        value_rows[self.rows] = new_values  # [N, H, D]
+        key_rows = self.keys.reshape(S * G * K, D)  # [S * G * K, D]
+        value_rows = self.values.reshape(S * G * K, D)  # [S * G * K, D]
+        key_rows[self.rows] = new_keys  # [N, G, D]
+        value_rows[self.rows] = new_values  # [N, G, D]
 
     def read_row(self, slot: int, n_keys: int):
-        """The first n_keys keys and values [H, n_keys, D] of one slot: views, no copy."""
+        """The first n_keys keys and values [G, n_keys, D] of one slot: views, no copy."""
         return self.keys[slot, :, :n_keys], self.values[slot, :, :n_keys]
 
     def read(self, batch: Batch):
-        """Keys and values [B, H, L, D] of the round's rows: a view when their slots are contiguous,
+        """Keys and values [B, G, L, D] of the round's rows: a view when their slots are contiguous,
         else a gather."""
         span = batch.slot_span
         L = batch.max_kv_len

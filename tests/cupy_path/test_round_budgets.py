@@ -39,7 +39,7 @@ from minirt.engine.engine import Engine
 from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.model.batch import Batch
-from minirt.model.layers import elementwise_chains
+from minirt.model.fusion import elementwise_chains
 
 DECODE_BLOCK_OPERATIONS = {"float32": 33, "float16": 40}
 GATHERED_DECODE_BLOCK_OPERATIONS = {"float32": 34, "float16": 42}

@@ -16,7 +16,7 @@ from conftest import ROOT, random_model
 from round_costs import forward_without_syncs
 from strict_cupy import API_FILE, StrictArray, StrictCuPy, strict_backend
 
-import minirt.model.layers as layers
+import minirt.model.gpt2 as gpt2
 from minirt.model.batch import Batch
 
 
@@ -98,14 +98,15 @@ def test_a_sync_inside_forward_is_reported(monkeypatch):
     forward_without_syncs(stand_in, monkeypatch)
     model.logits([[1, 2, 3]])
     assert stand_in.findings == []
-    real_layer_norm = layers.layer_norm
+    # GPT-2's blocks call the shared layer norm by this name.
+    real_layer_norm = gpt2.layer_norm
 
     def syncing_layer_norm(xp, chains, x, ln, eps):
         if int(x.sum()) > 10**9:
             raise AssertionError("unreachable")
         return real_layer_norm(xp, chains, x, ln, eps)
 
-    monkeypatch.setattr(layers, "layer_norm", syncing_layer_norm)
+    monkeypatch.setattr(gpt2, "layer_norm", syncing_layer_norm)
     model.logits([[1, 2, 3]])
     assert set(kinds(stand_in)) == {"sync"}
     assert "inside GPT2.forward" in str(stand_in.findings[0])

@@ -11,7 +11,7 @@ from strict_cupy import StrictCuPy
 
 from minirt.errors import BackendError
 from minirt.model.backend import cupy_backend
-from minirt.model.layers import elementwise_chains
+from minirt.model.fusion import elementwise_chains
 
 
 def real_cupy():

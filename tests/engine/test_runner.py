@@ -42,3 +42,26 @@ def test_each_rounds_rows_go_in_slot_order_after_a_freed_slot_is_reused(monkeypa
     assert seen[2] == ([0, 1], [[third.token_ids[0]], [second.token_ids[1]]])
     assert len(seen) == 3
     assert all(slots == sorted(slots) for slots, _ in seen)
+
+
+def test_the_kv_budget_counts_kv_heads_not_query_heads():
+    """One position costs keys and values in every layer for each K/V head: with 8 query heads
+    sharing 2 K/V heads (grouped-query attention), 2 * 3 layers * 2 heads * 16 dims * 4 bytes =
+    768 bytes, a quarter of what 8 K/V heads would cost."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    config = SimpleNamespace(
+        n_layer=3,
+        n_head=8,
+        n_kv_head=2,
+        head_dim=16,
+        n_positions=64,
+        vocab_size=100,
+        eos_token_id=None,
+        bos_token_id=None,
+    )
+    runner = ModelRunner(SimpleNamespace(config=config, dtype=np.dtype(np.float32)))
+    assert runner.kv_bytes_per_position == 2 * 3 * 2 * 16 * 4 == 768
+    assert runner.n_positions == 64 and runner.eos_token_id is None

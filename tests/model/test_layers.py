@@ -9,14 +9,8 @@ from hypothesis import strategies as st
 
 from conftest import requires_reference
 from minirt.model.batch import attention_mask, key_mask
-from minirt.model.layers import (
-    LayerNorm,
-    elementwise_chains,
-    erf,
-    gelu,
-    layer_norm,
-    softmax_attention,
-)
+from minirt.model.fusion import elementwise_chains, erf
+from minirt.model.layers import LayerNorm, gelu, layer_norm, softmax_attention
 
 # The chains as NumPy runs them: the functions as written.
 CHAINS = elementwise_chains(np)
@@ -315,16 +309,14 @@ def test_the_mlp_keeps_each_hidden_tile_within_its_scratch(monkeypatch):
     C = 8
     inner = 32
     N = 50
-    weights = layers.MLP(
-        c_fc=layers.Linear(
-            rng.standard_normal((C, inner)).astype(np.float32), np.zeros(inner, np.float32)
-        ),
-        c_proj=layers.Linear(
-            rng.standard_normal((inner, C)).astype(np.float32), np.zeros(C, np.float32)
-        ),
+    up = layers.Linear(
+        rng.standard_normal((C, inner)).astype(np.float32), np.zeros(inner, np.float32)
+    )
+    down = layers.Linear(
+        rng.standard_normal((inner, C)).astype(np.float32), np.zeros(C, np.float32)
     )
     x = rng.standard_normal((N, C)).astype(np.float32)
-    untiled = layers.mlp(np, CHAINS, x, weights, "tanh")
+    untiled = layers.mlp(np, CHAINS, x, up, down, "tanh")
     # Ten tokens' hidden activations fit.
     scratch = 10 * inner * 4
     monkeypatch.setattr(layers, "MLP_SCRATCH_BYTES", scratch)
@@ -336,7 +328,7 @@ def test_the_mlp_keeps_each_hidden_tile_within_its_scratch(monkeypatch):
         return real_gelu(chains, hidden, form)
 
     monkeypatch.setattr(layers, "gelu", recording_gelu)
-    tiled = layers.mlp(np, CHAINS, x, weights, "tanh")
+    tiled = layers.mlp(np, CHAINS, x, up, down, "tanh")
     assert len(seen) == 5 and max(seen) <= scratch
     np.testing.assert_allclose(tiled, untiled, rtol=1e-5, atol=1e-4)
 
@@ -372,7 +364,7 @@ def test_float16_embeddings_stay_float16(fixture):
     activations of an fp16 model stay fp16 (an untied model's come from its own fp16 table)."""
     from conftest import FIXTURES
     from minirt import load_model
-    from minirt.model.layers import embed
+    from minirt.model.gpt2 import embed
 
     model = load_model(FIXTURES / fixture, dtype="float16")
     ids, positions = np.array([1, 2, 3]), np.array([0, 1, 2])
@@ -392,3 +384,42 @@ def test_a_round_with_history_but_no_cache_is_refused():
     model = random_model(seed=0)
     with pytest.raises(InputError, match="needs the KV cache"):
         model.forward(Batch([[1, 2], [3, 4, 5]], model.backend, past_lens=[2, 0]))
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2])
+def test_grouped_query_attention_is_attention_with_each_kv_head_repeated(n_kv_head):
+    """With G K/V heads for H = 4 query heads, a prompt round and then a decode round through a
+    cache of G heads give what full attention gives with each K/V head copied to its H / G query
+    heads (K/V head g serving query heads g * H / G, ...), through a cache of H heads; the
+    grouped cache is H / G times smaller."""
+    from minirt.model.backend import numpy_backend
+    from minirt.model.batch import Batch
+    from minirt.model.kv_cache import KVCache
+    from minirt.model.layers import attend
+
+    rng = np.random.default_rng(7)
+    H, D, group = 4, 8, 4 // n_kv_head
+    backend = numpy_backend()
+    grouped = KVCache(np, 1, n_kv_head, D, n_slots=2, capacity=8, dtype=np.float32)
+    full = KVCache(np, 1, H, D, n_slots=2, capacity=8, dtype=np.float32)
+    assert grouped.keys.nbytes * group == full.keys.nbytes
+    assert KVCache.bytes_needed(1, n_kv_head, D, 2, 8, np.float32) == 2 * grouped.keys.nbytes
+    rounds = [
+        Batch([[1, 2, 3], [4, 5]], backend, slots=[0, 1], past_lens=[0, 0]),
+        Batch([[6], [7]], backend, slots=[0, 1], past_lens=[3, 2]),
+    ]
+    for batch in rounds:
+        N = batch.n_tokens
+        q = rng.standard_normal((N, H, D)).astype(np.float32)
+        k = rng.standard_normal((N, n_kv_head, D)).astype(np.float32)
+        v = rng.standard_normal((N, n_kv_head, D)).astype(np.float32)
+        outs = []
+        for cache, keys, values in (
+            (grouped, k, v),
+            (full, np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)),
+        ):
+            cache.prepare_round(batch)
+            outs.append(attend(np, CHAINS, q, keys, values, batch, cache.layer(0), 0.5))
+            cache.advance(batch)
+        assert np.allclose(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    assert grouped.keys.shape[2] == n_kv_head

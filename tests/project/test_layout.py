@@ -150,6 +150,35 @@ def test_the_engine_may_not_import_loading_cli_server_or_distributed():
         assert not minirt_imports(path) & {"loading", "cli", "server", "distributed", "llm"}
 
 
+def imported_modules(path: Path) -> set[str]:
+    """Every minirt module a file imports, as dotted names relative to minirt ("model.gpt2")."""
+    found = set()
+    package = relative(path).split("/")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            if node.level == 0 and node.module.startswith("minirt."):
+                found.add(node.module.removeprefix("minirt."))
+            elif node.level > 0:
+                base = package[: len(package) - node.level + 1]
+                found.add(".".join([*base, node.module]))
+    return found
+
+
+def test_the_engine_knows_a_model_only_by_its_interface():
+    """No engine module imports a family's module (model/gpt2.py) or the registry: the runner is
+    typed on model/interface.py's Model, so a second family needs no edit in engine/."""
+    engine_files = [path for path in MODULES if part_of(path) == "engine"]
+    for path in engine_files:
+        assert not imported_modules(path) & {"model.gpt2", "model.registry"}, relative(path)
+    runner = PACKAGE / "engine" / "runner.py"
+    assert "model.interface" in imported_modules(runner)
+
+
+def test_imported_modules_are_read_in_relative_and_absolute_forms():
+    path = PACKAGE / "engine" / "runner.py"
+    assert {"model.batch", "engine.request"} <= imported_modules(path)
+
+
 @pytest.mark.parametrize("path", MODULES, ids=relative)
 def test_optional_packages_stay_in_their_own_place(path):
     where = relative(path)

@@ -268,7 +268,8 @@ def blocks_transposed(blocks):
     """The same blocks with each Conv1D weight copied to [out, in], contiguous."""
     from dataclasses import replace
 
-    from minirt.model.layers import MLP, Attention, Linear
+    from minirt.model.gpt2 import MLP, Attention
+    from minirt.model.layers import Linear
 
     def out_in(fc):
         return Linear(np.ascontiguousarray(fc.weight.T), fc.bias)  # [out, in]
@@ -287,7 +288,7 @@ def decode_floor(args) -> None:
     """A decode step against its own weight GEMMs, at batch 1, 8 and 32, and the same step with the
     weights laid out two other ways (see the module docstring)."""
     import minirt
-    from minirt.model import layers
+    from minirt.model import gpt2, layers
     from minirt.model.batch import Batch
 
     model = minirt.load_model(args.model, dtype=args.dtype)
@@ -338,7 +339,9 @@ def decode_floor(args) -> None:
             for kind in kinds:
                 layout = "weights [out, in]" if kind == "weights [out, in]" else "step"
                 model.blocks = blocks[layout]
+                # GPT-2's attention and the shared MLP each call it.
                 layers.linear = linears[layout]
+                gpt2.linear = linears[layout]
                 model.head_weight = head_vc_t if kind == "head [V, C]^T" else head_cv
                 # Every step at KV kv_len + 1.
                 tokens = rng.integers(0, c.vocab_size, (batch_size, 1)).tolist()
@@ -353,6 +356,7 @@ def decode_floor(args) -> None:
                 times[kind].append(time.perf_counter() - start)
         model.blocks = blocks["step"]
         layers.linear = linears["step"]
+        gpt2.linear = linears["step"]
         model.head_weight = head_cv
         step, gemm, out_in, old_head = (1e3 * statistics.median(times[kind]) for kind in kinds)
         print(

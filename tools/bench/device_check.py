@@ -229,7 +229,7 @@ def kv_bytes_per_step(config, dtype, batch: int, kv_len: float) -> float:
 
 
 def section_environment(args, deadline, state) -> dict:
-    from minirt.model.layers import elementwise_chains
+    from minirt.model.fusion import elementwise_chains
 
     out = {
         "python": platform.python_version(),
@@ -611,7 +611,7 @@ def section_launches(args, deadline, state) -> dict:
     import cupy
     import torch
 
-    from minirt.model.layers import elementwise_chains
+    from minirt.model.fusion import elementwise_chains
 
     out = {}
     a = cupy.ones((1, 768), dtype=cupy.float32)

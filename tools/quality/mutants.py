@@ -94,28 +94,28 @@ MUTANTS = [
     ),
     Mutant(
         "attention_scaled_by_1_over_d",
-        "minirt/model/layers.py",
+        "minirt/model/gpt2.py",
         "scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0",
         "scale = 1.0 / D if config.scale_attn_weights else 1.0",
         "the wrong attention scale",
     ),
     Mutant(
         "attention_scale_flag_ignored",
-        "minirt/model/layers.py",
+        "minirt/model/gpt2.py",
         "scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0",
         "scale = 1.0 / math.sqrt(D)",
         "scale_attn_weights false is not honoured",
     ),
     Mutant(
         "softmax_without_max_subtraction",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         "    scores -= row_max  # [..., L]",
         "    scores -= 0.0 * row_max  # [..., L]",
         "exp overflows on large scores",
     ),
     Mutant(
         "softmax_normalised_off_by_one",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         "return xp.where(sees_a_key, weighted / total, 0.0)  # [..., D]",
         "return xp.where(sees_a_key, weighted / (total + 1.0), 0.0)  # [..., D]",
         "the weights no longer sum to 1",
@@ -129,7 +129,7 @@ MUTANTS = [
     ),
     Mutant(
         "no_key_query_not_zeroed",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         "return xp.where(sees_a_key, weighted / total, 0.0)  # [..., D]",
         "return weighted / total  # [..., D]",
         "a query with no visible key averages hidden values",
@@ -193,8 +193,8 @@ MUTANTS = [
     Mutant(
         "mlp_tile_skips_the_rest",
         "minirt/model/layers.py",
-        "out[first : first + rows] = linear(hidden, weights.c_proj)  # [rows, C]",
-        "out[first : first + rows] = linear(hidden, weights.c_proj)  # [rows, C]\n        break",
+        "out[first : first + rows] = linear(hidden, down)  # [rows, C]",
+        "out[first : first + rows] = linear(hidden, down)  # [rows, C]\n        break",
         "only the first MLP tile is computed",
     ),
     Mutant(
@@ -206,7 +206,7 @@ MUTANTS = [
     ),
     Mutant(
         "embeddings_not_cast_to_the_dtype",
-        "minirt/model/layers.py",
+        "minirt/model/gpt2.py",
         "return wte_t[:, token_ids].T.astype(wpe.dtype, copy=False) + wpe[positions]",
         "return wte_t[:, token_ids].T + wpe[positions]",
         "a tied fp16 model silently computes in fp32",
@@ -290,7 +290,7 @@ MUTANTS = [
     ),
     Mutant(
         "position_embedding_by_token_id",
-        "minirt/model/layers.py",
+        "minirt/model/gpt2.py",
         "+ wpe[positions]  # [N, C]",
         "+ wpe[token_ids % wpe.shape[0]]",
         "positions read from the wrong index",
@@ -327,8 +327,8 @@ MUTANTS = [
     Mutant(
         "values_written_as_keys",
         "minirt/model/kv_cache.py",
-        "value_rows[self.rows] = new_values  # [N, H, D]",
-        "value_rows[self.rows] = new_keys  # [N, H, D]",
+        "value_rows[self.rows] = new_values  # [N, G, D]",
+        "value_rows[self.rows] = new_keys  # [N, G, D]",
         "the value cache holds keys",
     ),
     Mutant(
@@ -348,7 +348,7 @@ MUTANTS = [
     # ---- layers
     Mutant(
         "gelu_constant",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         "out = 0.044715 * x  # [N, I]",
         "out = 0.04715 * x  # [N, I]",
         "a typo in GELU",
@@ -362,14 +362,14 @@ MUTANTS = [
     ),
     Mutant(
         "layer_norm_eps_outside_sqrt",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         "centered /= xp.sqrt(square_total / n + eps)  # [N, C] variance 1",
         "centered /= xp.sqrt(square_total / n)  # [N, C] variance 1",
         "epsilon dropped",
     ),
     Mutant(
         "layer_norm_shift_twice",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         "    centered += bias\n",
         "    centered += bias\n    centered += bias\n",
         "the shift added twice",
@@ -484,8 +484,8 @@ MUTANTS = [
     Mutant(
         "kv_rows_swap_slot_and_head",
         "minirt/model/kv_cache.py",
-        "return (slots * n_head + heads) * capacity + positions  # [N, H]",
-        "return (heads * n_head + slots) * capacity + positions  # [N, H]",
+        "return (slots * n_kv_head + heads) * capacity + positions  # [N, G]",
+        "return (heads * n_kv_head + slots) * capacity + positions  # [N, G]",
         "a token's keys land in another slot's rows",
     ),
     Mutant(
@@ -511,7 +511,7 @@ MUTANTS = [
     ),
     Mutant(
         "chains_not_fused",
-        "minirt/model/layers.py",
+        "minirt/model/fusion.py",
         'fuse = getattr(xp, "fuse", None)',
         "fuse = None",
         "on CuPy every elementwise operation of a chain is a kernel of its own",
@@ -1302,8 +1302,8 @@ MUTANTS = [
     Mutant(
         "mlp_tile_sized_by_the_input_width",
         "minirt/model/layers.py",
-        "MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[1] * x.itemsize)",
-        "MLP_SCRATCH_BYTES // (weights.c_fc.weight.shape[0] * x.itemsize)",
+        "MLP_SCRATCH_BYTES // (up.weight.shape[1] * x.itemsize)",
+        "MLP_SCRATCH_BYTES // (up.weight.shape[0] * x.itemsize)",
         "the MLP's tiles are sized by n_embd, not n_inner: 4x the scratch it is allowed",
     ),
     # ---- #26: minirt serve (killed by tests/server, marked `serve`: run with the serve extra installed)
@@ -1812,6 +1812,35 @@ MUTANTS = [
         "        return sorted(plan.active, key=slot_of), None",
         "        return list(plan.active), None",
         "the simulated rounds run rows in admission order, so prefix-cache inserts differ from the engine's",
+    ),
+    # ---- the model-family seam (minirt/model/registry.py, interface.py, grouped K/V heads)
+    Mutant(
+        "kv_heads_tiled_not_repeated",
+        "minirt/model/layers.py",
+        "    return xp.repeat(keys, n_head // n_kv_head, axis=-3)  # [..., H, L, D]",
+        "    return xp.concatenate([keys] * (n_head // n_kv_head), axis=-3)",
+        "grouped-query attention gives query head h the K/V head h mod G instead of h // (H / G)",
+    ),
+    Mutant(
+        "kv_budget_by_query_heads",
+        "minirt/engine/runner.py",
+        "            c.n_layer, c.n_kv_head, c.head_dim, 1, 1, model.dtype",
+        "            c.n_layer, c.n_head, c.head_dim, 1, 1, model.dtype",
+        "a model with grouped K/V heads is budgeted as if each query head had its own",
+    ),
+    Mutant(
+        "unknown_model_type_read_as_gpt2",
+        "minirt/model/registry.py",
+        "    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None",
+        "    family = FAMILIES.get(model_type, FAMILIES[DEFAULT_MODEL_TYPE]) if isinstance(model_type, str) else None",
+        "a Llama config.json is read as GPT-2's, and fails later on its tensor names",
+    ),
+    Mutant(
+        "architecture_named_wrong",
+        "minirt/loading/checkpoint.py",
+        '            f"this is not a {family.architecture} checkpoint"',
+        '            "this is not a checkpoint"',
+        "a checkpoint with foreign tensors is refused without naming what minirt expected",
     ),
 ]
 
