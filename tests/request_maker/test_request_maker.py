@@ -1,0 +1,100 @@
+"""The one place a prompt becomes a request (minirt/request_maker.py), at its edges.  Expected
+ids come from the tokenizers library reading the model's own tokenizer.json; the rest by hand."""
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+
+from minirt.engine.params import SamplingParams
+from minirt.engine.request import Status
+from minirt.loading.checkpoint import shipped_model_folder
+from minirt.loading.tokenizer import load_tokenizer
+from minirt.request_maker import RequestMaker
+
+VOCAB = 50
+CONTEXT = 8
+
+
+def token_maker(bos=3, run_seed=0) -> RequestMaker:
+    """A maker for a model of 50 tokens and a context of 8, without a tokenizer."""
+    return RequestMaker(None, VOCAB, CONTEXT, bos, run_seed=run_seed)
+
+
+def test_text_is_encoded_as_the_models_own_tokenizer_encodes_it():
+    folder = shipped_model_folder()
+    tokenizer = load_tokenizer(folder, vocab_size=4096)
+    maker = RequestMaker(tokenizer, 4096, 256, tokenizer.bos_token_id)
+    text = "ROMEO:\nBut soft, what light through yonder window breaks?"
+    request = maker.make(0, text, SamplingParams())
+    want = HFTokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids
+    assert request.prompt_ids == want and request.prompt == text and request.error is None
+
+
+@pytest.mark.parametrize("length", [CONTEXT - 1, CONTEXT])
+def test_a_prompt_that_fills_the_context_is_taken(length):
+    request = token_maker().make(0, list(range(1, length + 1)), SamplingParams())
+    assert request.error is None and request.prompt_len == length
+    assert request.status is Status.WAITING
+
+
+def test_a_prompt_one_token_past_the_context_fails_alone_naming_both_numbers():
+    request = token_maker().make(4, list(range(CONTEXT + 1)), SamplingParams())
+    assert request.finish_reason == "error" and request.status is Status.FINISHED
+    assert request.error == (
+        f"the prompt has {CONTEXT + 1} tokens, more than the model's context of {CONTEXT}; "
+        "shorten it"
+    )
+    assert request.id == "4" and request.prompt_ids == []
+
+
+def test_an_empty_prompt_is_bos_alone_or_refused_without_one():
+    assert token_maker(bos=3).make(0, [], SamplingParams()).prompt_ids == [3]
+    refused = token_maker(bos=None).make(0, [], SamplingParams())
+    assert "empty" in refused.error and "BOS" in refused.error
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        (SamplingParams(stop_token_ids=(VOCAB,)), "stop"),
+        (SamplingParams(logit_bias={VOCAB: 1.0}), "logit_bias"),
+        (SamplingParams(stop=("x",)), "stop strings"),
+    ],
+)
+def test_parameters_this_model_cannot_take_fail_the_request(params, field):
+    request = token_maker().make(0, [1, 2], params)
+    assert request.finish_reason == "error" and request.error.startswith(field)
+
+
+def test_the_last_token_of_the_vocabulary_is_a_stop_token_like_any_other():
+    request = token_maker().make(0, [1], SamplingParams(stop_token_ids=(VOCAB - 1,)))
+    assert request.error is None
+
+
+def test_text_needs_a_tokenizer():
+    request = token_maker().make(0, "hello", SamplingParams())
+    assert "no tokenizer" in request.error and request.prompt == "hello"
+
+
+def draws(request, n=4):
+    return request.rng.random(n).tolist()
+
+
+def test_each_request_owns_its_stream():
+    """Unseeded: the stream follows the run seed, the index and the sample, and nothing else; a
+    seeded request's follows its seed and sample alone (not its index, nor the run's seed)."""
+    maker = token_maker(run_seed=5)
+    params = SamplingParams(temperature=1.0)
+    same = [draws(maker.make(2, [1], params)) for _ in range(2)]
+    assert same[0] == same[1]
+    assert draws(maker.make(3, [1], params)) != same[0]
+    assert draws(maker.make(2, [1], params, sample=1)) != same[0]
+    assert draws(token_maker(run_seed=6).make(2, [1], params)) != same[0]
+    seeded = SamplingParams(temperature=1.0, seed=11)
+    assert draws(maker.make(0, [1], seeded)) == draws(token_maker(run_seed=9).make(7, [4], seeded))
+
+
+def test_logprobs_are_kept_when_asked_either_way():
+    maker = token_maker()
+    assert maker.make(0, [1], SamplingParams(), want_logprobs=True).want_logprobs
+    assert maker.make(0, [1], SamplingParams(logprobs=2)).want_logprobs
+    assert not maker.make(0, [1], SamplingParams()).want_logprobs
