@@ -98,3 +98,18 @@ def test_logprobs_are_kept_when_asked_either_way():
     assert maker.make(0, [1], SamplingParams(), want_logprobs=True).want_logprobs
     assert maker.make(0, [1], SamplingParams(logprobs=2)).want_logprobs
     assert not maker.make(0, [1], SamplingParams()).want_logprobs
+
+
+def test_a_models_maker_draws_from_the_run_seed_it_is_given():
+    """`for_model` (what LLM(seed=...) and the server use) keeps the run seed: its unseeded
+    streams are those of a maker built by hand with that seed, and another seed's differ."""
+    from conftest import FIXTURES
+    from minirt.loading.checkpoint import load_checkpoint
+
+    config = load_checkpoint(FIXTURES / "base").config
+    params = SamplingParams(temperature=1.0)
+    by_hand = RequestMaker(None, config.vocab_size, config.n_positions, None, run_seed=5)
+    made = RequestMaker.for_model(config, None, run_seed=5)
+    assert draws(made.make(1, [1], params)) == draws(by_hand.make(1, [1], params))
+    other = RequestMaker.for_model(config, None, run_seed=6)
+    assert draws(other.make(1, [1], params)) != draws(made.make(1, [1], params))
