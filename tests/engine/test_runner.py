@@ -3,7 +3,7 @@ feeds the model, row by row."""
 
 import numpy as np
 
-from conftest import make_request, random_model
+from conftest import make_request, random_model, serve_all
 from minirt import SamplingParams
 from minirt.engine.engine import Engine
 from minirt.engine.runner import ModelRunner
@@ -65,3 +65,30 @@ def test_the_kv_budget_counts_kv_heads_not_query_heads():
     runner = ModelRunner(SimpleNamespace(config=config, dtype=np.dtype(np.float32)))
     assert runner.kv_bytes_per_position == 2 * 3 * 2 * 16 * 4 == 768
     assert runner.n_positions == 64 and runner.eos_token_id is None
+
+
+def test_a_tokenizers_eos_stops_a_request_where_the_config_has_none():
+    """A config without an EOS (the fixture's eos_token_id is None) and a tokenizer whose EOS is
+    the token the model picks first: with the tokenizer, the request stops there after one
+    token; without it, nothing stops it before max_new_tokens."""
+    model = random_model(seed=4, vocab_size=50, n_positions=32)
+    assert model.config.eos_token_id is None
+    params = SamplingParams(max_new_tokens=4)
+    alone = make_request(Engine(ModelRunner(model), None), 0, [1, 2], params)
+    serve_all(Engine(ModelRunner(model), None), [alone])
+    assert alone.finish_reason == "length" and len(alone.token_ids) == 4
+    first = alone.token_ids[0]
+
+    class Detokenizer:
+        eos_token_id = first
+
+        def decode(self, token_ids):
+            return ""
+
+        def stream(self):
+            return None
+
+    engine = Engine(ModelRunner(model), Detokenizer())
+    stopped = make_request(Engine(ModelRunner(model), None), 0, [1, 2], params)
+    serve_all(engine, [stopped])
+    assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
