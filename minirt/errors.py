@@ -1,7 +1,8 @@
 """The exceptions minirt raises for problems a user can fix, and the one check every layer shares.
 
 Owns: `MinirtError`, whose message is one line saying what went wrong, where, and what to do
-(command lines print it, never a traceback, and exit with its `exit_code`), its subclasses,
+(command lines print it, never a traceback, and exit with its `exit_code`), its subclasses
+(`FieldError`'s name the request field they are about),
 `Terminated` (SIGTERM), and `require_at_least_one`, the count check the API and command lines
 share.  Bad values are also `ValueError`s.
 
@@ -30,12 +31,21 @@ class TokenizerError(MinirtError):
     """Tokenizer files that are missing or unreadable."""
 
 
-class RequestError(MinirtError, ValueError):
+class FieldError(MinirtError, ValueError):
+    """A refusal about one field of a request: `field` names it, as a value (None: the request
+    as a whole), so that a caller (the server's 400 naming its param) never parses the message."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class RequestError(FieldError):
     """A request that cannot be served as asked (bad parameters, a prompt too long, a budget too
     small)."""
 
 
-class InputError(MinirtError, ValueError):
+class InputError(FieldError):
     """Token ids the model cannot take (out of vocabulary, too long, not integers)."""
 
 

@@ -41,6 +41,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .engine.client import EngineClient
 from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, StepOutput
 from .engine.output import RequestOutput, TokenEvent
 from .engine.params import SamplingParams
@@ -252,7 +253,14 @@ class LLM:
     def refusal(self, request: Request) -> str | None:
         """Why no round could ever take this request under this LLM's budgets (its KV budget,
         and under continuous batching its round token budget), or None when one could."""
-        return self.engine.scheduler.refusal(request)
+        refusal = self.engine.scheduler.refusal(request)
+        return None if refusal is None else refusal.message
+
+    def engine_client(self, max_queue: int, **options) -> EngineClient:
+        """The engine's serving thread (minirt/engine/client.py), not started: the one way a
+        server reaches this LLM's engine.  `options`: EngineClient's (observer, on_round,
+        on_shutdown, round_delay_s, batch_window_s)."""
+        return EngineClient(self.engine, max_queue, **options)
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """What the model is fed first for a prompt: its ids, BOS alone when empty; a

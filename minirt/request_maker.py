@@ -8,8 +8,8 @@ vocabulary, stop strings only with a tokenizer), and the request's own random st
 prompt or parameter makes a request that is failed already, with an error of its own, so that
 its peers still run.
 
-The offline API (minirt/llm.py, and through it the command line) and the server
-(minirt/server/engine_loop.py) make their requests here, and nowhere else; the engine takes
+The offline API (minirt/llm.py, and through it the command line) and the server's handlers
+(minirt/server/handover.py) make their requests here, and nowhere else; the engine takes
 requests of token ids and never sees text on the way in (vLLM's input processor, before the
 engine core).
 
@@ -124,11 +124,13 @@ class RequestMaker:
 
     def check_params(self, params: SamplingParams) -> None:
         """Refuse (RequestError or InputError) what SamplingParams cannot check alone, since it
-        needs this model: token ids outside its vocabulary, stop strings without a tokenizer."""
+        needs this model: token ids outside its vocabulary, stop strings without a tokenizer.
+        The error's `field` names the SamplingParams field it is about."""
         if params.stop and self.tokenizer is None:
             raise RequestError(
-                "stop strings need a tokenizer, and this model has none; use stop_token_ids"
+                "stop strings need a tokenizer, and this model has none; use stop_token_ids",
+                "stop",
             )
-        check_token_ids(params.stop_token_ids, self.vocab_size, "stop")
+        check_token_ids(params.stop_token_ids, self.vocab_size, "stop", field="stop_token_ids")
         biased_tokens = [token for token, _ in params.logit_bias]
         check_token_ids(biased_tokens, self.vocab_size, "logit_bias")

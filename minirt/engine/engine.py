@@ -2,11 +2,13 @@
 
 Owns: a request's way through the runtime, in one place.  It takes requests of token ids, made
 outside it (minirt/request_maker.py: a bad one comes back failed, with an error of its own), and
-a detokenizer for their text (minirt/engine/detokenizer.py).  Then four calls, the interface
+a detokenizer for their text (minirt/engine/detokenizer.py).  Then the calls, the interface
 online serving needs:
 
     add_request(request)  queue it, at any time, also while others run; a request no round
                           could ever take fails at once
+    add_requests(requests)  queue all of them or none: the `Refusal` of the first no round
+                          could take (a server's client, minirt/engine/client.py, uses this)
     step()                run one round and return what it produced (`StepOutput`)
     abort(request_id)     end a waiting or running request, whose finish_reason is "abort":
                           it leaves the compute before the next round and frees its KV slot
@@ -62,7 +64,7 @@ from ..model.kv_cache import KVCache
 from .detokenizer import Detokenizer
 from .kv_manager import KVManager
 from .prefix_cache import PrefixCache
-from .request import Request, Status, abort_request, fail_request
+from .request import Refusal, Request, Status, abort_request, fail_request
 from .round_record import RoundRecord, record_round
 from .runner import Runner
 from .scheduler import POLICIES, SCHEDULERS, GroupRecord, RoundPlan, Scheduler
@@ -244,9 +246,36 @@ class Engine:
         self, request: Request, arrival_s: float | None = None, arrival_round: int | None = None
     ) -> None:
         """Queue a request, at any time.  One that is already failed, or that no round could
-        ever take (over the KV budget, a prompt over the round's token budget), is final at
-        once: `request.finished` tells the caller, and no step reports it."""
+        ever take (over the KV budget, a prompt over the round's token budget: the scheduler's
+        refusal, asked once), is final at once, failed with the refusal's message:
+        `request.finished` tells the caller, and no step reports it."""
         self.check_new(request)
+        if not request.finished:
+            refusal = self.scheduler.refusal(request)
+            if refusal is not None:
+                fail_request(request, refusal.message)
+        self.enter(request, arrival_s, arrival_round)
+
+    def add_requests(self, requests: list[Request]) -> Refusal | None:
+        """Queue every one of these requests, or none (a server's completion of n choices, or
+        several completions that arrive together): the refusal of the first that no round could
+        ever take, each asked once, and then nothing is queued; else None, and each is queued as
+        `add_request` would (one failed already is final at once)."""
+        for request in requests:
+            self.check_new(request)
+        for request in requests:
+            if request.finished:
+                continue
+            refusal = self.scheduler.refusal(request)
+            if refusal is not None:
+                return refusal
+        for request in requests:
+            self.enter(request, None, None)
+        return None
+
+    def enter(self, request: Request, arrival_s: float | None, arrival_round: int | None) -> None:
+        """Stamp a checked request's arrival and queue it; one that is finished already (failed)
+        is counted, and its record is final now."""
         self.stats.requests += 1
         if arrival_s is None:
             arrival_s = self.seconds()
@@ -257,11 +286,8 @@ class Engine:
             arrival_round = self.round_number
         request.arrival_round = arrival_round
         if not request.finished:
-            reason = self.scheduler.refusal(request)
-            if reason is None:
-                self.scheduler.submit(request)
-                return
-            fail_request(request, reason)
+            self.scheduler.submit(request)
+            return
         self.stats.failed += int(request.error is not None)
         request.finish_s = self.seconds()
 

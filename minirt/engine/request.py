@@ -11,6 +11,10 @@ record:
   * `abort_request` ends it because its caller no longer wants it (finish_reason "abort");
   * `unshown_text` hands out, for streaming, the text that no later token can change.
 
+Also `Refusal`: why a request (or a submission of several) is not taken, as values (its kind,
+the field it is about, the numbers it is about), never as English to be parsed; `message` words
+it for the offline API and the command line, and the server words each kind in its own terms.
+
 The engine makes the record, gives it a slot and a text decoder, and calls `add_token` each
 round; the scheduler stamps when it was admitted.  A batch shares a forward pass, never a
 request's progress or its reason to stop.
@@ -27,6 +31,56 @@ import numpy as np
 
 from .detokenizer import TextDecoder
 from .params import SamplingParams
+
+
+# The kinds of refusal.  The scheduler's: a request no round could ever take.
+KV_BUDGET = "kv_budget"  # needs `needed` KV positions, over the budget of `limit`
+ROUND_TOKENS = "round_tokens"  # a prompt of `needed` tokens, over the round budget of `limit`
+# A serving client's (minirt/engine/client.py): a submission it will not queue.
+TOO_MANY_CHOICES = "too_many_choices"  # `needed` requests at once, over the queue's `limit`
+QUEUE_FULL = "queue_full"  # `waiting` wait already, and `needed` more pass the queue's `limit`
+SHUTTING_DOWN = "shutting_down"  # it accepts nothing more
+FAULT = "fault"  # queueing it raised (a bug): `detail` says what
+REFUSAL_KINDS = (KV_BUDGET, ROUND_TOKENS, TOO_MANY_CHOICES, QUEUE_FULL, SHUTTING_DOWN, FAULT)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request, or a submission of several, is not taken: its kind (REFUSAL_KINDS), the
+    request field it is about in the engine's names (None: the whole submission), and the
+    numbers it is about."""
+
+    kind: str
+    field: str | None = None
+    needed: int = 0
+    limit: int = 0
+    waiting: int = 0
+    detail: str = ""
+
+    @property
+    def message(self) -> str:
+        """The refusal in one line, in the engine's terms (what the offline API and the command
+        line say: a request refused is failed with this error)."""
+        if self.kind == KV_BUDGET:
+            return (
+                f"needs {self.needed} KV cache positions, over the budget of {self.limit}; "
+                "lower max_new_tokens or raise the KV budget"
+            )
+        if self.kind == ROUND_TOKENS:
+            return (
+                f"its prompt of {self.needed} tokens exceeds the round token budget of "
+                f"{self.limit}; raise the budget, or let its prefill be chunked"
+            )
+        if self.kind == TOO_MANY_CHOICES:
+            return f"{self.needed} requests at once, more than the {self.limit} the queue holds"
+        if self.kind == QUEUE_FULL:
+            return f"the queue is full ({self.waiting} requests wait, {self.limit} at most)"
+        if self.kind == SHUTTING_DOWN:
+            return "shutting down: nothing more is queued"
+        return f"queueing it failed ({self.detail})"
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class Status(enum.Enum):

@@ -3,7 +3,7 @@
 Owns: one scheduler class per policy, behind the small interface that the engine and
 `python -m minirt.rounds` both drive:
 
-    refusal(request)  why no round could ever take it (None if one can)
+    refusal(request)  why no round could ever take it, a `Refusal` value (None if one can)
     submit(request)   queue it in arrival order, at any time; nothing else
     remove(request)   take an aborted request out of the queue or the running rows
     has_work()        whether anyone waits or runs
@@ -77,7 +77,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .kv_manager import KVManager
-from .request import Request, Status, note_prefill, slot_of
+from .request import KV_BUDGET, ROUND_TOKENS, Refusal, Request, Status, note_prefill, slot_of
 
 
 @dataclass
@@ -166,13 +166,12 @@ class Scheduler:
         wanted = prompt_len + request.params.max_new_tokens - 1
         return min(max(wanted, prompt_len), self.n_positions)
 
-    def refusal(self, request: Request) -> str | None:
+    def refusal(self, request: Request) -> Refusal | None:
+        """Why no round could ever take this request (a value: its `message` words it), or None
+        when one could: over the KV budget (it is max_new_tokens that the caller lowers)."""
         needed = self.kv_positions_needed(request)
         if needed > self.kv_budget:
-            return (
-                f"needs {needed} KV cache positions, over the budget of {self.kv_budget}; "
-                "lower max_new_tokens or raise the KV budget"
-            )
+            return Refusal(KV_BUDGET, "max_new_tokens", needed=needed, limit=self.kv_budget)
         return None
 
     def submit(self, request: Request) -> None:
@@ -336,13 +335,14 @@ class ContinuousScheduler(Scheduler):
         # True while admission waits for the pool to empty, so that it can be made anew.
         self.draining = False
 
-    def refusal(self, request: Request) -> str | None:
+    def refusal(self, request: Request) -> Refusal | None:
+        """Also a prompt over the round's token budget, when its prefill may not be chunked."""
         too_big = super().refusal(request)
         over_round = self.token_budget is not None and request.prompt_len > self.token_budget
         if too_big is None and over_round and not self.chunked_prefill:
-            return (
-                f"its prompt of {request.prompt_len} tokens exceeds the round token budget of "
-                f"{self.token_budget}; raise the budget, or let its prefill be chunked"
+            assert self.token_budget is not None  # over_round says so
+            return Refusal(
+                ROUND_TOKENS, "prompt", needed=request.prompt_len, limit=self.token_budget
             )
         return too_big
 

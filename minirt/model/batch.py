@@ -38,24 +38,30 @@ from .backend import Backend
 from ..errors import InputError
 
 
-def check_token_ids(seq, vocab_size: int, subject: str, max_len: int | None = None) -> list[int]:
+def check_token_ids(
+    seq, vocab_size: int, subject: str, max_len: int | None = None, field: str | None = None
+) -> list[int]:
     """`seq` as a list of plain ints inside the vocabulary (and at most `max_len` of them, if
-    given), or an InputError that names `subject`."""
+    given), or an InputError that names `subject` (and whose `field` is `field`, by default
+    `subject`: the request field the ids came in)."""
+    if field is None:
+        field = subject
     items = list(seq) if hasattr(seq, "__iter__") and not isinstance(seq, (str, bytes)) else None
     # 2.0 and true are not ids either.
     if items is None or not all(
         isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items
     ):
-        raise InputError(f"{subject} is not a list of integer token ids")
+        raise InputError(f"{subject} is not a list of integer token ids", field)
     ids = [int(t) for t in items]
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         # 10**100 is not worth 101 digits.
         shown = bad[0] if abs(bad[0]) < 10**12 else f"{str(bad[0])[:12]}..."
-        raise InputError(f"{subject} token id {shown} is outside the vocabulary [0, {vocab_size})")
+        message = f"{subject} token id {shown} is outside the vocabulary [0, {vocab_size})"
+        raise InputError(message, field)
     if max_len is not None and len(ids) > max_len:
         raise InputError(
-            f"{subject} has {len(ids)} tokens, more than the model's context of {max_len}"
+            f"{subject} has {len(ids)} tokens, more than the model's context of {max_len}", field
         )
     return ids
 

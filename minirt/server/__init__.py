@@ -2,7 +2,8 @@
 that imports the web stack.
 
     protocol.py     the request bodies (pydantic), checked, and each prompt's SamplingParams
-    engine_loop.py  the engine's own thread, and how requests and tokens cross to the handlers
+    handover.py     completions to the engine's client (minirt/engine/client.py, the one
+                    interface to the engine) and its events back; refusals worded as HTTP errors
     responses.py    completions in OpenAI's shapes, whole or as server-sent events
     metrics.py      Prometheus metrics, in vLLM's names with a `minirt:` prefix
     api_errors.py   OpenAI's error object

@@ -13,12 +13,14 @@ Owns: `build_app`, the ASGI application, and `ServerSettings`, what it is config
 
 A completion's way: the body is read (at most `max_body_bytes`: 413 past it) and checked
 (minirt/server/protocol.py: 400 naming the field), each prompt is turned into token ids and
-its SamplingParams, the choices go to the engine's thread (minirt/server/engine_loop.py), and
-the handler waits for the answer: `Accepted` (or a 400/503 `Refused`), then the choice's tokens
-and final records, which it writes whole or as server-sent events
-(minirt/server/responses.py).  While it waits, a watcher listens for the client leaving: a
-client gone, mid-stream or still queued, has its completion aborted, which frees its rows and
-KV slots before the next round.
+its SamplingParams, its requests are made and handed to the engine's client
+(minirt/server/handover.py, minirt/engine/client.py: the one interface the server has to the
+engine), and the handler waits for the answer: `Accepted` (or `Refused`, a refusal value worded
+as a 400/503 by handover.py), then the choice's tokens and final records, which it writes whole
+or as server-sent events (minirt/server/responses.py).  A model check's refusal names its field
+as a value (`FieldError.field`), never by its wording.  While it waits, a watcher listens for
+the client leaving: a client gone, mid-stream or still queued, has its completion aborted, which
+frees its rows and KV slots before the next round.
 
 Every error, ours or the framework's (an unknown path, a wrong method), is OpenAI's error
 object; a fault of the server is a 500 with one line, its traceback in the server's log only.
@@ -28,7 +30,8 @@ is refused before it is parsed and a bad one is a 400 naming its field, not Fast
 that, what FastAPI would add is routing and dependency injection, and Starlette (which FastAPI is
 built on) routes just as well; pydantic still checks every body.
 
-Must not know: how rounds are computed, or how the process starts and stops (run.py).
+Must not know: how rounds are computed, the engine beyond its client (never `llm.engine`), or
+how the process starts and stops (run.py).
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ from ..llm import LLM
 from ..errors import InputError, RequestError
 from .api_errors import APIError, error_body
 from .bodies import read_body
-from .engine_loop import Accepted, ChoiceSpec, Completion, EngineLoop, Finished, Refused, Token
+from ..engine.client import Accepted, EngineClient, Finished, Refused, Token
+from .handover import ChoiceSpec, Completion, Handover, refusal_error
 from .metrics import ServerMetrics
+from .round_feed import RoundFeed
 from .rounds_page import RoundsPage
 from .protocol import (
     CompletionRequest,
@@ -102,10 +107,19 @@ class Prompted:
     choices: list[ChoiceSpec]
 
 
-def build_app(llm: LLM, loop: EngineLoop, metrics: ServerMetrics, settings: ServerSettings):
-    """The ASGI app: the routes, the API key's guard, and errors in OpenAI's shape."""
-    api = CompletionsAPI(llm, loop, metrics, settings)
-    rounds = RoundsPage(llm, loop, loop.feed, settings)
+def build_app(
+    llm: LLM,
+    client: EngineClient,
+    metrics: ServerMetrics,
+    settings: ServerSettings,
+    feed: RoundFeed,
+):
+    """The ASGI app: the routes, the API key's guard, and errors in OpenAI's shape.  `client`
+    is the engine's (not started: the app's lifespan starts and stops it); `feed` the one its
+    rounds are published to."""
+    handover = Handover(client, llm.request_maker)
+    api = CompletionsAPI(llm, client, handover, metrics, settings)
+    rounds = RoundsPage(llm, client, handover, feed, settings)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -123,12 +137,12 @@ def build_app(llm: LLM, loop: EngineLoop, metrics: ServerMetrics, settings: Serv
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        loop.start()
+        client.start()
         try:
             yield
         finally:
             # Whatever is left is aborted and told so; then the thread ends.
-            await asyncio.to_thread(loop.stop)
+            await asyncio.to_thread(client.stop)
 
     handlers = {
         APIError: api_error_response,
@@ -192,25 +206,21 @@ async def server_error_response(request: Request, exc: Exception) -> Response:
     return JSONResponse(error_body(500, message), status_code=500)
 
 
-def param_of(refusal: str) -> str | None:
-    """The field a model check's refusal is about, from its opening words."""
-    openings = (
-        ("stop strings", "stop"),
-        ("stop token", "stop_token_ids"),
-        ("logit_bias", "logit_bias"),
-    )
-    for opening, param in openings:
-        if refusal.startswith(opening):
-            return param
-    return None
-
-
 class CompletionsAPI:
-    """The routes' handlers, sharing the engine's thread, the metrics and the settings."""
+    """The routes' handlers, sharing the engine's client (and the hand-over to it), the metrics
+    and the settings."""
 
-    def __init__(self, llm: LLM, loop: EngineLoop, metrics, settings: ServerSettings):
+    def __init__(
+        self,
+        llm: LLM,
+        client: EngineClient,
+        handover: Handover,
+        metrics,
+        settings: ServerSettings,
+    ):
         self.llm = llm
-        self.loop = loop
+        self.client = client
+        self.handover = handover
         self.metrics = metrics
         self.settings = settings
         self.created = int(time.time())
@@ -243,10 +253,10 @@ class CompletionsAPI:
         prompted = self.prompted(body)
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         completion = Completion(completion_id, prompted.choices, received)
-        self.loop.submit(completion)
+        self.handover.submit(completion)
         answer = await completion.events.get()
         if isinstance(answer, Refused):
-            raise APIError(answer.status, answer.message, param=answer.param)
+            raise refusal_error(answer.refusal)
         assert isinstance(answer, Accepted)
         watcher = asyncio.create_task(self.watch_disconnect(request, completion_id))
         head = header(completion_id, int(time.time()), self.settings.model_name)
@@ -279,7 +289,7 @@ class CompletionsAPI:
             try:
                 self.llm.check_params(params)
             except (RequestError, InputError) as exc:
-                raise APIError(400, str(exc), param=param_of(str(exc))) from None
+                raise APIError(400, str(exc), param=exc.field) from None
             prompted.texts.append(self.prompt_text(prompt))
             prompted.ids.append(ids)
             for sample in range(body.n):
@@ -301,7 +311,7 @@ class CompletionsAPI:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                self.loop.abort(completion_id)
+                self.handover.abort(completion_id)
                 return
 
     async def collect(self, completion: Completion) -> list[Finished]:
@@ -373,7 +383,7 @@ class CompletionsAPI:
             watcher.cancel()
             if len(finals) < len(completion.choices):
                 # Left early (the client went, or a choice failed): the rest stop too.
-                self.loop.abort(completion.id)
+                self.handover.abort(completion.id)
 
     def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:
         """Each choice's logprobs builder, or None each when logprobs were not asked for."""
@@ -409,7 +419,7 @@ class CompletionsAPI:
 
     async def health(self, request: Request) -> Response:
         """200 while the engine's thread runs (it never should stop while the server does)."""
-        if not self.loop.thread.is_alive():
+        if not self.client.is_alive():
             message = "the engine's thread has stopped"
             return JSONResponse(error_body(503, message), status_code=503)
         return Response(status_code=200)

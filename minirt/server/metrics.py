@@ -1,8 +1,11 @@
 """What `GET /metrics` shows: Prometheus metrics, in vLLM's names with a `minirt:` prefix.
 
 Owns: `ServerMetrics`, one server's metrics in a registry of its own (no global state: two
-servers in one process keep apart), updated by the engine's thread and written out by
-`prometheus_client` (its collectors are safe to update from one thread and read from another).
+servers in one process keep apart), the observer the engine's client is given
+(minirt/engine/client.py `EngineObserver`: it hears plain values on the engine's thread: a first
+token with its waits and prompt counts, a finished `RequestOutput` with its latency, a round's
+new tokens, the counts' `EngineSnapshot`), and written out by `prometheus_client` (its
+collectors are safe to update from one thread and read from another).
 
     minirt:num_requests_running        requests that hold a row (gauge)
     minirt:num_requests_waiting        requests queued for a row (gauge)
@@ -19,15 +22,16 @@ servers in one process keep apart), updated by the engine's thread and written o
     minirt:request_queue_time_seconds  from arrival to the start of its prefill round (histogram)
     minirt:rounds_total                rounds run: forward passes of the batch (counter)
 
-Must not know: HTTP, or how a round is computed.
+Must not know: HTTP, how a round is computed, or the engine's own objects (its Engine,
+scheduler or requests).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..engine.engine import Engine
-from ..engine.request import Request
+from ..engine.client import EngineObserver, EngineSnapshot
+from ..engine.output import RequestOutput
 
 # Seconds: from a round of a tiny model (~1 ms) to a long queue.
 LATENCY_BUCKETS = (
@@ -52,7 +56,7 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
 FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
-class ServerMetrics:
+class ServerMetrics(EngineObserver):
     """One server's metrics, labelled with its model name."""
 
     def __init__(self, model_name: str):
@@ -138,13 +142,16 @@ class ServerMetrics:
             "minirt:request_queue_time_seconds", "Arrival to its prefill round.", LATENCY_BUCKETS
         )
 
-    def first_token(self, request: Request, seconds: float, queued_seconds: float) -> None:
+    def first_token(
+        self, seconds: float, queued_seconds: float, prompt_tokens: int, cached_tokens: int
+    ) -> None:
         """A request's prefill gave its first token, `seconds` after it arrived; it had waited
-        `queued_seconds` for its round to start."""
+        `queued_seconds` for its round to start; its prompt had `prompt_tokens`, of which the
+        prefix cache gave `cached_tokens`."""
         name = self.model_name
-        self.prompt_tokens.labels(name).inc(request.prompt_len)
-        self.prefix_cache_queries.labels(name).inc(request.prompt_len)
-        self.prefix_cache_hits.labels(name).inc(request.cached_prompt_tokens)
+        self.prompt_tokens.labels(name).inc(prompt_tokens)
+        self.prefix_cache_queries.labels(name).inc(prompt_tokens)
+        self.prefix_cache_hits.labels(name).inc(cached_tokens)
         self.ttft.labels(name).observe(seconds)
         self.queue_time.labels(name).observe(max(0.0, queued_seconds))
 
@@ -152,30 +159,27 @@ class ServerMetrics:
         self.rounds.inc()
         self.generation_tokens.labels(self.model_name).inc(new_tokens)
 
-    def finished(self, request: Request, seconds: float) -> None:
+    def finished(self, output: RequestOutput, seconds: float) -> None:
         """A request's record is final, `seconds` after it arrived."""
         name = self.model_name
-        reason = request.finish_reason or "error"
+        reason = output.finish_reason or "error"
         self.success.labels(name, reason).inc()
         self.e2e.labels(name).observe(seconds)
-        first = request.first_token_s
-        last = request.finish_s
-        if len(request.token_ids) > 1 and first is not None and last is not None:
-            per_token = (last - first) / (len(request.token_ids) - 1)
+        first = output.first_token_s
+        last = output.finish_s
+        if len(output.token_ids) > 1 and first is not None and last is not None:
+            per_token = (last - first) / (len(output.token_ids) - 1)
             self.tpot.labels(name).observe(per_token)
 
-    def observe_engine(self, engine: Engine) -> None:
-        """The gauges, after a round (or an abort)."""
+    def observe(self, snapshot: EngineSnapshot) -> None:
+        """The gauges, after each iteration of the engine's thread (a round, or an abort)."""
         name = self.model_name
-        scheduler = engine.scheduler
-        running = [r for r in scheduler.running if not r.finished]
-        self.running.labels(name).set(len(running))
-        self.waiting.labels(name).set(len(scheduler.waiting))
-        reserved = sum(scheduler.kv_positions_needed(r) for r in running)
-        self.kv_usage.labels(name).set(reserved / max(1, engine.kv_budget_positions))
-        self.kv_slots.labels(name).set(sum(1 for r in running if r.slot is not None))
-        cache = engine.prefix_cache
-        self.prefix_cache_positions.labels(name).set(0 if cache is None else cache.positions)
+        self.running.labels(name).set(snapshot.running)
+        self.waiting.labels(name).set(snapshot.waiting)
+        usage = snapshot.kv_positions_reserved / max(1, snapshot.kv_budget_positions)
+        self.kv_usage.labels(name).set(usage)
+        self.kv_slots.labels(name).set(snapshot.kv_slots_used)
+        self.prefix_cache_positions.labels(name).set(snapshot.prefix_cache_positions)
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format."""

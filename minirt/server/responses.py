@@ -13,7 +13,7 @@ tokenizer, vLLM's "token_id:N"); its text_offset is where its text starts in the
 log-probability of -inf (a token the model gives probability 0) is written -9999.0, as vLLM
 writes it, since JSON has no infinity.
 
-Must not know: the web framework, the engine or its thread.
+Must not know: the web framework, or the engine beyond its client's events.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import math
 
 from ..loading.tokenizer import Tokenizer
-from .engine_loop import Finished, Token
+from ..engine.client import Finished, Token
 
 DONE = "data: [DONE]\n\n"
 

@@ -8,7 +8,7 @@ How a record crosses from the engine's thread to a watcher, and why it is safe:
     publish    the engine's thread, after each round, appends the record (frozen, plain values)
                to `recent` and, only if someone watches, turns it into JSON once and hands it
                to each watcher's asyncio.Queue with `loop.call_soon_threadsafe`, as the
-               completions' tokens are handed over (minirt/server/engine_loop.py).  With nobody
+               completions' tokens are handed over (minirt/server/handover.py).  With nobody
                watching, a round costs one deque append.
     subscribe  a handler, on the event loop's thread, adds its watcher and copies `recent`
                under the same lock that `publish` holds while it appends, so that a new watcher

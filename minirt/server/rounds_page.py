@@ -18,7 +18,8 @@ minirt/server/round_feed.py): the page draws rounds and rows as the engine ran t
 and its feeds are open like /metrics (they show ids and counts, never text); the exercise
 spends compute, so with --api-key it needs the key, like every /v1 path.
 
-Must not know: how rounds are computed, or how the process starts and stops.
+Must not know: how rounds are computed, the engine beyond its client (never `llm.engine`), or
+how the process starts and stops.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from ..llm import LLM
 from ..engine.params import SamplingParams
 from .api_errors import APIError
 from .bodies import read_body
-from .engine_loop import ChoiceSpec, Completion, EngineLoop, Refused
+from ..engine.client import EngineClient, Refused
+from .handover import ChoiceSpec, Completion, Handover, refusal_error
 from .protocol import ExerciseRequest, parse_body
 from .responses import sse
 from .round_feed import END, RECENT_ROUNDS, RoundFeed
@@ -54,27 +56,33 @@ def page_html() -> str:
 
 
 class RoundsPage:
-    """The page's handlers, sharing the engine's thread, its feed and the server's facts."""
+    """The page's handlers, sharing the engine's client (and the hand-over to it), its feed and
+    the server's facts."""
 
-    def __init__(self, llm: LLM, loop: EngineLoop, feed: RoundFeed, settings):
+    def __init__(
+        self, llm: LLM, client: EngineClient, handover: Handover, feed: RoundFeed, settings
+    ):
         self.llm = llm
-        self.loop = loop
+        self.client = client
+        self.handover = handover
         self.feed = feed
         self.settings = settings
         self.html = page_html()
 
     def server_facts(self) -> dict:
-        """What the page says beside the grid, and how many lines it draws."""
+        """What the page says beside the grid, and how many lines it draws: the engine's fixed
+        settings, from its client's snapshot."""
+        engine = self.client.snapshot()
         return {
             "model": self.settings.model_name,
-            "policy": self.llm.engine.policy,
-            "batch_size": self.llm.engine.batch_size,
-            "kv_budget_positions": self.llm.engine.kv_budget_positions,
-            "max_round_tokens": self.llm.engine.round_token_budget,
-            "chunked_prefill": self.llm.engine.chunked_prefill,
-            "prefix_cache": self.llm.engine.prefix_cache is not None,
-            "round_delay_ms": round(1000 * self.loop.round_delay_s, 3),
-            "batch_window_ms": round(1000 * self.loop.batch_window_s, 3),
+            "policy": engine.policy,
+            "batch_size": engine.batch_size,
+            "kv_budget_positions": engine.kv_budget_positions,
+            "max_round_tokens": engine.round_token_budget,
+            "chunked_prefill": engine.chunked_prefill,
+            "prefix_cache": engine.prefix_cache,
+            "round_delay_ms": round(1000 * self.client.round_delay_s, 3),
+            "batch_window_ms": round(1000 * self.client.batch_window_s, 3),
             "api_key_required": self.settings.api_key is not None,
         }
 
@@ -122,19 +130,20 @@ class RoundsPage:
             params = SamplingParams(max_new_tokens=length, ignore_eos=True)
             choice = ChoiceSpec(prompt_ids, params, sample=0)
             completions.append(Completion(f"cmpl-{uuid.uuid4().hex}", [choice], received))
-        self.loop.submit_together(completions)
+        self.handover.submit(*completions)
         answers = await asyncio.gather(*(c.events.get() for c in completions))
         for answer in answers:
             if isinstance(answer, Refused):
-                raise APIError(answer.status, answer.message, param=answer.param)
+                raise refusal_error(answer.refusal)
         ids = [completion.id for completion in completions]
-        facts = {"policy": self.llm.engine.policy, "batch_size": self.llm.engine.batch_size}
+        engine = self.client.snapshot()
+        facts = {"policy": engine.policy, "batch_size": engine.batch_size}
         return JSONResponse({"ids": ids, "lengths": lengths, **facts})
 
     def checked_lengths(self, lengths: list[int]) -> list[int]:
         """1 to MAX_EXERCISE_REQUESTS lengths (at most --max-queue), each a number of tokens the
         model can make."""
-        most = min(MAX_EXERCISE_REQUESTS, self.loop.max_queue)
+        most = min(MAX_EXERCISE_REQUESTS, self.client.max_queue)
         if not 1 <= len(lengths) <= most:
             message = f"lengths must hold 1 to {most} output lengths, got {len(lengths)}"
             if most < MAX_EXERCISE_REQUESTS:

@@ -2,7 +2,9 @@
 
 Owns: `bind` (the listening socket, opened before the model loads, so that a port that is taken
 or not allowed is one line and exit 2 before anything else happens) and `serve_forever`: the
-engine's thread, the app, and uvicorn on that socket until SIGINT or SIGTERM.
+engine's client (its thread, made by `LLM.engine_client`: the server never reaches the engine
+itself), with the metrics as its observer and the round feed as its round callback, the app,
+and uvicorn on that socket until SIGINT or SIGTERM.
 
 Shutting down: the first SIGINT or SIGTERM stops accepting (the socket closes; a completion
 still arriving on an open connection gets 503), and the requests in flight may finish within
@@ -25,7 +27,7 @@ import uvicorn
 from ..llm import LLM
 from ..errors import MinirtError
 from .app import ServerSettings, build_app
-from .engine_loop import EngineLoop
+from ..engine.client import EngineClient
 from .metrics import ServerMetrics
 from .round_feed import RoundFeed
 
@@ -67,9 +69,9 @@ class MinirtServer(uvicorn.Server):
     """uvicorn's server, which tells the engine when a signal asks it to stop, says when it is
     ready, and exits 0 after a graceful shutdown (uvicorn's own raises the signal again)."""
 
-    def __init__(self, config, loop: EngineLoop, grace_s: float, ready_line: str):
+    def __init__(self, config, client: EngineClient, grace_s: float, ready_line: str):
         super().__init__(config)
-        self.engine_loop = loop
+        self.engine_client = client
         self.grace_s = grace_s
         self.ready_line = ready_line
 
@@ -80,7 +82,7 @@ class MinirtServer(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         if not self.should_exit:
-            self.engine_loop.begin_shutdown(self.grace_s)
+            self.engine_client.begin_shutdown(self.grace_s)
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
@@ -109,16 +111,17 @@ def serve_forever(
 ) -> None:
     """Serve on `sock` until a signal stops the server."""
     metrics = ServerMetrics(settings.model_name)
-    loop = EngineLoop(
-        llm.engine,
-        llm.request_maker,
-        metrics,
-        max_queue=max_queue,
-        feed=RoundFeed(),
+    feed = RoundFeed()
+    client = llm.engine_client(
+        max_queue,
+        observer=metrics,
+        on_round=feed.publish,
+        # On the engine's thread, once it stops accepting: open round-grid pages end.
+        on_shutdown=feed.close,
         round_delay_s=round_delay_s,
         batch_window_s=batch_window_s,
     )
-    app = build_app(llm, loop, metrics, settings)
+    app = build_app(llm, client, metrics, settings, feed)
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -129,5 +132,5 @@ def serve_forever(
     if ":" in host:
         host = f"[{host}]"
     ready = f"minirt serve: http://{host}:{port}  ({describe}; the round grid at /; Ctrl-C to stop)"
-    server = MinirtServer(config, loop, shutdown_timeout_s, ready)
+    server = MinirtServer(config, client, shutdown_timeout_s, ready)
     server.run(sockets=[sock])

@@ -341,3 +341,57 @@ def test_engine_module_imports_are_read_in_every_form():
         "from minirt.engine.stats import RunStats\nfrom ..model import batch\n"
     )
     assert engine_modules_imported(ast.parse(source)) == {"engine", "sampler", "stats"}
+
+
+# The server talks to the engine through its client alone: the client interface, the request and
+# parameter types (Refusal, its kinds, among the request's), the result types and the round feed's
+# record.  Never the Engine, its scheduler, or `llm.engine`.
+SERVER_MAY_IMPORT_FROM_ENGINE = {"client", "request", "params", "output", "round_record"}
+SERVER_MODULES = sorted((PACKAGE / "server").rglob("*.py"))
+
+
+def engine_modules_reached(tree: ast.AST) -> set[str]:
+    """The modules of minirt/engine/ that a module of minirt/server/ imports, in any spelling
+    (the engine package itself, imported whole, counts as "__init__")."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 2:
+                module = f"minirt.{node.module}" if node.module else "minirt"
+            elif node.level == 0 and node.module:
+                module = node.module
+            else:
+                continue
+            if module == "minirt":
+                found |= {"__init__" for alias in node.names if alias.name == "engine"}
+            elif module == "minirt.engine":
+                found |= {alias.name for alias in node.names}
+            elif module.startswith("minirt.engine."):
+                found.add(module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[:2] == ["minirt", "engine"]:
+                    found.add(parts[2] if len(parts) > 2 else "__init__")
+    return found
+
+
+@pytest.mark.parametrize("path", SERVER_MODULES, ids=relative)
+def test_the_server_reaches_the_engine_only_through_its_client(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    reached = engine_modules_reached(tree)
+    assert reached <= SERVER_MAY_IMPORT_FROM_ENGINE, (
+        f"{relative(path)} imports engine/{sorted(reached - SERVER_MAY_IMPORT_FROM_ENGINE)}"
+    )
+    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    assert "engine" not in attributes, f"{relative(path)} reaches into an engine (llm.engine)"
+
+
+def test_the_servers_engine_imports_are_read_in_every_form():
+    source = (
+        "from ..engine.engine import Engine\nfrom ..engine import scheduler\n"
+        "from minirt.engine.client import EngineClient\nimport minirt.engine.kv_manager\n"
+        "from .. import engine\nfrom .handover import Completion\n"
+    )
+    reached = engine_modules_reached(ast.parse(source))
+    assert reached == {"engine", "scheduler", "client", "kv_manager", "__init__"}

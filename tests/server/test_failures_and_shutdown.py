@@ -4,7 +4,6 @@ server exits 0 either way."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import signal
@@ -154,54 +153,4 @@ def test_after_the_grace_period_the_rest_is_aborted_with_an_error_event_and_exit
     assert "shut down" in error["message"] and "--shutdown-timeout" in error["message"]
 
 
-@pytest.mark.parametrize("where", ["in a round", "around a round"])
-def test_the_engine_thread_survives_a_fault_of_its_own_and_tells_the_clients_it_held(where):
-    from minirt.server.engine_loop import Accepted, ChoiceSpec, Completion, EngineLoop, Finished
-    from minirt.server.metrics import ServerMetrics
-
-    llm = LLM(batch_size=2, policy="continuous")
-    engine = llm.engine
-    metrics = ServerMetrics("m")
-    loop = EngineLoop(engine, llm.request_maker, metrics, max_queue=8)
-    faults = []
-
-    def fault_once(real):
-        def call(*args):
-            # Once, while a request is held.
-            if loop.tracked and not faults:
-                faults.append(where)
-                raise RuntimeError(f"a bug {where}")
-            return real(*args)
-
-        return call
-
-    if where == "in a round":
-        engine.step = fault_once(engine.step)
-    else:
-        metrics.observe_engine = fault_once(metrics.observe_engine)
-    params = SamplingParams(max_new_tokens=3, ignore_eos=True)
-    ids = tuple(llm.prompt_ids("ROMEO:"))
-
-    async def complete() -> list:
-        completion = Completion("c", [ChoiceSpec(ids, params, 0)], 0.0)
-        loop.submit(completion)
-        events = [await asyncio.wait_for(completion.events.get(), 10)]
-        while not isinstance(events[-1], Finished):
-            events.append(await asyncio.wait_for(completion.events.get(), 10))
-        return events
-
-    async def two_completions():
-        loop.start()
-        try:
-            return await complete(), await complete()
-        finally:
-            await asyncio.to_thread(loop.stop)
-
-    first, second = asyncio.run(two_completions())
-    assert faults == [where]
-    assert isinstance(first[0], Accepted) and first[-1].output.finish_reason == "error"
-    assert f"a bug {where}" in first[-1].output.error
-    (expected,) = offline_alone(llm, "ROMEO:", params)
-    second_output = second[-1].output
-    assert second_output.finish_reason == "length"
-    assert second_output.token_ids == expected.token_ids
+# The engine thread's own faults: tests/engine/test_client.py (the client, without HTTP).
