@@ -105,6 +105,8 @@ def simulate(
         kv_budget_tokens=kv_budget,
         prefix_cache=prefix_cache,
         chunked_prefill=chunked_prefill,
+        # No round grid is drawn from its steps.
+        round_records=False,
     )
     if on_plan is not None:
         watch = on_plan

@@ -116,6 +116,8 @@ class OneProcessSchedule:
                 round_token_budget=self.round_tokens,
                 kv_budget_tokens=int(row["kv_budget"]),
                 chunked_prefill=self.chunked_prefill,
+                # No round grid is drawn from its steps.
+                round_records=False,
             )
         stub = None
         # It ran, so it was queued in one process too.

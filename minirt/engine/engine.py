@@ -110,6 +110,7 @@ class Engine:
         kv_budget_tokens: int | None = None,
         prefix_cache: bool = False,
         chunked_prefill: bool = True,
+        round_records: bool = True,
     ):
         """`runner` computes the rounds (a `ModelRunner` of a model, or a model-free one);
         `detokenizer` turns tokens into text (None: token ids only), and its EOS, when it has
@@ -118,7 +119,9 @@ class Engine:
         given.  `prefix_cache`: reuse the keys and values of prompt prefixes across requests
         (and runs), within that budget (off by default: its copies cost a few percent where no
         prompt shares a prefix, as docs/performance.md measures); `chunked_prefill`: continuous
-        batching may feed a long prompt over several rounds."""
+        batching may feed a long prompt over several rounds; `round_records`: each step's output
+        carries its round's record (`StepOutput.round_record`, for a round grid), which a run
+        that shows no grid (`minirt rounds`, a replay) may spare itself."""
         if policy not in POLICIES:
             choices = ", ".join(POLICIES)
             raise RequestError(f"unknown policy {policy!r}: choose one of {choices}")
@@ -127,6 +130,7 @@ class Engine:
         # The forward pass and the picking of tokens, round by round (it stops a request at EOS).
         self.runner = runner
         self.detokenizer = detokenizer
+        self.round_records = round_records
         if detokenizer is not None:
             # The tokenizer's EOS (which may be its <|endoftext|> where the config has none).
             runner.eos_token_id = detokenizer.eos_token_id
@@ -335,7 +339,7 @@ class Engine:
         self.aborted_since_step = []
         self.groups_ended_by_abort = []
         if not self.scheduler.has_work():
-            if output.finished:
+            if output.finished and self.round_records:
                 # Aborts that no round follows: the grid still hears that they ended.
                 holding = list(self.scheduler.running)
                 output.round_record = self.record(holding, [], output.finished, self.kv_rows())
@@ -371,7 +375,8 @@ class Engine:
         ended_group = self.scheduler.complete(plan)
         finished = self.release_finished(active)
         self.count_round(plan, new_tokens, finished)
-        output.round_record = self.record(holding, active, output.finished + finished, kv_rows)
+        if self.round_records:
+            output.round_record = self.record(holding, active, output.finished + finished, kv_rows)
         if ended_group is not None:
             output.ended_groups.append(ended_group)
             output.waiting = list(self.scheduler.waiting)

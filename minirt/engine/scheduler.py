@@ -19,7 +19,9 @@ Owns: one scheduler class per policy, behind the small interface that the engine
 
 and keeps `waiting`, `active_rows` and `held_rows` (rows that ran, and rows whose KV slots were
 held, per round: the static group's members, or the continuous pool's rows) and `groups`
-(static groups) for reports.
+(static groups) for reports.  `LongestNeed` keeps the longest KV need in the queue as requests
+join and leave it (through `submit` and `leave_queue` alone), so that a round's plan never
+passes over a queue of thousands to size the continuous pool.
 
   StaticScheduler      Fixed groups: when none is running, the next waiting requests in arrival
                        order, up to max_rows and within the KV budget; nobody else until every
@@ -73,7 +75,9 @@ Must not know: models, arrays, sampling or text.
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+import itertools
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from .kv_manager import KVManager
@@ -117,6 +121,33 @@ class RoundPlan:
     prefill_to: dict[Request, int] = field(default_factory=dict)
 
 
+class LongestNeed:
+    """The longest KV need among the requests in a queue, kept as requests join and leave it,
+    so that planning a round does not pass over the whole queue (a server or an offline run
+    may queue thousands).  A max-heap of needs (negated, for heapq's min-heap) beside a count of
+    the queued requests at each need: an entry whose need no queued request has any more is
+    dropped when it reaches the top."""
+
+    def __init__(self) -> None:
+        self.heap: list[int] = []
+        self.queued: Counter[int] = Counter()
+
+    def add(self, need: int) -> None:
+        if self.queued[need] == 0:
+            heapq.heappush(self.heap, -need)
+        self.queued[need] += 1
+
+    def discard(self, need: int) -> None:
+        assert self.queued[need] > 0, "a need that no queued request has"
+        self.queued[need] -= 1
+
+    def longest(self) -> int:
+        """The longest need queued (the queue must not be empty)."""
+        while self.queued[-self.heap[0]] == 0:
+            heapq.heappop(self.heap)
+        return -self.heap[0]
+
+
 def mark_admitted(request: Request, group: int | None, round_number: int) -> None:
     """Stamp the request as running from this round on (its first round is its prefill)."""
     request.status = Status.RUNNING
@@ -153,6 +184,9 @@ class Scheduler:
         self.kv = kv if kv is not None else KVManager(kv_budget_positions)
         assert self.kv.budget_positions == kv_budget_positions
         self.waiting: deque[Request] = deque()
+        # The longest KV need in `waiting`: requests join and leave the queue through `submit`
+        # and `leave_queue` alone, which keep it.
+        self.waiting_need = LongestNeed()
         self.running: list[Request] = []
         # Per round: rows that ran, and rows whose KV slots were held (utilization: active / held).
         self.active_rows: list[int] = []
@@ -176,13 +210,19 @@ class Scheduler:
 
     def submit(self, request: Request) -> None:
         self.waiting.append(request)
+        self.waiting_need.add(self.kv_positions_needed(request))
+
+    def leave_queue(self, request: Request) -> None:
+        """Take a waiting request out of the queue (admitted, or aborted)."""
+        self.waiting.remove(request)
+        self.waiting_need.discard(self.kv_positions_needed(request))
 
     def remove(self, request: Request) -> GroupRecord | None:
         """An aborted (already finished) request leaves the queue, or its running row (policy
         by policy), and gives its KV slot back.  Returns the static group that this ends, if it
         was its last member."""
         if request in self.waiting:
-            self.waiting.remove(request)
+            self.leave_queue(request)
         self.kv.free(request)
         return None
 
@@ -274,7 +314,9 @@ class StaticScheduler(Scheduler):
     def choose_group(self) -> tuple[list[Request], bool]:
         """Arrival order, up to max_rows, while members x the longest need fits the KV budget."""
         count, kv_limited = self.next_group_size()
-        members = [self.waiting.popleft() for _ in range(count)]
+        members = list(itertools.islice(self.waiting, count))
+        for member in members:
+            self.leave_queue(member)
         return members, kv_limited
 
     def next_group_size(self) -> tuple[int, bool]:
@@ -366,7 +408,7 @@ class ContinuousScheduler(Scheduler):
         self.draining = False
         if self.pool is None:
             return self.shape_for(list(self.waiting))
-        longest_waiting = max(self.kv_positions_needed(r) for r in self.waiting)
+        longest_waiting = self.waiting_need.longest()
         capacity = max(self.pool.capacity, longest_waiting)
         wanted_rows = min(self.max_rows, len(self.running) + len(self.waiting))
         rows_in_budget = max(1, self.kv_budget // capacity)
@@ -400,7 +442,7 @@ class ContinuousScheduler(Scheduler):
         tokens = self.running_tokens(prefill_to)
         admitted = self.admissions(tokens, prefill_to)
         for request in admitted:
-            self.waiting.remove(request)
+            self.leave_queue(request)
         self.admit(admitted, None, round_number)
         self.running += admitted
         return RoundPlan(round_number, list(self.running), admitted, shape, kv_limited, prefill_to)

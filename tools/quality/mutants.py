@@ -874,8 +874,8 @@ MUTANTS = [
     Mutant(
         "abort_keeps_the_slot",
         "minirt/engine/scheduler.py",
-        "            self.waiting.remove(request)\n        self.kv.free(request)",
-        "            self.waiting.remove(request)",
+        "            self.leave_queue(request)\n        self.kv.free(request)",
+        "            self.leave_queue(request)",
         "an aborted running request's slot is never given to the next request",
     ),
     Mutant(
@@ -1723,8 +1723,8 @@ MUTANTS = [
     Mutant(
         "simulated_cache_never_used",
         "minirt/cli/simulation.py",
-        "        prefix_cache=prefix_cache,\n        chunked_prefill=chunked_prefill,\n    )\n    if on_plan",
-        "        prefix_cache=False,\n        chunked_prefill=chunked_prefill,\n    )\n    if on_plan",
+        "        prefix_cache=prefix_cache,\n        chunked_prefill=chunked_prefill,\n",
+        "        prefix_cache=False,\n        chunked_prefill=chunked_prefill,\n",
         "minirt rounds --shared-prefix --prefix-cache shows no saving",
     ),
     Mutant(
@@ -1891,6 +1891,27 @@ MUTANTS = [
         '            f"this is not a {family.architecture} checkpoint"',
         '            "this is not a checkpoint"',
         "a checkpoint with foreign tensors is refused without naming what minirt expected",
+    ),
+    Mutant(
+        "waiting_need_kept_on_leave",
+        "minirt/engine/scheduler.py",
+        "        self.waiting.remove(request)\n        self.waiting_need.discard(self.kv_positions_needed(request))\n",
+        "        self.waiting.remove(request)\n",
+        "a request that leaves the queue (admitted or aborted) still counts as its longest need: the pool grows for it",
+    ),
+    Mutant(
+        "longest_need_stale_top",
+        "minirt/engine/scheduler.py",
+        "        while self.queued[-self.heap[0]] == 0:\n            heapq.heappop(self.heap)\n",
+        "",
+        "the longest waiting need is read off the heap's top without dropping needs no queued request has",
+    ),
+    Mutant(
+        "round_records_always_spared",
+        "minirt/engine/engine.py",
+        "        if self.round_records:\n            output.round_record = self.record(",
+        "        if not self.round_records:\n            output.round_record = self.record(",
+        "a run that asks for round records gets none (the live page and grids go blank)",
     ),
 ]
 
