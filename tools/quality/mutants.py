@@ -1913,6 +1913,27 @@ MUTANTS = [
         "        if not self.round_records:\n            output.round_record = self.record(",
         "a run that asks for round records gets none (the live page and grids go blank)",
     ),
+    Mutant(
+        "growth_counts_the_new_pool_alone",
+        "minirt/engine/kv_manager.py",
+        "rows * capacity + (self.allocated_positions() if held else 0)",
+        "rows * capacity",
+        "while a pool grows, the old pool it copies from is not counted: the budget is overrun",
+    ),
+    Mutant(
+        "admitted_slot_highest_first",
+        "minirt/engine/kv_manager.py",
+        "request.slot = self.free_slots.pop(0)",
+        "request.slot = self.free_slots.pop()",
+        "slots are handed out highest first: rows (and round grids) come out in another order",
+    ),
+    Mutant(
+        "admitted_slot_not_reset",
+        "minirt/engine/kv_manager.py",
+        "        self.cache.reset_slot(request.slot, overwritten=cached)\n",
+        "",
+        "a slot reused after its earlier occupant keeps that occupant's keys and length",
+    ),
 ]
 
 
