@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+# The unmutated suite may take this long before the tool gives up on it.
+BASELINE_TIMEOUT_S = 3600.0
 COPY_IGNORE = shutil.ignore_patterns(
     ".git",
     ".venv",
@@ -2042,7 +2044,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument(
-        "--timeout", type=float, default=300, help="seconds per mutant before it counts as killed"
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per mutant before it counts as killed (default: three times the baseline's, "
+        "at least 300: a mutant that reaches the whole suite runs its own folder's tests first)",
     )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument(
@@ -2109,7 +2115,9 @@ def main(argv: list[str] | None = None) -> int:
     looks = [] if args.tests else sorted({look for m in chosen if (look := first_look(m.file))})
     checks = [args.tests] + [[look] for look in looks]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        baselines = list(pool.map(lambda paths: run_one(None, args.timeout, paths), checks))
+        baselines = list(
+            pool.map(lambda paths: run_one(None, args.timeout or BASELINE_TIMEOUT_S, paths), checks)
+        )
     for paths, (_, verdict, note, _seconds) in zip(checks, baselines, strict=True):
         if verdict != "survived":
             what = " ".join(paths) or "the suite"
@@ -2120,10 +2128,12 @@ def main(argv: list[str] | None = None) -> int:
         + (", ".join(looks) or "nothing else"),
         flush=True,
     )
+    timeout = args.timeout or max(300.0, 3 * baselines[0][3])
+    print(f"[timeout] a mutant still running after {timeout:.0f} s counts as killed", flush=True)
     survivors = []
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for n, (mutant, verdict, note, seconds) in enumerate(
-            pool.map(lambda m: run_one(m, args.timeout, args.tests), chosen), start=1
+            pool.map(lambda m: run_one(m, timeout, args.tests), chosen), start=1
         ):
             print(
                 f"[{n:2d}/{len(chosen)}] {verdict:8s} {mutant.name:42s} {seconds:5.1f} s  {note}",
