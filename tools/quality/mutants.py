@@ -10,8 +10,8 @@ write the test that kills it, and check by hand that the test fails on the mutan
 Tests of the mutated module's own folder first.  A mutant of minirt/engine/ is run against tests/engine/
 first, and against the whole quick suite only if those all pass (so a survivor has passed the whole suite,
 and a kill is a test of that suite failing).  Most mutants die in their own folder's tests, in seconds,
-instead of after the suite's slow tests of other folders: a full run takes about three quarters of an
-hour on two cores, not hours.  The baseline checks that each of those folders passes on its own too.
+instead of after the suite's slow tests of other folders; those that only another folder's tests kill
+(tests/refuses, the browser's) still run the whole suite.  The baseline checks that each of those folders passes on its own too.
 
     python tools/quality/mutants.py                  # every mutant, two at a time; exits 1 if any survived
     python tools/quality/mutants.py --list           # the mutants, one line each
