@@ -197,6 +197,21 @@ def make_request(engine, index, prompt, params, run_seed: int = 0, **fields):
     return maker.make(index, prompt, params, **fields)
 
 
+def stub_request(index: int, prompt_len: int, max_new_tokens: int):
+    """A request of `prompt_len` copies of token index + 1 that runs to `max_new_tokens` (it
+    ignores EOS): what a model-free run of the engine is given."""
+    from minirt.engine.params import SamplingParams
+    from minirt.engine.request import Request
+
+    return Request(
+        index=index,
+        id=str(index),
+        prompt=None,
+        prompt_ids=[index + 1] * prompt_len,
+        params=SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
+    )
+
+
 def serve_all(engine, requests):
     """An offline run of these requests on an Engine, as `LLM.run` does: minirt/llm.py's loop over
     the engine's steps (`run_steps`), to the end.  Returns the run's counts."""

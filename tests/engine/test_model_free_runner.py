@@ -2,21 +2,10 @@
 replay use it.  Expected rounds are counted by hand."""
 
 from conftest import serve_all
+from conftest import stub_request as stub
 
 from minirt.engine.engine import Engine
 from minirt.engine.model_free_runner import Ending, ModelFreeRunner
-from minirt.engine.params import SamplingParams
-from minirt.engine.request import Request
-
-
-def stub(index: int, prompt_len: int, max_new_tokens: int) -> Request:
-    return Request(
-        index=index,
-        id=str(index),
-        prompt=None,
-        prompt_ids=[index + 1] * prompt_len,
-        params=SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
-    )
 
 
 def test_each_request_gives_token_zero_until_its_own_stop_rule():

@@ -3,24 +3,13 @@ requests join and leave the queue, which is what a continuous pool grows to.  Ex
 come from a pass over the queue (what the scheduler computed before it kept the need) and from
 pool shapes counted by hand."""
 
+from conftest import stub_request as stub
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minirt.engine.engine import Engine
 from minirt.engine.model_free_runner import ModelFreeRunner
-from minirt.engine.params import SamplingParams
-from minirt.engine.request import Request
 from minirt.engine.scheduler import KVShape, LongestNeed
-
-
-def stub(index: int, prompt_len: int, max_new_tokens: int) -> Request:
-    return Request(
-        index=index,
-        id=str(index),
-        prompt=None,
-        prompt_ids=[index + 1] * prompt_len,
-        params=SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
-    )
 
 
 @settings(max_examples=200, deadline=None)
