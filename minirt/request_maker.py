@@ -105,6 +105,7 @@ class RequestMaker:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer, so prompts must be token-id lists")
+            self.refuse_too_long_to_encode(prompt)
             ids = self.tokenizer.encode(prompt)
         else:
             ids = check_token_ids(prompt, self.vocab_size, "prompt")
@@ -121,6 +122,19 @@ class RequestMaker:
                 f"{self.n_positions}; shorten it"
             )
         return ids
+
+    def refuse_too_long_to_encode(self, text: str) -> None:
+        """A text that no encoding could fit in the context, refused before it is encoded (the
+        work grows with it: 2 MB take seconds): each character is at least one byte, and each
+        token at most the tokenizer's longest (byte-level vocabularies; others are encoded)."""
+        assert self.tokenizer is not None
+        most = self.tokenizer.most_bytes_per_token
+        if most is not None and len(text) > self.n_positions * most:
+            raise RequestError(
+                f"the prompt has {len(text)} characters, more than the model's context of "
+                f"{self.n_positions} tokens can hold (no token here is more than {most} bytes); "
+                "shorten it"
+            )
 
     def check_params(self, params: SamplingParams) -> None:
         """Refuse (RequestError or InputError) what SamplingParams cannot check alone, since it

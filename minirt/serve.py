@@ -38,7 +38,7 @@ DEFAULT_BATCH_WINDOW_MS = 20.0
 # The longest --round-delay and --batch-window.
 MAX_PAUSE_MS = 60_000.0
 # What the server needs beyond minirt's own dependencies.
-WEB_STACK = ("starlette", "uvicorn", "pydantic", "prometheus_client")
+WEB_STACK = ("starlette", "uvicorn", "httptools", "pydantic", "prometheus_client")
 
 EPILOG = r"""
 examples:

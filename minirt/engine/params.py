@@ -189,12 +189,14 @@ class SamplingParams:
             )
         # "38" and "038" (or 38 twice in pairs) name one token: adding the two biases would pass
         # the range, and keeping one would pick; refused.
-        tokens = [token for token, _ in self.logit_bias]
-        for token in tokens:
-            if tokens.count(token) > 1:
+        # In one pass (a set), never a count per token: a server checks this on its event loop.
+        seen: set[int] = set()
+        for token, _ in self.logit_bias:
+            if token in seen:
                 raise RequestError(
                     f"logit_bias names token {token} twice; give each token one bias"
                 )
+            seen.add(token)
         for token, bias in self.logit_bias:
             if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                 raise RequestError(

@@ -66,6 +66,11 @@ class Tokenizer:
         # Each id's bytes (list[bytes] by id), or None if the vocabulary is not byte-level.
         self._token_bytes = self._build_byte_table()
         self.is_byte_level = self._token_bytes is not None
+        # The longest token's bytes (byte-level only; None otherwise): a text of more bytes than
+        # this times the context is too long for it without being encoded.
+        self.most_bytes_per_token: int | None = None
+        if self._token_bytes is not None:
+            self.most_bytes_per_token = max(1, max(map(len, self._token_bytes), default=1))
 
     def _build_byte_table(self) -> list[bytes] | None:
         """Each id's exact bytes, when the vocabulary is byte-level (GPT-2's kind)."""
@@ -95,9 +100,12 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> ids.  No BOS is added: GPT-2 prompts are the raw text.  The library failing on a
         text (a crafted tokenizer.json can even make it panic, which is no Exception) is that
-        request's error."""
+        request's error.  Encoded as a batch of one, which the library encodes with Python's
+        lock released, so that a server's other threads (its event loop, its engine) go on while
+        a long prompt is encoded: the same ids as `encode`."""
         try:
-            return self.hf.encode(text, add_special_tokens=False).ids
+            [encoding] = self.hf.encode_batch([text], add_special_tokens=False)
+            return encoding.ids
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException)

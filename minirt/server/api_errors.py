@@ -12,9 +12,12 @@ from __future__ import annotations
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    431: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable_error",
 }

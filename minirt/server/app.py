@@ -57,8 +57,11 @@ from ..errors import InputError, RequestError
 from .api_errors import APIError, error_body
 from .bodies import read_body
 from ..engine.client import Accepted, EngineClient, Finished, Refused, Token
+from ..engine.request import TOO_MANY_CHOICES, Refusal
 from .handover import ChoiceSpec, Completion, Handover, refusal_error
+from .http_rules import HostRule
 from .metrics import ServerMetrics
+from .origin import SameOriginGuard
 from .round_feed import RoundFeed
 from .rounds_page import RoundsPage
 from .protocol import (
@@ -67,6 +70,7 @@ from .protocol import (
     TokenizeRequest,
     check_text,
     parse_body,
+    prompt_count,
     prompts_of,
     refuse_unsupported,
     sampling_fields,
@@ -150,7 +154,7 @@ def build_app(
         Exception: server_error_response,
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
-    return APIKeyGuard(app, settings.api_key)
+    return HostRule(SameOriginGuard(APIKeyGuard(app, settings.api_key)))
 
 
 # Paths beyond /v1 that spend compute, and so need the key too.
@@ -247,10 +251,17 @@ class CompletionsAPI:
         body = await self.body_of(request, CompletionRequest)
         assert isinstance(body, CompletionRequest)
         refuse_unsupported(body)
+        # Counted before any prompt is tokenized: a body of 100,000 prompts is refused by its size.
+        choices = prompt_count(body) * body.n
+        if choices > self.client.max_queue:
+            refusal = Refusal(TOO_MANY_CHOICES, "n", needed=choices, limit=self.client.max_queue)
+            raise refusal_error(refusal)
         if body.stream and body.echo and body.logprobs is not None:
             message = "echo with logprobs is not streamed; ask for it with stream: false"
             raise APIError(400, message, param="echo")
-        prompted = self.prompted(body)
+        # Encoding is work that grows with the prompts: off the event loop (the tokenizer lets
+        # go of Python's lock), which meanwhile answers everyone else.
+        prompted = await asyncio.to_thread(self.prompted, body)
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         completion = Completion(completion_id, prompted.choices, received)
         self.handover.submit(completion)
@@ -433,7 +444,8 @@ class CompletionsAPI:
         tokenizer = self.require_tokenizer()
         check_text(body.prompt, "prompt")
         try:
-            tokens = tokenizer.encode(body.prompt)
+            # Off the event loop, as a completion's prompts are.
+            tokens = await asyncio.to_thread(tokenizer.encode, body.prompt)
         except RequestError as exc:
             raise APIError(400, str(exc), param="prompt") from None
         n_positions = self.llm.model.config.n_positions

@@ -26,6 +26,17 @@ from .api_errors import APIError
 # OpenAI's bounds, tighter than minirt's own.
 MAX_N = 128
 MAX_LOGPROBS = 20
+# Stop sequences (OpenAI: "up to 4").
+MAX_STOP = 4
+# logit_bias entries (OpenAI refuses more than 300).
+MAX_LOGIT_BIAS_ENTRIES = 300
+
+# minirt's own, where OpenAI sets none.  Each is paid for on the engine's one thread, every round
+# the request runs, so each is bounded: a stop string is searched for in each new piece of text
+# (and a stream holds back its length - 1 characters); a stop token id is looked up for each new
+# token.
+MAX_STOP_CHARS = 1000
+MAX_STOP_TOKEN_IDS = 300
 
 # OpenAI's defaults where a body is silent (minirt's offline default is greedy).
 DEFAULT_MAX_TOKENS = 16
@@ -33,6 +44,9 @@ DEFAULT_TEMPERATURE = 1.0
 
 # A SamplingParams field whose name the API spells otherwise.
 API_NAMES = {"max_new_tokens": "max_tokens", "prompt_logprobs": "echo"}
+
+# The fields that hold objects of their own fields, which an error names by their dotted path.
+NESTED_BODIES = ("stream_options",)
 
 PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
@@ -115,24 +129,70 @@ def parse_body(raw: bytes, model_class: type[Body]) -> Body:
         raise APIError(400, f"the body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    refuse_non_text(body)
     try:
         return model_class.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
 
 
+def refuse_non_text(body: dict) -> None:
+    """Every string in the body, the names of its fields too, must be text: JSON's escapes can
+    write a lone surrogate ("\\ud800"), which is not.  One pass over the body, with no recursion
+    (a deeply nested body costs no stack).  The refusal names the field where it is: its dotted
+    path (`stream_options.include_usage`), list places left out of the param and kept in the
+    message (`stop[1]`); a field name that is not text is shown in JSON's escapes."""
+    pending: list[tuple[object, str, str]] = [(body, "", "")]
+    while pending:
+        value, param, where = pending.pop()
+        if isinstance(value, str):
+            if not is_text(value):
+                message = f"{where} holds a lone surrogate, which is not text"
+                raise APIError(400, message, param or None)
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                name = key if is_text(key) else json.dumps(key)
+                if not is_text(key) and param and param.split(".")[0] not in NESTED_BODIES:
+                    # A key of a map of values (logit_bias): the map's field is the param.
+                    message = f"{where} has a key {name} that holds a lone surrogate, not text"
+                    raise APIError(400, message, param)
+                if not is_text(key):
+                    message = f"the field name {name} holds a lone surrogate, which is not text"
+                    raise APIError(400, message, f"{param}.{name}" if param else name)
+                pending.append(
+                    (inner, f"{param}.{key}" if param else key, f"{where}.{key}" if where else key)
+                )
+        elif isinstance(value, list):
+            for place, inner in enumerate(value):
+                pending.append((inner, param, f"{where}[{place}]"))
+
+
+def is_text(value: str) -> bool:
+    """Whether a string is Unicode text (no lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def validation_error(exc: ValidationError) -> APIError:
-    """pydantic's first complaint, as one line naming the field."""
+    """pydantic's first complaint, as one line naming the field (its dotted path when nested)."""
     first = exc.errors()[0]
     location = [str(part) for part in first["loc"]]
     field = location[0] if location else None
     if first["type"] == "extra_forbidden":
-        return APIError(400, f"unknown field {field!r}: minirt does not take it", param=field)
+        # Nested (stream_options.extra): the whole path, which is the field refused.
+        path = ".".join(part for part in location if not part.isdigit())
+        return APIError(400, f"unknown field {path!r}: minirt does not take it", param=path)
     if first["type"] == "missing":
         return APIError(400, f"{field} is required", param=field)
     if field == "prompt":
         return APIError(400, f"prompt must be {PROMPT_SHAPES}", param="prompt")
     where = ".".join(location)
+    if field in NESTED_BODIES and len(location) > 1:
+        # A field of a nested object: stream_options.include_usage.
+        field = f"{field}.{location[1]}"
     return APIError(400, f"{where}: {first['msg']}", param=field)
 
 
@@ -178,6 +238,44 @@ def refuse_unsupported(body: CompletionRequest) -> None:
         raise APIError(400, message, "logprobs")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+    refuse_oversized(body)
+
+
+def refuse_oversized(body: CompletionRequest) -> None:
+    """The bounds that a field's size alone breaks, checked by counting, before any work per item
+    (each of these is paid for every round, on the engine's thread)."""
+    stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+    if len(stops) > MAX_STOP:
+        message = f"stop may hold at most {MAX_STOP} sequences (OpenAI's bound), got {len(stops)}"
+        raise APIError(400, message, "stop")
+    for stop in stops:
+        if len(stop) > MAX_STOP_CHARS:
+            message = (
+                f"each stop sequence may be at most {MAX_STOP_CHARS} characters, got one of "
+                f"{len(stop)}"
+            )
+            raise APIError(400, message, "stop")
+    if body.logit_bias is not None and len(body.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+        message = (
+            f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries (OpenAI's bound), got "
+            f"{len(body.logit_bias)}"
+        )
+        raise APIError(400, message, "logit_bias")
+    if body.stop_token_ids is not None and len(body.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        message = (
+            f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got "
+            f"{len(body.stop_token_ids)}"
+        )
+        raise APIError(400, message, "stop_token_ids")
+
+
+def prompt_count(body: CompletionRequest) -> int:
+    """How many prompts the body asks for, counted without looking into any (a list of ids is
+    one prompt)."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
 
 
 def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) -> dict:

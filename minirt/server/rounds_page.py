@@ -35,7 +35,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from ..llm import LLM
 from ..engine.params import SamplingParams
 from .api_errors import APIError
-from .bodies import read_body
+from .bodies import exceeds, read_body
 from ..engine.client import EngineClient, Refused
 from .handover import ChoiceSpec, Completion, Handover, refusal_error
 from .protocol import ExerciseRequest, parse_body
@@ -93,13 +93,20 @@ class RoundsPage:
         text = request.query_params.get("rounds", str(DEFAULT_RECENT))
         # ASCII digits only: str.isdigit() also takes '²', which int() refuses.
         digits = text.isascii() and text.isdigit()
-        if not digits or not 1 <= int(text) <= RECENT_ROUNDS:
-            message = f"rounds must be an integer from 1 to {RECENT_ROUNDS}, got {text!r}"
+        # Compared by its digits first: one of thousands is out of range, not a fault.
+        if not digits or exceeds(text, RECENT_ROUNDS) or int(text.lstrip("0") or "0") < 1:
+            shown = text if len(text) <= 20 else f"{text[:20]}... ({len(text)} characters)"
+            message = f"rounds must be an integer from 1 to {RECENT_ROUNDS}, got {shown!r}"
             raise APIError(400, message, param="rounds")
-        rounds = self.feed.last(int(text))
+        rounds = self.feed.last(int(text.lstrip("0")))
         return JSONResponse({"server": self.server_facts(), "rounds": rounds})
 
     async def events(self, request: Request) -> Response:
+        no_buffering = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        if request.method == "HEAD":
+            # The headers alone, and the answer ends: a stream that never ends would hold the
+            # connection, and every request after it on that connection would wait for ever.
+            return Response(media_type="text/event-stream", headers=no_buffering)
         watcher, backlog = self.feed.subscribe()
         hello = {"type": "hello", "server": self.server_facts(), "rounds": backlog}
 
@@ -114,7 +121,6 @@ class RoundsPage:
             finally:
                 self.feed.unsubscribe(watcher)
 
-        no_buffering = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=no_buffering)
 
     async def exercise(self, request: Request) -> Response:

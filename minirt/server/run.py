@@ -127,6 +127,7 @@ def serve_forever(
         log_level="warning",
         timeout_graceful_shutdown=int(shutdown_timeout_s + UVICORN_EXTRA_GRACE_S),
         lifespan="on",
+        http="httptools",
     )
     host, port = sock.getsockname()[:2]
     if ":" in host:

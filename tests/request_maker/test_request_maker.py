@@ -113,3 +113,36 @@ def test_a_models_maker_draws_from_the_run_seed_it_is_given():
     assert draws(made.make(1, [1], params)) == draws(by_hand.make(1, [1], params))
     other = RequestMaker.for_model(config, None, run_seed=6)
     assert draws(other.make(1, [1], params)) != draws(made.make(1, [1], params))
+
+
+def test_a_text_no_encoding_could_fit_is_refused_without_being_encoded():
+    """The shipped vocabulary's longest token is 29 bytes (counted here from the tokenizers
+    library's own vocabulary), so with a context of 8 a text of 8 x 29 + 1 characters cannot fit
+    and is refused by its length; one of 8 x 29 is encoded, and then refused by its tokens."""
+    folder = shipped_model_folder()
+    library = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    byte_of = {ch: b for b, ch in byte_level_alphabet().items()}
+    longest = max(len(bytes(byte_of[ch] for ch in token)) for token in library.get_vocab())
+    tokenizer = load_tokenizer(folder, vocab_size=4096)
+    assert tokenizer.most_bytes_per_token == longest
+    encoded = []
+    real_encode = tokenizer.encode
+    tokenizer.encode = lambda text: encoded.append(text) or real_encode(text)
+    maker = RequestMaker(tokenizer, 4096, CONTEXT, tokenizer.bos_token_id)
+    too_long = maker.make(0, "a" * (CONTEXT * longest + 1), SamplingParams())
+    assert encoded == [] and f"{CONTEXT * longest + 1} characters" in too_long.error
+    at_bound = maker.make(1, "a" * (CONTEXT * longest), SamplingParams())
+    assert len(encoded) == 1 and "tokens, more than the model's context of 8" in at_bound.error
+
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte-to-character table, written out from its rule: the printable bytes stand for
+    themselves, the rest for 256 + their rank."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    table = {b: chr(b) for b in printable}
+    rank = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + rank)
+            rank += 1
+    return table
