@@ -21,7 +21,15 @@ import pytest
 
 from conftest import ROOT
 
-WEB_STACK = ("starlette", "uvicorn", "httptools", "pydantic", "prometheus_client", "openai", "httpx")
+WEB_STACK = (
+    "starlette",
+    "uvicorn",
+    "httptools",
+    "pydantic",
+    "prometheus_client",
+    "openai",
+    "httpx",
+)
 MISSING = [name for name in WEB_STACK if importlib.util.find_spec(name) is None]
 
 # Every test of a server: marked, and skipped cleanly without the serve extra and its clients.
