@@ -43,7 +43,7 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -87,6 +87,10 @@ from .responses import (
     token_chunk,
     usage_chunk,
 )
+
+# How long a stream whose choice failed waits for its other choices' final records, once
+# aborted (they come back from the engine's next iteration, at most a round away).
+REST_OF_TIMEOUT_S = 30.0
 
 # A body larger than this is refused with 413 (`--max-body-bytes`).
 DEFAULT_MAX_BODY_BYTES = 2 * 2**20
@@ -382,6 +386,14 @@ class CompletionsAPI:
                 finals[event.choice] = event
                 if event.output.finish_reason in ("error", "abort"):
                     yield sse(choice_failure(event).body())
+                    # The stream ends here, and so does every choice still running: each is
+                    # told, so that no choice is left without a finish_reason or an error.
+                    self.handover.abort(completion.id)
+                    async for final in self.rest_of(completion, finals, event.choice):
+                        if final.output.finish_reason in ("error", "abort"):
+                            yield sse(choice_failure(final).body())
+                        else:
+                            yield sse(finish_chunk(head, final))
                     yield DONE
                     return
                 yield sse(finish_chunk(head, event))
@@ -395,6 +407,24 @@ class CompletionsAPI:
             if len(finals) < len(completion.choices):
                 # Left early (the client went, or a choice failed): the rest stop too.
                 self.handover.abort(completion.id)
+
+    async def rest_of(self, completion: Completion, finals: dict[int, Finished], failed: int):
+        """The final record of each choice not yet final, once its completion is aborted (each
+        comes back from the engine's next iteration); tokens still on their way are dropped.
+        A choice aborted because another failed says so."""
+        while len(finals) < len(completion.choices):
+            try:
+                event = await asyncio.wait_for(completion.events.get(), REST_OF_TIMEOUT_S)
+            except TimeoutError:
+                return
+            if not isinstance(event, Finished):
+                continue
+            finals[event.choice] = event
+            output = event.output
+            if output.finish_reason == "abort" and output.error is None:
+                message = f"stopped because choice {failed} of this completion failed"
+                event = Finished(event.choice, replace(output, error=message), "")
+            yield event
 
     def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:
         """Each choice's logprobs builder, or None each when logprobs were not asked for."""

@@ -151,6 +151,34 @@ def test_after_the_grace_period_the_rest_is_aborted_with_an_error_event_and_exit
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert "shut down" in error["message"] and "--shutdown-timeout" in error["message"]
+    # Every one of the 64 choices is told how it ended: a finish_reason, or an error naming it.
+    reported = set()
+    for event in events[:-1]:
+        data = json.loads(event)
+        if "error" in data:
+            reported.add(int(data["error"]["message"].split()[1].rstrip(":")))
+        elif data["choices"] and data["choices"][0]["finish_reason"] is not None:
+            reported.add(data["choices"][0]["index"])
+    assert reported == set(range(64))
+
+
+def test_a_stream_whose_choice_fails_reports_every_other_choice_and_leaves_nothing_running(
+    poisoned_folder,
+):
+    """n = 4 of a poisoned prompt: a choice fails in its first round, the stream ends, and each of
+    the other three is reported too (failed as well, or stopped because of the first); the
+    server then holds no request."""
+    body = {"prompt": [POISONED_TOKEN, 1, 2], "max_tokens": 30, "n": 4, "stream": True}
+    with Server("--model", str(poisoned_folder), "--batch-size", "2") as server:
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+            events = events_of(answer)
+        server.wait_for_metric("minirt:num_requests_running", 0, timeout=10)
+        server.wait_for_metric("minirt:num_requests_waiting", 0, timeout=10)
+        assert server.stop() == 0
+    assert events[-1] == "[DONE]"
+    errors = [json.loads(event)["error"]["message"] for event in events[:-1]]
+    named = sorted(int(message.split()[1].rstrip(":")) for message in errors)
+    assert named == [0, 1, 2, 3]
 
 
 # The engine thread's own faults: tests/engine/test_client.py (the client, without HTTP).
