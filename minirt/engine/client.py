@@ -189,11 +189,16 @@ class EngineObserver:
     it all.  Every call comes on the engine thread."""
 
     def first_token(
-        self, seconds: float, queued_seconds: float, prompt_tokens: int, cached_tokens: int
+        self,
+        seconds: float,
+        queued_seconds: float,
+        prompt_tokens: int,
+        looked_up_tokens: int,
+        cached_tokens: int,
     ) -> None:
         """A request's first token came `seconds` after it arrived, having waited
-        `queued_seconds` for its first round; its prompt's tokens, and those the prefix cache
-        gave it."""
+        `queued_seconds` for its first round; its prompt's tokens, those looked up in the prefix
+        cache (none without one), and those the prefix cache gave it."""
 
     def finished(self, output: RequestOutput, seconds: float) -> None:
         """A request's record is final, `seconds` after it arrived."""
@@ -530,12 +535,15 @@ class EngineClient:
         assert request.admitted_s is not None  # it was admitted, since it got a token
         admitted = self.engine.run_start + request.admitted_s
         waited = admitted - submission.received_s
-        self.prefix_cache_queries += request.prompt_len
+        # Looked up in the prefix cache: the whole prompt, when there is one.
+        looked_up = request.prompt_len if self.engine.prefix_cache is not None else 0
+        self.prefix_cache_queries += looked_up
         self.prefix_cache_hits += request.cached_prompt_tokens
         self.observer.first_token(
             now - submission.received_s,
             waited,
             request.prompt_len,
+            looked_up,
             request.cached_prompt_tokens,
         )
 

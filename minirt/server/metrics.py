@@ -143,14 +143,20 @@ class ServerMetrics(EngineObserver):
         )
 
     def first_token(
-        self, seconds: float, queued_seconds: float, prompt_tokens: int, cached_tokens: int
+        self,
+        seconds: float,
+        queued_seconds: float,
+        prompt_tokens: int,
+        looked_up_tokens: int,
+        cached_tokens: int,
     ) -> None:
         """A request's prefill gave its first token, `seconds` after it arrived; it had waited
-        `queued_seconds` for its round to start; its prompt had `prompt_tokens`, of which the
-        prefix cache gave `cached_tokens`."""
+        `queued_seconds` for its round to start; its prompt had `prompt_tokens`, of which
+        `looked_up_tokens` were looked up in the prefix cache (none without one) and
+        `cached_tokens` found there."""
         name = self.model_name
         self.prompt_tokens.labels(name).inc(prompt_tokens)
-        self.prefix_cache_queries.labels(name).inc(prompt_tokens)
+        self.prefix_cache_queries.labels(name).inc(looked_up_tokens)
         self.prefix_cache_hits.labels(name).inc(cached_tokens)
         self.ttft.labels(name).observe(seconds)
         self.queue_time.labels(name).observe(max(0.0, queued_seconds))

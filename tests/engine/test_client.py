@@ -309,8 +309,8 @@ def test_the_snapshot_counts_what_a_hand_count_gives(model):
     assert (after.running, after.waiting) == (2, 1)
     assert (after.kv_positions_reserved, after.kv_budget_positions) == (16, 40)
     assert after.kv_slots_used == 2 and after.rounds == 1
-    # Their prompts (2 + 3 tokens) were looked up in the prefix cache, which is off.
-    assert (after.prefix_cache_queries, after.prefix_cache_hits) == (5, 0)
+    # The prefix cache is off: nothing was looked up in it.
+    assert (after.prefix_cache_queries, after.prefix_cache_hits) == (0, 0)
     assert after.prefix_cache_positions == 0 and after.prefix_cache is False
     fixed = (after.policy, after.batch_size, after.context_length, after.chunked_prefill)
     assert fixed == ("continuous", 2, 32, True) and after.round_token_budget == 2048
@@ -327,8 +327,8 @@ class Recorded(EngineObserver):
         self.rounds: list = []
         self.snapshots: list = []
 
-    def first_token(self, seconds, queued_seconds, prompt_tokens, cached_tokens):
-        self.first_tokens.append((prompt_tokens, cached_tokens))
+    def first_token(self, seconds, queued_seconds, prompt_tokens, looked_up_tokens, cached_tokens):
+        self.first_tokens.append((prompt_tokens, looked_up_tokens, cached_tokens))
 
     def finished(self, output, seconds):
         self.outputs.append(output)
@@ -350,7 +350,8 @@ def test_the_observer_hears_plain_values(model):
     run_until_idle(client)
     # Round 1: two first tokens; round 2: two tokens (the second request's last); round 3: one.
     assert observer.rounds == [2, 2, 1]
-    assert observer.first_tokens == [(2, 0), (1, 0)]
+    # No prefix cache: nothing looked up in one.
+    assert observer.first_tokens == [(2, 0, 0), (1, 0, 0)]
     assert observer.outputs == [f.output for f in heard.finals()]
     assert [s.rounds for s in observer.snapshots] == [1, 2, 3]
     assert [r.round_number for r in rounds] == [1, 2, 3]

@@ -155,6 +155,9 @@ def test_metrics_count_what_a_completion_did(server):
         == before["minirt:prompt_tokens_total"] + 3 * prompt_tokens
     )
     assert server.metric("minirt:rounds_total") == before["minirt:rounds_total"] + 7
+    # This server runs without --prefix-cache: nothing was looked up in one, or found.
+    assert server.metric("minirt:prefix_cache_queries_total") == 0
+    assert server.metric("minirt:prefix_cache_hits_total") == 0
     for name in (
         "time_to_first_token",
         "e2e_request_latency",
