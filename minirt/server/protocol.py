@@ -285,6 +285,15 @@ def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) 
         max_tokens = max(1, n_positions - prompt_len)
     else:
         max_tokens = body.max_tokens
+        if max_tokens >= 1 and prompt_len + max_tokens > n_positions:
+            # vLLM's answer too: a request that cannot be served as asked is refused, not cut.
+            message = (
+                f"this model's context is {n_positions} tokens, and this asks for "
+                f"{prompt_len} of prompt and {max_tokens} new; lower max_tokens to at most "
+                f"{max(0, n_positions - prompt_len)}, or send null for as many as the context "
+                "holds"
+            )
+            raise APIError(400, message, "max_tokens")
     fields = {
         "max_new_tokens": max_tokens,
         "temperature": DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,

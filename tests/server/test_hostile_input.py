@@ -532,3 +532,16 @@ def test_an_unknown_nested_field_is_named_by_its_path(server):
 def test_a_nested_field_of_the_wrong_type_is_named_by_its_path(server):
     body = {"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}}
     error_of(post(server, body), 400, "stream_options.include_usage")
+
+
+def test_max_tokens_past_the_context_is_a_400_and_null_is_what_the_context_holds(server):
+    """A prompt of 6 ids in a context of 256: 250 new tokens fit exactly, 251 do not (vLLM's
+    rule: refused, not cut to 250), and null asks for the 250."""
+    body = {"prompt": [5] * 6, "ignore_eos": True, "temperature": 0}
+    fits = post(server, {**body, "max_tokens": CONTEXT - 6}).json()
+    assert fits["usage"]["completion_tokens"] == CONTEXT - 6
+    message = error_of(post(server, {**body, "max_tokens": CONTEXT - 5}), 400, "max_tokens")
+    assert "at most 250" in message
+    error_of(post(server, {**body, "max_tokens": 100_000}), 400, "max_tokens")
+    whole = post(server, {**body, "max_tokens": None}).json()
+    assert whole["usage"]["completion_tokens"] == CONTEXT - 6
