@@ -6,21 +6,23 @@ watchers of `GET /rounds/events`, and `round_json`, a record as the page reads i
 How a record crosses from the engine's thread to a watcher, and why it is safe:
 
     publish    the engine's thread, after each round, appends the record (frozen, plain values)
-               to `recent` and, only if someone watches, turns it into JSON once and hands it
-               to each watcher's asyncio.Queue with `loop.call_soon_threadsafe`, as the
+               to `recent` and, only if someone watches, turns it into one server-sent event
+               once (its JSON and framing, shared by every watcher) and hands it to the
+               watchers' event loop with one `loop.call_soon_threadsafe` for them all, as the
                completions' tokens are handed over (minirt/server/handover.py).  With nobody
-               watching, a round costs one deque append.
+               watching, a round costs one deque append; with many, one encoding.
     subscribe  a handler, on the event loop's thread, adds its watcher and copies `recent`
                under the same lock that `publish` holds while it appends, so that a new watcher
                gets every round exactly once: those before it in the backlog, those after it
                through its queue.
 
-A watcher that falls SUBSCRIBER_BACKLOG rounds behind (a page in a background tab, a stalled
-client) is dropped rather than let its queue grow: its stream ends, and the page's EventSource
-reconnects and starts again from the backlog.  On shutdown `close` ends every stream, so that
-an open page never holds up the server's exit.
+At most MAX_WATCHERS watch at once (`subscribe` refuses the next with `TooManyWatchers`): each
+costs the event loop a write per round.  A watcher that falls SUBSCRIBER_BACKLOG rounds behind
+(a page in a background tab, a stalled client) is dropped rather than let its queue grow: its
+stream ends, and the page's EventSource reconnects and starts again from the backlog.  On
+shutdown `close` ends every stream, so that an open page never holds up the server's exit.
 
-Must not know: the web framework, HTTP, or how rounds are computed.
+Must not know: the web framework, the routes, or how rounds are computed.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ import time
 from collections import deque
 
 from ..engine.round_record import RoundRecord
+from .responses import sse
 
 # Rounds `GET /rounds/recent` and a new watcher's backlog may hold.
 RECENT_ROUNDS = 512
 
 # Rounds a watcher may fall behind before it is dropped.
 SUBSCRIBER_BACKLOG = 2048
+
+# Pages that may watch the rounds at once.
+MAX_WATCHERS = 32
 
 # What a watcher's queue holds last, when its stream must end.
 END = None
@@ -50,7 +56,7 @@ class Watcher:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.dropped = False
 
-    def offer(self, event: dict | None) -> None:
+    def offer(self, event: str | None) -> None:
         """On the event loop's thread: queue an event, or drop a watcher that is too far behind."""
         if self.dropped:
             return
@@ -78,17 +84,19 @@ class RoundFeed:
             watchers = list(self.watchers)
         if not watchers:
             return
-        event = round_json(published, record)
-        for watcher in watchers:
-            hand_over(watcher, event)
+        # Encoded once, for every watcher.
+        hand_over(watchers, sse(round_json(published, record)))
 
     def subscribe(self) -> tuple[Watcher, list[dict]]:
-        """On the event loop: a new watcher, and the rounds before it (oldest first)."""
+        """On the event loop: a new watcher, and the rounds before it (oldest first); a
+        `TooManyWatchers` when MAX_WATCHERS already watch."""
         watcher = Watcher(asyncio.get_running_loop())
         with self.lock:
             backlog = list(self.recent)
             if self.closed:
                 watcher.offer(END)
+            elif len(self.watchers) >= MAX_WATCHERS:
+                raise TooManyWatchers(len(self.watchers))
             else:
                 self.watchers.append(watcher)
         return watcher, [round_json(published, record) for published, record in backlog]
@@ -110,17 +118,30 @@ class RoundFeed:
             self.closed = True
             watchers = list(self.watchers)
             self.watchers.clear()
-        for watcher in watchers:
-            hand_over(watcher, END)
+        hand_over(watchers, END)
 
 
-def hand_over(watcher: Watcher, event: dict | None) -> None:
-    """Queue an event for a watcher, on its event loop's thread."""
-    try:
-        watcher.loop.call_soon_threadsafe(watcher.offer, event)
-    except RuntimeError:
-        # Its event loop has closed: nobody is left to read it.
-        pass
+class TooManyWatchers(Exception):
+    """MAX_WATCHERS pages watch already."""
+
+
+def hand_over(watchers: list[Watcher], event: str | None) -> None:
+    """Queue an event for these watchers, each on its event loop's thread: one call to each
+    loop for all its watchers (a server has one)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Watcher]] = {}
+    for watcher in watchers:
+        by_loop.setdefault(watcher.loop, []).append(watcher)
+    for loop, its_watchers in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(offer_each, its_watchers, event)
+        except RuntimeError:
+            # Its event loop has closed: nobody is left to read it.
+            pass
+
+
+def offer_each(watchers: list[Watcher], event: str | None) -> None:
+    for watcher in watchers:
+        watcher.offer(event)
 
 
 def round_json(published: float, record: RoundRecord) -> dict:

@@ -40,10 +40,14 @@ from ..engine.client import EngineClient, Refused
 from .handover import ChoiceSpec, Completion, Handover, refusal_error
 from .protocol import ExerciseRequest, parse_body
 from .responses import sse
-from .round_feed import END, RECENT_ROUNDS, RoundFeed
+from .round_feed import END, MAX_WATCHERS, RECENT_ROUNDS, RoundFeed, TooManyWatchers
 
 # Rounds `GET /rounds/recent` gives when not told how many.
 DEFAULT_RECENT = 64
+
+# An idle feed writes a comment this often (a server-sent event's comment: the page ignores it).
+HEARTBEAT_S = 15.0
+HEARTBEAT = ": heartbeat\n\n"
 
 # The exercise: at most this many requests, each of at most this many tokens.
 MAX_EXERCISE_REQUESTS = 16
@@ -107,17 +111,30 @@ class RoundsPage:
             # The headers alone, and the answer ends: a stream that never ends would hold the
             # connection, and every request after it on that connection would wait for ever.
             return Response(media_type="text/event-stream", headers=no_buffering)
-        watcher, backlog = self.feed.subscribe()
+        try:
+            watcher, backlog = self.feed.subscribe()
+        except TooManyWatchers:
+            message = (
+                f"{MAX_WATCHERS} pages watch the rounds already, the most at once; retry later"
+            )
+            raise APIError(503, message) from None
         hello = {"type": "hello", "server": self.server_facts(), "rounds": backlog}
 
         async def stream():
             try:
                 yield sse(hello)
                 while True:
-                    event = await watcher.queue.get()
+                    try:
+                        event = await asyncio.wait_for(watcher.queue.get(), HEARTBEAT_S)
+                    except TimeoutError:
+                        # An idle server still writes now and then: a proxy keeps the stream
+                        # open, and a page that went away is found (the write fails) and let go.
+                        yield HEARTBEAT
+                        continue
                     if event is END:
                         return
-                    yield sse(event)
+                    # Already a server-sent event: encoded once, for every watcher.
+                    yield event
             finally:
                 self.feed.unsubscribe(watcher)
 

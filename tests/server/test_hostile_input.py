@@ -330,7 +330,8 @@ def test_the_limits_table_holds_the_values_the_code_enforces():
     from minirt.serve import DEFAULT_MAX_QUEUE, DEFAULT_SHUTDOWN_TIMEOUT_S
     from minirt.server import protocol
     from minirt.server.app import DEFAULT_MAX_BODY_BYTES
-    from minirt.server.round_feed import RECENT_ROUNDS
+    from minirt.server.round_feed import MAX_WATCHERS, RECENT_ROUNDS
+    from minirt.server.rounds_page import HEARTBEAT_S
     from minirt.server.rounds_page import MAX_EXERCISE_LENGTH, MAX_EXERCISE_REQUESTS
 
     text = (ROOT / "docs" / "serving.md").read_text()
@@ -351,6 +352,8 @@ def test_the_limits_table_holds_the_values_the_code_enforces():
     repetition = f"| 1/{MAX_REPETITION_PENALTY:g} to {MAX_REPETITION_PENALTY:g} |"
     assert repetition in rows["`repetition_penalty`"]
     assert f"| 1 to {RECENT_ROUNDS} |" in rows["`GET /rounds/recent?rounds=`"]
+    watching = rows["pages watching `GET /rounds/events`"]
+    assert f"| {MAX_WATCHERS} |" in watching and f"every {HEARTBEAT_S:g} s" in watching
     exercise = f"| 1 to {MAX_EXERCISE_REQUESTS} of them, each 1 to {MAX_EXERCISE_LENGTH} tokens"
     assert exercise in rows["`POST /rounds/exercise` lengths"]
     assert f"| {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s |" in rows["a shutdown"]
