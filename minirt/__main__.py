@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f"minirt.{args[0]}")
     # Its --help names it as it was run: `minirt X`.
     prog = f"minirt {args[0]}"
-    return run_command(lambda argv: module.main(argv, prog=prog), args[1:], prog=prog)
+    # A report (rounds, inspect) cut short by its reader ends quietly.
+    quiet = getattr(module, "REPORT", False)
+    return run_command(
+        lambda argv: module.main(argv, prog=prog), args[1:], prog=prog, quiet_when_cut=quiet
+    )
 
 
 def entry() -> None:

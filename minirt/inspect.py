@@ -25,6 +25,9 @@ from .errors import MinirtError, require_at_least_one
 from .llm import LLM
 from .engine.sampler import log_softmax
 
+# Its output is a report: a reader that stops early (`| head`) ends it without a word.
+REPORT = True
+
 EXAMPLES = """examples:
   python -m minirt.inspect --prompt "ROMEO:" --top-k 5            # the model shipped with minirt
   python -m minirt.inspect tests/fixtures/base --ids 5,6,7 --ids 9
@@ -245,4 +248,4 @@ def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int)
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main, prog="minirt.inspect"))
+    sys.exit(run_command(main, prog="minirt.inspect", quiet_when_cut=REPORT))

@@ -28,6 +28,9 @@ from .engine.engine import DEFAULT_ROUND_TOKENS
 from .engine.scheduler import POLICIES
 from .errors import MinirtError, require_at_least_one
 
+# Its output is a report: a reader that stops early (`| head`) ends it without a word.
+REPORT = True
+
 
 # The longest output or prompt length simulated: a request of it takes seconds.
 MAX_LENGTH = 1_000_000
@@ -289,4 +292,4 @@ def write_svg(path: str, sims: list[Simulation], title: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_command(main, prog="minirt.rounds"))
+    sys.exit(run_command(main, prog="minirt.rounds", quiet_when_cut=REPORT))

@@ -102,14 +102,26 @@ def quiet_flush() -> None:
 
 
 def run_command(
-    main: Callable[[list[str] | None], int], argv: list[str] | None = None, prog: str = "minirt"
+    main: Callable[[list[str] | None], int],
+    argv: list[str] | None = None,
+    prog: str = "minirt",
+    quiet_when_cut: bool = False,
 ) -> int:
-    """Run `main(argv)`, mapping user-fixable problems to one line and an exit code."""
+    """Run `main(argv)`, mapping user-fixable problems to one line and an exit code.
+    `quiet_when_cut`: a report (`rounds`, `inspect`) whose reader stops early (`| head`) exits
+    141 without a word, as GNU tools do; a run of completions says how far it got."""
     try:
         code = main(argv)
         # A closed or failing standard output shows here, not as noise at exit.
         flush_stdout()
         return code
+    except (StdoutClosed, BrokenPipeError) as exc:
+        mute_stdout()
+        if not quiet_when_cut:
+            if isinstance(exc, BrokenPipeError):
+                exc = StdoutClosed("standard output was closed before everything was written")
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_STDOUT_CLOSED
     except MinirtError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -127,11 +139,3 @@ def run_command(
             file=sys.stderr,
         )
         return EXIT_USAGE
-    except BrokenPipeError:
-        # Piped into `head`, say: not worth a traceback, but not a success either.
-        mute_stdout()
-        print(
-            f"{prog}: error: standard output was closed before everything was written",
-            file=sys.stderr,
-        )
-        return EXIT_STDOUT_CLOSED

@@ -220,3 +220,27 @@ def test_completions_cut_by_head_still_exit_141(tiny_lm, tmp_path):
         os.close(writer)
     assert done.returncode == EXIT_STDOUT_CLOSED
     assert "standard output was closed" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["rounds", "--lengths", "2,5,8,4", "--batch-size", "3"], ["inspect"]],
+    ids=["rounds", "inspect"],
+)
+def test_a_report_whose_reader_has_gone_ends_quietly_with_141(command):
+    """`minirt rounds ... | head -2`: a report cut short by its reader exits as GNU tools do, 141
+    (128 + SIGPIPE) and not a word; a run of completions still says how far it got (above)."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "minirt", *command],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert (done.returncode, done.stderr) == (EXIT_STDOUT_CLOSED, "")
