@@ -17,7 +17,9 @@ Must not know: the routes, the request bodies, or how rounds are computed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import signal
 import socket
 import threading
@@ -63,6 +65,19 @@ def bind(host: str, port: int) -> socket.socket:
             "choose another port, or stop what holds it"
         ) from None
     return sock
+
+
+class QuietCancellation(logging.Filter):
+    """Drops the log records of tasks cancelled by a second Ctrl-C (uvicorn cancels every
+    connection's task, and the app's lifespan, to quit at once): the operator asked for exactly
+    that, and each would be a traceback.  Starlette hands uvicorn the lifespan's traceback as
+    text, so that one is known by its last line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            return False
+        return not record.getMessage().rstrip().endswith("asyncio.exceptions.CancelledError")
 
 
 class MinirtServer(uvicorn.Server):
@@ -129,6 +144,8 @@ def serve_forever(
         lifespan="on",
         http="httptools",
     )
+    # uvicorn configures its loggers when its Config is made: the filter goes on after that.
+    logging.getLogger("uvicorn.error").addFilter(QuietCancellation())
     host, port = sock.getsockname()[:2]
     if ":" in host:
         host = f"[{host}]"

@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -182,3 +183,47 @@ def test_a_stream_whose_choice_fails_reports_every_other_choice_and_leaves_nothi
 
 
 # The engine thread's own faults: tests/engine/test_client.py (the client, without HTTP).
+
+
+def test_a_second_ctrl_c_quits_at_once_without_a_traceback():
+    """A stream and a round-grid page open, a long grace period: the first SIGINT starts the
+    graceful shutdown, the second quits at once, and the log holds no traceback (uvicorn cancels
+    every task to quit; each cancellation used to be logged as a CancelledError)."""
+    started = threading.Event()
+
+    def stream(url):
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "n": 16}) as answer:
+                started.set()
+                for _ in answer.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass  # the server quit mid-stream, as asked
+
+    def watch(url):
+        try:
+            with httpx.stream(
+                "GET", f"{url}/rounds/events", timeout=httpx.Timeout(5, read=None)
+            ) as answer:
+                for _ in answer.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass
+
+    with Server("--batch-size", "8", "--shutdown-timeout", "100") as server:
+        threads = [
+            threading.Thread(target=f, args=(server.url,), daemon=True) for f in (stream, watch)
+        ]
+        for thread in threads:
+            thread.start()
+        assert started.wait(30)
+        server.process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        server.process.send_signal(signal.SIGINT)
+        code = server.process.wait(30)
+        for thread in threads:
+            thread.join(30)
+        time.sleep(0.2)
+    log = "".join(server.stderr_lines)
+    assert code == 0, log
+    assert "Traceback" not in log and "CancelledError" not in log, log
