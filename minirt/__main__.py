@@ -9,10 +9,11 @@ Must not know: what any subcommand does (its module's `main` and `--help` say).
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from . import __version__
-from .cli.command import EXIT_USAGE, print_help_text, run_command
+from .cli.command import EXIT_INTERRUPTED, EXIT_USAGE, print_help_text, run_command
 
 SUBCOMMANDS = {
     "generate": "serve a file of prompts (or standard input) in static groups "
@@ -57,14 +58,42 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    module = importlib.import_module(f"minirt.{args[0]}")
     # Its --help names it as it was run: `minirt X`.
     prog = f"minirt {args[0]}"
+    module = import_interruptibly(f"minirt.{args[0]}")
+    if module is None:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     # A report (rounds, inspect) cut short by its reader ends quietly.
     quiet = getattr(module, "REPORT", False)
     return run_command(
         lambda argv: module.main(argv, prog=prog), args[1:], prog=prog, quiet_when_cut=quiet
     )
+
+
+def import_interruptibly(name: str):
+    """The module, or None if Ctrl-C came while it was imported.  This is where the time before
+    a command starts goes (NumPy and the rest; `import minirt` itself loads nothing heavy), so
+    a Ctrl-C here must be the command's one line, as later.  A Ctrl-C inside an extension
+    module's import may come out as that import's ImportError: the signal is noted, to tell
+    the two apart."""
+    signals: list[int] = []
+
+    def note(signum, frame):
+        signals.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        return importlib.import_module(name)
+    except KeyboardInterrupt:
+        return None
+    except ImportError:
+        if signals:
+            return None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def entry() -> None:

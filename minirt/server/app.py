@@ -364,16 +364,8 @@ class CompletionsAPI:
             # OpenAI: with include_usage, every chunk has a usage, null until the last.
             head = {**head, "usage": None}
         try:
-            for choice in range(len(completion.choices)):
-                if body.echo:
-                    text = prompted.texts[choice // body.n]
-                    echoed = {
-                        "index": choice,
-                        "text": text,
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    yield sse({**head, "choices": [echoed]})
+            for chunk in echoed(completion, body, prompted, head):
+                yield chunk
             logprobs = self.stream_logprobs(body, prompted, len(completion.choices))
             while len(finals) < len(completion.choices):
                 event = await completion.events.get()
@@ -385,16 +377,8 @@ class CompletionsAPI:
                 assert isinstance(event, Finished)
                 finals[event.choice] = event
                 if event.output.finish_reason in ("error", "abort"):
-                    yield sse(choice_failure(event).body())
-                    # The stream ends here, and so does every choice still running: each is
-                    # told, so that no choice is left without a finish_reason or an error.
-                    self.handover.abort(completion.id)
-                    async for final in self.rest_of(completion, finals, event.choice):
-                        if final.output.finish_reason in ("error", "abort"):
-                            yield sse(choice_failure(final).body())
-                        else:
-                            yield sse(finish_chunk(head, final))
-                    yield DONE
+                    async for chunk in self.ended_by(event, completion, finals, head):
+                        yield chunk
                     return
                 yield sse(finish_chunk(head, event))
             if include_usage:
@@ -407,6 +391,19 @@ class CompletionsAPI:
             if len(finals) < len(completion.choices):
                 # Left early (the client went, or a choice failed): the rest stop too.
                 self.handover.abort(completion.id)
+
+    async def ended_by(self, failure: Finished, completion, finals: dict, head: dict):
+        """A stream's end when one of its choices failed (or was aborted): its error, then each
+        choice still running, aborted and told (so that none is left without a finish_reason or
+        an error), then [DONE]."""
+        yield sse(choice_failure(failure).body())
+        self.handover.abort(completion.id)
+        async for final in self.rest_of(completion, finals, failure.choice):
+            if final.output.finish_reason in ("error", "abort"):
+                yield sse(choice_failure(final).body())
+            else:
+                yield sse(finish_chunk(head, final))
+        yield DONE
 
     async def rest_of(self, completion: Completion, finals: dict[int, Finished], failed: int):
         """The final record of each choice not yet final, once its completion is aborted (each
@@ -496,6 +493,16 @@ class CompletionsAPI:
         if self.llm.tokenizer is None:
             raise APIError(400, "this model has no tokenizer; send token ids")
         return self.llm.tokenizer
+
+
+def echoed(completion: Completion, body, prompted: Prompted, head: dict):
+    """With echo, each choice's prompt first, as a chunk of its own."""
+    if not body.echo:
+        return
+    for choice in range(len(completion.choices)):
+        text = prompted.texts[choice // body.n]
+        chunk = {"index": choice, "text": text, "logprobs": None, "finish_reason": None}
+        yield sse({**head, "choices": [chunk]})
 
 
 def choice_failure(final: Finished) -> APIError:

@@ -6,8 +6,10 @@ running its own module, which stays the documented entry point (`python -m minir
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from inspect import signature as inspect_signature
 
 import pytest
@@ -17,7 +19,7 @@ import minirt
 from minirt import LLM
 from minirt.__main__ import SUBCOMMANDS, main
 from minirt.__main__ import main as minirt_main
-from minirt.cli.command import EXIT_OK, EXIT_STDOUT_CLOSED
+from minirt.cli.command import EXIT_INTERRUPTED, EXIT_OK, EXIT_STDOUT_CLOSED
 
 tomllib = pytest.importorskip(
     "tomllib"
@@ -244,3 +246,27 @@ def test_a_report_whose_reader_has_gone_ends_quietly_with_141(command):
     finally:
         os.close(writer)
     assert (done.returncode, done.stderr) == (EXIT_STDOUT_CLOSED, "")
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.1, 0.15, 0.2, 0.3, 0.5])
+def test_ctrl_c_in_a_commands_first_instant_is_one_line_never_a_traceback(delay_s, tmp_path):
+    """While `minirt generate` is still importing (NumPy, the model code), Ctrl-C: one line and
+    130, or, before Python has its handler at all, death by the signal; never a traceback."""
+    (tmp_path / "p.txt").write_text("a\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minirt", "generate", "--prompts", str(tmp_path / "p.txt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    time.sleep(delay_s)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    if "init_import_site" in err:
+        # Python itself was still starting (its site module), before any code of minirt's.
+        return
+    assert "Traceback" not in err, err
+    assert process.returncode in (EXIT_INTERRUPTED, -signal.SIGINT, 0), (process.returncode, err)
+    if process.returncode == EXIT_INTERRUPTED:
+        assert "interrupted" in err.strip().splitlines()[-1], err

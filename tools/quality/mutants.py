@@ -1264,8 +1264,8 @@ MUTANTS = [
     Mutant(
         "bias_token_twice_summed",
         "minirt/engine/params.py",
-        "            if tokens.count(token) > 1:",
-        "            if tokens.count(token) > 2:",
+        "            seen.add(token)\n",
+        "",
         '"38" and "038" add their biases, past the range, or cancel a ban',
     ),
     Mutant(
@@ -1814,8 +1814,8 @@ MUTANTS = [
     Mutant(
         "snapshot_queries_one_short",
         "minirt/engine/client.py",
-        "        self.prefix_cache_queries += request.prompt_len",
-        "        self.prefix_cache_queries += request.prompt_len - 1",
+        "        self.prefix_cache_queries += looked_up",
+        "        self.prefix_cache_queries += looked_up - 1",
         "the snapshot counts each prompt's lookups one token short",
     ),
     Mutant(
