@@ -330,6 +330,7 @@ def test_the_limits_table_holds_the_values_the_code_enforces():
     from minirt.serve import DEFAULT_MAX_QUEUE, DEFAULT_SHUTDOWN_TIMEOUT_S
     from minirt.server import protocol
     from minirt.server.app import DEFAULT_MAX_BODY_BYTES
+    from minirt.server.http_rules import HEADER_LIMIT
     from minirt.server.round_feed import MAX_WATCHERS, RECENT_ROUNDS
     from minirt.server.rounds_page import HEARTBEAT_S
     from minirt.server.rounds_page import MAX_EXERCISE_LENGTH, MAX_EXERCISE_REQUESTS
@@ -357,6 +358,7 @@ def test_the_limits_table_holds_the_values_the_code_enforces():
     exercise = f"| 1 to {MAX_EXERCISE_REQUESTS} of them, each 1 to {MAX_EXERCISE_LENGTH} tokens"
     assert exercise in rows["`POST /rounds/exercise` lengths"]
     assert f"| {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s |" in rows["a shutdown"]
+    assert f"| {HEADER_LIMIT // 1024} KiB, all together |" in rows["a request's headers"]
 
 
 # ---------------------------------------------------------------------- the checks on their own
