@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import sys
 from pathlib import Path
 
 from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
@@ -43,7 +44,7 @@ WEB_STACK = ("starlette", "uvicorn", "httptools", "pydantic", "prometheus_client
 EPILOG = r"""
 examples:
   minirt serve                                  # the model shipped in weights/, on 127.0.0.1:8000
-  minirt serve --model gpt2 --port 8080 --api-key sk-local
+  MINIRT_API_KEY=sk-local minirt serve --model gpt2 --port 8080
   minirt serve --policy static --batch-size 4   # static groups, to see what they cost online
   minirt serve --policy static --batch-size 3 --round-delay 300
                                                 # then open http://127.0.0.1:8000/ and watch
@@ -132,7 +133,8 @@ def add_limit_flags(p) -> None:
         metavar="KEY",
         default=os.environ.get("MINIRT_API_KEY"),
         help="require 'Authorization: Bearer KEY' on every /v1 path (default: "
-        "$MINIRT_API_KEY, else none); /health stays open",
+        "$MINIRT_API_KEY, else none); /health stays open.  Prefer the variable: a flag's value "
+        "shows in ps to every user of the machine",
     )
     p.add_argument(
         "--max-queue",
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
     require_extra()
     # Imported here: only with the serve extra installed.
     from .server.app import ServerSettings  # noqa: PLC0415 (see above)
+    from .server.origin import is_loopback_address  # noqa: PLC0415 (see above)
     from .server.run import bind, serve_forever  # noqa: PLC0415 (see above)
 
     sock = bind(args.host, args.port)
@@ -242,7 +245,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
             model_path=str(llm.model.folder),
             api_key=args.api_key,
             max_body_bytes=args.max_body_bytes,
+            loopback_only=is_loopback_address(args.host),
         )
+        if not settings.loopback_only and settings.api_key is None:
+            print(
+                f"{prog}: warning: listening on {args.host} with no API key: whoever reaches "
+                "this address may run completions (set --api-key, or MINIRT_API_KEY)",
+                file=sys.stderr,
+            )
         describe = f"model {name}, {args.policy} batching of up to {args.batch_size} rows"
         if args.round_delay > 0:
             describe += f", {args.round_delay:g} ms between rounds"

@@ -23,6 +23,11 @@ ERROR_TYPES = {
 }
 
 
+# The longest message and field name an error sends (longer ones are cut, with "...").
+MAX_MESSAGE_CHARS = 1000
+MAX_PARAM_CHARS = 200
+
+
 class APIError(Exception):
     """An answer that is an error: a status, one line saying what and what to do, and the field
     of the request it is about (None when it is about the whole request)."""
@@ -44,9 +49,14 @@ def error_body(status: int, message: str, param: str | None = None, code=None) -
         code = status
     return {
         "error": {
-            "message": message,
+            "message": cut(message, MAX_MESSAGE_CHARS),
             "type": ERROR_TYPES.get(status, "invalid_request_error"),
-            "param": param,
+            "param": None if param is None else cut(param, MAX_PARAM_CHARS),
             "code": code,
         }
     }
+
+
+def cut(text: str, most: int) -> str:
+    """`text`, or its first `most` characters and "..." when it is longer."""
+    return text if len(text) <= most else text[:most] + "..."

@@ -69,6 +69,7 @@ from .protocol import (
     DetokenizeRequest,
     TokenizeRequest,
     check_text,
+    ItemLimits,
     parse_body,
     prompt_count,
     prompts_of,
@@ -104,6 +105,8 @@ class ServerSettings:
     model_path: str
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Listening on this machine's loopback alone: a Host that is not a loopback name is refused.
+    loopback_only: bool = False
 
 
 @dataclass
@@ -158,7 +161,8 @@ def build_app(
         Exception: server_error_response,
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
-    return HostRule(SameOriginGuard(APIKeyGuard(app, settings.api_key)))
+    guarded = SameOriginGuard(APIKeyGuard(app, settings.api_key), settings.loopback_only)
+    return HostRule(guarded)
 
 
 # Paths beyond /v1 that spend compute, and so need the key too.
@@ -235,7 +239,8 @@ class CompletionsAPI:
 
     async def body_of(self, request: Request, model_class):
         raw = await read_body(request, self.settings.max_body_bytes)
-        body = parse_body(raw, model_class)
+        limits = ItemLimits(self.client.max_queue, self.llm.model.config.n_positions)
+        body = parse_body(raw, model_class, limits)
         self.check_model(body.model)
         return body
 
@@ -284,7 +289,8 @@ class CompletionsAPI:
             finals = await self.collect(completion)
         finally:
             watcher.cancel()
-        return self.whole(finals, body, prompted, head)
+        # Off the event loop: a reply of 128 choices with their logprobs takes a second to build.
+        return await asyncio.to_thread(self.whole, finals, body, prompted, head)
 
     def prompted(self, body: CompletionRequest) -> Prompted:
         """Each prompt's ids and SamplingParams, checked against the model; n choices each."""
@@ -471,7 +477,9 @@ class CompletionsAPI:
         tokenizer = self.require_tokenizer()
         check_text(body.prompt, "prompt")
         try:
-            # Off the event loop, as a completion's prompts are.
+            # A text no encoding could fit in the context is refused by its length, as a
+            # completion's is; the rest is encoded off the event loop.
+            self.llm.request_maker.refuse_too_long_to_encode(body.prompt)
             tokens = await asyncio.to_thread(tokenizer.encode, body.prompt)
         except RequestError as exc:
             raise APIError(400, str(exc), param="prompt") from None
@@ -487,7 +495,9 @@ class CompletionsAPI:
             if not 0 <= token < vocab_size:
                 message = f"token id {token} is outside the vocabulary [0, {vocab_size})"
                 raise APIError(400, message, param="tokens")
-        return JSONResponse({"prompt": tokenizer.decode(body.tokens)})
+        # Off the event loop: the work grows with the ids (as many as the context).
+        text = await asyncio.to_thread(tokenizer.decode, body.tokens)
+        return JSONResponse({"prompt": text})
 
     def require_tokenizer(self):
         if self.llm.tokenizer is None:

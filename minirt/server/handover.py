@@ -48,6 +48,7 @@ from ..engine.request import (
 )
 from ..request_maker import RequestMaker
 from .api_errors import APIError
+from .protocol import too_many_choices
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,7 @@ def refusal_error(refusal: Refusal) -> APIError:
         )
         return APIError(400, message, param="prompt")
     if refusal.kind == TOO_MANY_CHOICES:
-        message = (
-            f"this completion asks for {refusal.needed} choices (prompts x n), more than the "
-            f"{refusal.limit} the server queues (--max-queue); send fewer at a time"
-        )
-        return APIError(400, message, param="n")
+        return too_many_choices(refusal.needed, refusal.limit)
     if refusal.kind == QUEUE_FULL:
         message = (
             f"the queue is full ({refusal.waiting} requests wait, {refusal.limit} at most: "

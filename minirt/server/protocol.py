@@ -16,6 +16,8 @@ Must not know: the web framework, the engine's thread, or how responses are writ
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -48,6 +50,10 @@ API_NAMES = {"max_new_tokens": "max_tokens", "prompt_logprobs": "echo"}
 # The fields that hold objects of their own fields, which an error names by their dotted path.
 NESTED_BODIES = ("stream_options",)
 
+# A lone surrogate can come only from a JSON escape \ud800-\udfff (the body's own bytes are UTF-8,
+# which cannot hold one): a body without such an escape is text throughout, and is not walked.
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
 PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of token-id lists"
 
 
@@ -61,10 +67,24 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+@dataclass(frozen=True)
+class ItemLimits:
+    """What a body's lists may hold, known to the server: the prompts it queues (--max-queue),
+    and the model's context in token ids."""
+
+    most_prompts: int
+    most_ids: int
+
+
 class Body(Strict):
     """A request body: each names the model it is for (or leaves it out)."""
 
     model: str | None = None
+
+    @classmethod
+    def refuse_by_count(cls, body: dict, limits: ItemLimits) -> None:
+        """Refuse a body whose lists are longer than their bounds, from their lengths alone,
+        before any item of them is checked (a body's kind adds its own)."""
 
 
 class CompletionRequest(Body):
@@ -96,6 +116,34 @@ class CompletionRequest(Body):
     ignore_eos: bool = False
     min_tokens: int = 0
 
+    @classmethod
+    def refuse_by_count(cls, body: dict, limits: ItemLimits) -> None:
+        """The bounds a field's length alone breaks, counted on the parsed JSON before pydantic
+        looks at one item (its work grows with them: half a million prompts took it half a
+        second, on the event loop).  A field of the wrong type is left to pydantic."""
+        stop = body.get("stop")
+        if isinstance(stop, list):
+            refuse_too_many_stops(len(stop))
+        logit_bias = body.get("logit_bias")
+        if isinstance(logit_bias, dict):
+            refuse_too_many_biases(len(logit_bias))
+        stop_token_ids = body.get("stop_token_ids")
+        if isinstance(stop_token_ids, list):
+            refuse_too_many_stop_ids(len(stop_token_ids))
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            return
+        if isinstance(prompt[0], (list, str)):
+            # A list of prompts: each is a choice at least (n more).
+            if len(prompt) > limits.most_prompts:
+                raise too_many_choices(len(prompt), limits.most_prompts)
+            id_lists = [item for item in prompt if isinstance(item, list)]
+        else:
+            id_lists = [prompt]
+        for ids in id_lists:
+            if len(ids) > limits.most_ids:
+                raise APIError(400, prompt_too_long(len(ids), limits.most_ids), "prompt")
+
 
 class TokenizeRequest(Body):
     """`POST /tokenize` (vLLM's shape)."""
@@ -105,9 +153,19 @@ class TokenizeRequest(Body):
 
 
 class DetokenizeRequest(Body):
-    """`POST /detokenize` (vLLM's shape)."""
+    """`POST /detokenize` (vLLM's shape): at most the context's ids."""
 
     tokens: list[int]
+
+    @classmethod
+    def refuse_by_count(cls, body: dict, limits: ItemLimits) -> None:
+        tokens = body.get("tokens")
+        if isinstance(tokens, list) and len(tokens) > limits.most_ids:
+            message = (
+                f"tokens holds {len(tokens)} ids, more than the model's context of "
+                f"{limits.most_ids}; detokenize at most that many at a time"
+            )
+            raise APIError(400, message, "tokens")
 
 
 class ExerciseRequest(Body):
@@ -116,8 +174,10 @@ class ExerciseRequest(Body):
     lengths: list[int]
 
 
-def parse_body(raw: bytes, model_class: type[Body]) -> Body:
-    """The body as `model_class`, or a 400 saying what is wrong and naming the field."""
+def parse_body(raw: bytes, model_class: type[Body], limits: ItemLimits | None = None) -> Body:
+    """The body as `model_class`, or a 400 saying what is wrong and naming the field.  With
+    `limits`, a list longer than its bound is refused by its length, before its items are
+    checked."""
     if not raw.strip():
         raise APIError(400, "the request has no body: send a JSON object")
     try:
@@ -129,7 +189,10 @@ def parse_body(raw: bytes, model_class: type[Body]) -> Body:
         raise APIError(400, f"the body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}")
-    refuse_non_text(body)
+    if SURROGATE_ESCAPE.search(raw):
+        refuse_non_text(body)
+    if limits is not None:
+        model_class.refuse_by_count(body, limits)
     try:
         return model_class.model_validate(body)
     except ValidationError as exc:
@@ -243,11 +306,10 @@ def refuse_unsupported(body: CompletionRequest) -> None:
 
 def refuse_oversized(body: CompletionRequest) -> None:
     """The bounds that a field's size alone breaks, checked by counting, before any work per item
-    (each of these is paid for every round, on the engine's thread)."""
+    (each of these is paid for every round, on the engine's thread).  parse_body counts the lists
+    before pydantic does; this holds for a body made otherwise too."""
     stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
-    if len(stops) > MAX_STOP:
-        message = f"stop may hold at most {MAX_STOP} sequences (OpenAI's bound), got {len(stops)}"
-        raise APIError(400, message, "stop")
+    refuse_too_many_stops(len(stops))
     for stop in stops:
         if len(stop) > MAX_STOP_CHARS:
             message = (
@@ -255,18 +317,44 @@ def refuse_oversized(body: CompletionRequest) -> None:
                 f"{len(stop)}"
             )
             raise APIError(400, message, "stop")
-    if body.logit_bias is not None and len(body.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+    if body.logit_bias is not None:
+        refuse_too_many_biases(len(body.logit_bias))
+    if body.stop_token_ids is not None:
+        refuse_too_many_stop_ids(len(body.stop_token_ids))
+
+
+def refuse_too_many_stops(count: int) -> None:
+    if count > MAX_STOP:
+        message = f"stop may hold at most {MAX_STOP} sequences (OpenAI's bound), got {count}"
+        raise APIError(400, message, "stop")
+
+
+def refuse_too_many_biases(count: int) -> None:
+    if count > MAX_LOGIT_BIAS_ENTRIES:
         message = (
             f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} entries (OpenAI's bound), got "
-            f"{len(body.logit_bias)}"
+            f"{count}"
         )
         raise APIError(400, message, "logit_bias")
-    if body.stop_token_ids is not None and len(body.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-        message = (
-            f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got "
-            f"{len(body.stop_token_ids)}"
-        )
+
+
+def refuse_too_many_stop_ids(count: int) -> None:
+    if count > MAX_STOP_TOKEN_IDS:
+        message = f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {count}"
         raise APIError(400, message, "stop_token_ids")
+
+
+def too_many_choices(needed: int, limit: int) -> APIError:
+    """A completion of more choices (prompts x n) than the queue could ever hold."""
+    message = (
+        f"this completion asks for {needed} choices (prompts x n), more than the "
+        f"{limit} the server queues (--max-queue); send fewer at a time"
+    )
+    return APIError(400, message, param="n")
+
+
+def prompt_too_long(tokens: int, context: int) -> str:
+    return f"the prompt has {tokens} tokens, more than the model's context of {context}; shorten it"
 
 
 def prompt_count(body: CompletionRequest) -> int:

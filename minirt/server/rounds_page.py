@@ -47,6 +47,8 @@ DEFAULT_RECENT = 64
 
 # An idle feed writes a comment this often (a server-sent event's comment: the page ignores it).
 HEARTBEAT_S = 15.0
+# The page's headers that keep every other site from showing it in a frame.
+NOT_IN_A_FRAME = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 HEARTBEAT = ": heartbeat\n\n"
 
 # The exercise: at most this many requests, each of at most this many tokens.
@@ -91,7 +93,9 @@ class RoundsPage:
         }
 
     async def page(self, request: Request) -> Response:
-        return HTMLResponse(self.html)
+        # Never inside another site's frame: a click there would be this page's own, and pass
+        # the Origin check (clickjacking).
+        return HTMLResponse(self.html, headers=NOT_IN_A_FRAME)
 
     async def recent(self, request: Request) -> Response:
         text = request.query_params.get("rounds", str(DEFAULT_RECENT))

@@ -8,6 +8,7 @@ the HTTP rules (RFC 9110's 415, the Fetch standard's Origin)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import threading
@@ -18,6 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serving import Server, serve_tests
+from tokenizers import Tokenizer as HFTokenizer
+
+from minirt.loading.checkpoint import shipped_model_folder
 
 pytestmark = serve_tests
 
@@ -79,16 +83,14 @@ class HealthWatch:
         self.thread.join()
 
 
-def answered_promptly(server, raw: bytes) -> httpx.Response:
+def answered_promptly(server, raw: bytes, path: str = "/v1/completions") -> httpx.Response:
     """Post raw JSON; assert that it is answered within ANSWER_WITHIN_S, and /health within
     HEALTH_WITHIN_S all the while."""
     assert len(raw) <= BODY_LIMIT
     headers = {"Content-Type": "application/json"}
     with HealthWatch(server) as health:
         start = time.perf_counter()
-        answer = httpx.post(
-            f"{server.url}/v1/completions", content=raw, headers=headers, timeout=60
-        )
+        answer = httpx.post(f"{server.url}{path}", content=raw, headers=headers, timeout=60)
         took = time.perf_counter() - start
     assert took < ANSWER_WITHIN_S, f"answered after {took:.2f} s"
     assert health.failures == 0 and health.slowest < HEALTH_WITHIN_S, health.slowest
@@ -285,6 +287,94 @@ def test_a_request_from_the_servers_own_page_or_a_program_runs(server):
     assert post(server, body, headers=named).status_code == 200
 
 
+def test_a_page_that_points_its_own_name_at_this_machine_is_a_403(server):
+    """DNS rebinding: evil.example resolves to 127.0.0.1 a moment after its page loaded, and its
+    requests arrive same-origin (Origin and Host both evil.example).  A server on the loopback
+    alone answers loopback names only."""
+    body = {"prompt": "x", "max_tokens": 1, "ignore_eos": True}
+    port = server.url.rsplit(":", 1)[1]
+    for name in ("evil.example", "evil.example.", "127.0.0.1.evil.example", "localhost.evil"):
+        rebound = {"Host": f"{name}:{port}", "Origin": f"http://{name}:{port}"}
+        for answer in (
+            post(server, body, headers=rebound),
+            httpx.get(f"{server.url}/rounds/recent", headers={"Host": f"{name}:{port}"}),
+            httpx.get(f"{server.url}/health", headers={"Host": name}),
+        ):
+            assert "loopback" in error_of(answer, 403), name
+    for name in ("localhost", "LOCALHOST", "grid.localhost", "127.0.0.1", "127.9.9.9", "[::1]"):
+        named = {"Host": f"{name}:{port}", "Origin": f"http://{name}:{port}"}
+        assert post(server, body, headers=named).status_code == 200, name
+
+
+def test_a_fetch_another_site_made_is_a_403_and_the_servers_own_or_a_typed_one_runs(server):
+    """Sec-Fetch-Site, which browsers set on every request (an <img> tag's GET, which carries
+    no Origin, too): cross-site, and same-site (another port of this machine), are refused."""
+    for made_by in ("cross-site", "same-site", "Cross-Site"):
+        for answer in (
+            httpx.get(f"{server.url}/rounds/recent", headers={"Sec-Fetch-Site": made_by}),
+            httpx.get(f"{server.url}/rounds/events", headers={"Sec-Fetch-Site": made_by}),
+            post(server, {"prompt": "x", "max_tokens": 1}, headers={"Sec-Fetch-Site": made_by}),
+        ):
+            assert "another site" in error_of(answer, 403), made_by
+    for made_by in ("same-origin", "none"):
+        answer = httpx.get(f"{server.url}/rounds/recent", headers={"Sec-Fetch-Site": made_by})
+        assert answer.status_code == 200, made_by
+
+
+def test_the_page_may_not_be_shown_in_another_sites_frame(server):
+    for path in ("/", "/rounds"):
+        headers = httpx.get(f"{server.url}{path}").headers
+        assert headers["x-frame-options"] == "DENY"
+        assert headers["content-security-policy"] == "frame-ancestors 'none'"
+
+
+def test_an_error_quotes_at_most_1000_characters_of_what_was_sent(server):
+    answer = post(server, {"prompt": "x", "model": "m" * 100_000})
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 404 and len(message) == 1000 + len("...")
+    assert message.startswith("the model 'mmm") and message.endswith("m...")
+
+
+@pytest.mark.parametrize(
+    "field, too_many, param, words",
+    [
+        # More prompts than the queue holds, the last of the wrong type: refused by the count.
+        ("prompt", [[1]] * 64 + [5], "n", "65 choices"),
+        ("logit_bias", {**{str(t): 0.5 for t in range(300)}, "300": "x"}, "logit_bias", "at most"),
+        ("stop_token_ids", [*range(300), "x"], "stop_token_ids", "at most"),
+        ("stop", ["a", "b", "c", "d", 5], "stop", "at most"),
+        ("prompt", [1] * CONTEXT + ["x"], "prompt", f"{CONTEXT + 1} tokens"),
+        ("prompt", [[1] * (CONTEXT + 1), ["x"]], "prompt", f"{CONTEXT + 1} tokens"),
+    ],
+)
+def test_a_list_past_its_bound_is_refused_by_its_length_before_its_items_are_checked(
+    server, field, too_many, param, words
+):
+    """Counted before pydantic checks a single item (its work grows with them): the refusal is
+    about the length, even though an item is of the wrong type as well."""
+    message = error_of(post(server, {"prompt": "x", field: too_many}), 400, param)
+    assert words in message, message
+
+
+def test_detokenize_takes_the_contexts_ids_and_refuses_one_more(server):
+    tokenizer = HFTokenizer.from_file(str(shipped_model_folder() / "tokenizer.json"))
+    ids = [(7 * k) % 1000 for k in range(CONTEXT)]
+    answer = post(server, {"tokens": ids}, path="/detokenize")
+    assert answer.status_code == 200
+    assert answer.json()["prompt"] == tokenizer.decode(ids, skip_special_tokens=False)
+    assert "context" in error_of(
+        post(server, {"tokens": ids + [1]}, path="/detokenize"), 400, "tokens"
+    )
+
+
+def test_tokenize_refuses_a_text_no_encoding_could_fit_without_encoding_it(server):
+    raw = json.dumps({"prompt": "a" * (CONTEXT * MOST_BYTES_PER_TOKEN + 1)}).encode()
+    answer = answered_promptly(server, raw, path="/tokenize")
+    assert "characters" in error_of(answer, 400, "prompt")
+    fits = post(server, {"prompt": "ab " * 80}, path="/tokenize")
+    assert fits.status_code == 200 and fits.json()["count"] <= CONTEXT
+
+
 # ---------------------------------------------------------------------- numbers of many digits
 
 
@@ -310,7 +400,7 @@ def raw_request(server, request: bytes) -> bytes:
 
 def test_a_content_length_of_5000_digits_is_refused_never_a_500(server):
     request = (
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n{}"
     )
     reply = raw_request(server, request)
@@ -428,7 +518,7 @@ def exchange(server, request: bytes, timeout: float = 5.0) -> tuple[list[int], b
     """Send `request` and then a GET /health on one connection: the statuses answered, and
     whether the server closed the connection (False: it was still open after `timeout`)."""
     host, port = server.url.removeprefix("http://").split(":")
-    follow_up = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    follow_up = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     data = b""
     closed = False
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
@@ -452,7 +542,7 @@ def exchange(server, request: bytes, timeout: float = 5.0) -> tuple[list[int], b
 def test_head_on_every_route_answers_its_headers_and_ends(server, path):
     """The request after a HEAD on the same connection is answered too (a HEAD of the round feed
     used to stream for ever, so nothing after it was)."""
-    statuses, _ = exchange(server, f"HEAD {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    statuses, _ = exchange(server, f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     assert statuses == [200, 200]
 
 
@@ -473,7 +563,7 @@ AMBIGUOUS = {
 def test_a_request_ambiguous_in_its_framing_is_a_400_and_its_connection_closes(server, name):
     """What follows it on the connection is never read as a request of its own (request
     smuggling): one answer, then the connection ends."""
-    request = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    request = b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     statuses, closed = exchange(server, request + AMBIGUOUS[name])
     assert statuses == [400] and closed
 
@@ -488,7 +578,9 @@ def test_an_http_1_1_request_without_exactly_one_host_is_a_400_and_its_connectio
 
 def test_headers_over_64_kib_are_a_431(server):
     big = b"X-Padding: " + b"a" * (64 * 1024) + b"\r\n"
-    statuses, closed = exchange(server, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+    statuses, closed = exchange(
+        server, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n" + big + b"\r\n"
+    )
     assert statuses == [431] and closed
 
 
@@ -526,6 +618,41 @@ def test_a_string_that_is_not_text_is_a_400_in_any_field_naming_it(server, raw, 
     answer.content.decode("utf-8")  # the reply is text
     message = error_of(answer, 400, param)
     assert "lone surrogate" in message and where.replace(LONE, "") in message
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=8),
+    upper=st.booleans(),
+)
+def test_a_body_with_no_surrogate_escape_holds_text_alone(text, upper):
+    """The server walks a body for lone surrogates only when its bytes hold an escape of one:
+    whenever json.loads gives a string that is not text, the escape is found (in either case of
+    hex digits, which JSON allows)."""
+    from minirt.server.protocol import SURROGATE_ESCAPE
+
+    raw = json.dumps({"stop": text})  # ASCII: every surrogate written as \udxxx
+    if upper:
+        raw = re.sub(r"\\u([0-9a-f]{4})", lambda m: "\\u" + m[1].upper(), raw)
+    value = json.loads(raw)["stop"]
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        assert SURROGATE_ESCAPE.search(raw.encode()) is not None, raw
+
+
+@pytest.mark.parametrize("escape", ["\\udfff", "\\uDC00", "\\uD83D"])
+def test_a_lone_surrogate_of_either_half_and_case_is_refused(server, escape):
+    raw = ('{"prompt": "x", "stop": ["ok", "a' + escape + '"]}').encode()
+    answer = httpx.post(
+        f"{server.url}/v1/completions", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert "lone surrogate" in error_of(answer, 400, "stop")
+    paired = ('{"prompt": "x", "max_tokens": 1, "stop": ["\\ud83d\\ude00"]}').encode()
+    taken = httpx.post(
+        f"{server.url}/v1/completions", content=paired, headers={"Content-Type": "application/json"}
+    )
+    assert taken.status_code == 200, taken.text
 
 
 def test_an_unknown_nested_field_is_named_by_its_path(server):

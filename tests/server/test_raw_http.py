@@ -180,7 +180,7 @@ def open_stream(server, body: dict) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
     payload = json.dumps(body).encode()
     sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(payload)}\r\n\r\n".encode()
         + payload
     )

@@ -1950,8 +1950,8 @@ MUTANTS = [
     Mutant(
         "stop_bound_one_short",
         "minirt/server/protocol.py",
-        "    if len(stops) > MAX_STOP:",
-        "    if len(stops) >= MAX_STOP:",
+        "    if count > MAX_STOP:",
+        "    if count >= MAX_STOP:",
         "OpenAI's 4 stop sequences refused: a body at the bound is a 400",
     ),
     Mutant(
@@ -1964,15 +1964,15 @@ MUTANTS = [
     Mutant(
         "logit_bias_bound_one_short",
         "minirt/server/protocol.py",
-        "len(body.logit_bias) > MAX_LOGIT_BIAS_ENTRIES",
-        "len(body.logit_bias) >= MAX_LOGIT_BIAS_ENTRIES",
+        "    if count > MAX_LOGIT_BIAS_ENTRIES:",
+        "    if count >= MAX_LOGIT_BIAS_ENTRIES:",
         "OpenAI's 300 logit_bias entries refused",
     ),
     Mutant(
         "stop_token_ids_unbounded",
         "minirt/server/protocol.py",
-        "len(body.stop_token_ids) > MAX_STOP_TOKEN_IDS",
-        "len(body.stop_token_ids) > 100 * MAX_STOP_TOKEN_IDS",
+        "    if count > MAX_STOP_TOKEN_IDS:",
+        "    if count > 100 * MAX_STOP_TOKEN_IDS:",
         "30,000 stop token ids looked up for every token, every round",
     ),
     Mutant(
@@ -2034,8 +2034,8 @@ MUTANTS = [
     Mutant(
         "origin_null_passes",
         "minirt/server/origin.py",
-        "                if site is None or site != site_of_host(host, urlsplit(shown).scheme):",
-        "                if site is not None and site != site_of_host(host, urlsplit(shown).scheme):",
+        "        if site is None or site != site_of_host(host, urlsplit(shown).scheme):",
+        "        if site is not None and site != site_of_host(host, urlsplit(shown).scheme):",
         "Origin: null (a sandboxed frame, a file: page) is let through as if it were a program",
     ),
     Mutant(
@@ -2137,6 +2137,69 @@ MUTANTS = [
         'return APIError(503, f"choice {final.choice}: {message}", code="aborted")',
         'return APIError(500, f"choice {final.choice}: {message}", code="aborted")',
         "a whole completion cut by the shutdown is a 500, as if the server had failed",
+    ),
+    Mutant(
+        "rebinding_let_through",
+        "minirt/server/app.py",
+        "SameOriginGuard(APIKeyGuard(app, settings.api_key), settings.loopback_only)",
+        "SameOriginGuard(APIKeyGuard(app, settings.api_key))",
+        "a page that points its own name at 127.0.0.1 (DNS rebinding) uses the keyless API",
+    ),
+    Mutant(
+        "same_site_fetch_let_through",
+        "minirt/server/origin.py",
+        'FROM_ANOTHER_SITE = (b"cross-site", b"same-site")',
+        'FROM_ANOTHER_SITE = (b"cross-site",)',
+        "a page on another port of this machine reads the round feed through an <img> or a GET",
+    ),
+    Mutant(
+        "page_framed_anywhere",
+        "minirt/server/rounds_page.py",
+        "return HTMLResponse(self.html, headers=NOT_IN_A_FRAME)",
+        "return HTMLResponse(self.html)",
+        "any site shows the round-grid page in a frame, and the operator's clicks pass as its own",
+    ),
+    Mutant(
+        "error_quotes_everything",
+        "minirt/server/api_errors.py",
+        '"message": cut(message, MAX_MESSAGE_CHARS),',
+        '"message": message,',
+        "a 2 MiB model name is sent back whole in the error",
+    ),
+    Mutant(
+        "surrogate_escape_of_high_halves_only",
+        "minirt/server/protocol.py",
+        'rb"\\\\u[dD][89a-fA-F]"',
+        'rb"\\\\u[dD][89abAB]"',
+        "a lone low surrogate (\\udc00-\\udfff) is not looked for, and reaches the engine",
+    ),
+    Mutant(
+        "lists_checked_item_by_item_first",
+        "minirt/server/protocol.py",
+        "    if limits is not None:\n        model_class.refuse_by_count(body, limits)",
+        "    if limits is None:\n        model_class.refuse_by_count(body, limits)",
+        "half a million prompts are each checked by pydantic, on the event loop, before their count refuses them",
+    ),
+    Mutant(
+        "ids_bound_one_short",
+        "minirt/server/protocol.py",
+        "            if len(ids) > limits.most_ids:",
+        "            if len(ids) >= limits.most_ids:",
+        "a prompt of ids that fills the context exactly is refused",
+    ),
+    Mutant(
+        "detokenize_bound_one_short",
+        "minirt/server/protocol.py",
+        "if isinstance(tokens, list) and len(tokens) > limits.most_ids:",
+        "if isinstance(tokens, list) and len(tokens) >= limits.most_ids:",
+        "/detokenize refuses the context's own number of ids",
+    ),
+    Mutant(
+        "tokenize_encodes_any_length",
+        "minirt/server/app.py",
+        "            self.llm.request_maker.refuse_too_long_to_encode(body.prompt)\n",
+        "",
+        "/tokenize encodes 2 MB of text (seconds of a thread) that no context could hold",
     ),
 ]
 
