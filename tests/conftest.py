@@ -3,6 +3,7 @@ that turns a runaway allocation or a hang into a test failure."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import signal
 import sys
@@ -161,6 +162,80 @@ def greedy_decode(model: GPT2, prompts: list[list[int]], steps: int, slots=None)
         for out, token in zip(outputs, logits.argmax(axis=-1), strict=True):
             out.append(int(token))
     return outputs
+
+
+def hand_decode(
+    model,
+    prompt_ids: list[int],
+    n: int,
+    rng: np.random.Generator | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    logit_bias: dict[int, float] | None = None,
+) -> list[int]:
+    """n tokens chosen by hand, an independent reference for the sampler: at each step the
+    model's logits for the whole sequence so far (a forward without a KV cache, a batch or a
+    scheduler), then the documented formulas in plain Python, one token at a time: logit_bias;
+    repetition_penalty over the prompt's and output's tokens (each once: divided if positive,
+    else multiplied); frequency x count + presence x (count > 0) over the output; then greedy
+    (temperature 0: the argmax, ties to the lowest id), or softmax(logits / T) cut to the top k
+    (ties at the k-th kept), to the most likely tokens until their mass reaches top_p (ranked by
+    logit, then id), to those at least min_p x the top probability, and one uniform number u
+    from `rng` drawing the first token, in id order, whose running total passes u x the
+    total.  EOS is not a stop here (the caller's requests ignore it)."""
+    ids = list(prompt_ids)
+    out: list[int] = []
+    for _ in range(n):
+        x = [float(v) for v in model.logits([ids])[0][len(ids) - 1]]
+        vocab = range(len(x))
+        for token, bias in (logit_bias or {}).items():
+            x[token] += bias
+        for token in set(prompt_ids) | set(out):
+            x[token] = (
+                x[token] / repetition_penalty if x[token] > 0 else x[token] * repetition_penalty
+            )
+        for token in set(out):
+            x[token] -= frequency_penalty * out.count(token) + presence_penalty
+        if temperature < 1e-5:
+            token = max(vocab, key=lambda t: (x[t], -t))
+        else:
+            assert rng is not None, "a sampled reference needs its random stream"
+            scaled = [v / temperature for v in x]
+            kept = list(vocab)
+            if top_k:
+                kth = sorted(scaled, reverse=True)[min(top_k, len(scaled)) - 1]
+                kept = [t for t in kept if scaled[t] >= kth]
+            top = max(scaled[t] for t in kept)
+            weights = {t: math.exp(scaled[t] - top) for t in kept}
+            probs = {t: w / sum(weights.values()) for t, w in weights.items()}
+            if top_p < 1:
+                nucleus, mass = [], 0.0
+                for t in sorted(probs, key=lambda t: (-scaled[t], t)):
+                    if mass >= top_p:
+                        break
+                    nucleus.append(t)
+                    mass += probs[t]
+                probs = {t: probs[t] / mass for t in nucleus}
+            if min_p > 0:
+                floor = min_p * max(probs.values())
+                probs = {t: p for t, p in probs.items() if p >= floor}
+                probs = {t: p / sum(probs.values()) for t, p in probs.items()}
+            u = rng.random() * sum(probs.values())
+            running = 0.0
+            token = max(probs)
+            for t in sorted(probs):
+                running += probs[t]
+                if u < running:
+                    token = t
+                    break
+        out.append(token)
+        ids.append(token)
+    return out
 
 
 def finished_request(index: int = 0, tokens: int = 1):

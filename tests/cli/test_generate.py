@@ -550,3 +550,24 @@ def run_generate(argv, capsys):
     code = run_command(generate_main, argv, prog="minirt.generate")
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def test_a_kv_budget_in_a_fraction_of_a_mib_runs_as_its_positions_counted_by_hand(
+    tiny_lm, tmp_path, capsys
+):
+    """--kv-budget 0.0195MiB on tiny_lm: 0.0195 x 2**20 = 20447 bytes, and one position's keys
+    and values are 2 x 2 layers x 32 x 4 bytes = 512: 39 positions.  Four requests needing 13
+    positions each run 3 and then 1 (39 holds 3 rows exactly), and one needing 40 is refused."""
+    prompts = tmp_path / "p.jsonl"
+    lines = [{"prompt": [5], "max_new_tokens": 13}] * 4 + [{"prompt": [5], "max_new_tokens": 40}]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out_file = tmp_path / "out.jsonl"
+    argv = ["--model", str(tiny_lm), "--prompts", str(prompts), "--batch-size", "4"]
+    argv += ["--kv-budget", "0.0195MiB", "--ignore-eos", "--output", str(out_file)]
+    code, _, err = run([*argv, "--backend", "numpy"], capsys)
+    assert code == EXIT_REQUEST_FAILED
+    records = read_records(out_file)
+    assert [r["first_round"] for r in records] == [1, 1, 1, 14, None]
+    assert [r["rounds_waited"] for r in records] == [0, 0, 0, 13, None]
+    assert "over the budget of 39" in records[4]["error"]
+    assert "held 1 group below 4 rows (rows: 3)" in err

@@ -629,3 +629,30 @@ def test_utilization_is_active_over_held_row_rounds(model, lengths, batch_size, 
     assert stats.utilization == pytest.approx(sum(lengths) / held)
     if len(lengths) == 1:
         assert stats.utilization == 1.0
+
+
+# ------------------------------------------------------------------ a KV budget in a fraction of a MiB
+
+# tiny_lm: 2 layers, 4 heads of 8, float32.  One position's keys and values: 2 (K and V) x 2 layers
+# x 4 heads x 8 x 4 bytes = 512 bytes.  0.0195 MiB is 0.0195 x 2**20 = 20447.232 bytes: 39
+# positions (39 x 512 = 19968; 40 would need 20480).  In decimal megabytes it would be 38.
+FRACTION_MIB = 0.0195
+FRACTION_POSITIONS = 39
+
+
+def test_a_kv_budget_of_a_fraction_of_a_mib_holds_the_positions_counted_by_hand(tiny_lm):
+    """Run through generation: requests needing 13 positions (a 1-token prompt and 13 tokens but
+    the last) form groups of 3 (39 exactly), not 4; one needing 39 runs alone; one needing 40 is
+    refused, naming the budget in positions.  The rounds waited show the limit holding."""
+    llm = LLM(tiny_lm, batch_size=4, kv_budget_mib=FRACTION_MIB)
+    assert llm.engine.kv_budget_positions == FRACTION_POSITIONS
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (13, 13, 13, 13, 39, 40)]
+    outputs = llm.generate([[5]] * len(params), params)
+    assert [o.group for o in outputs] == [1, 1, 1, 2, 3, None]
+    assert [o.first_round for o in outputs] == [1, 1, 1, 14, 27, None]
+    assert [o.rounds_waited for o in outputs] == [0, 0, 0, 13, 26, None]
+    assert [len(o.token_ids) for o in outputs] == [13, 13, 13, 13, 39, 0]
+    assert outputs[5].finish_reason == "error"
+    assert f"over the budget of {FRACTION_POSITIONS}" in outputs[5].error
+    # Held below 4 rows: the first group at 3, the second at 1 (with the next, 2 x 39 > 39).
+    assert llm.last_stats.kv_limited_rows == [3, 1]

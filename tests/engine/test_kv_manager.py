@@ -162,3 +162,62 @@ def test_a_request_admitted_with_a_cached_prefix_has_it_copied_into_its_slot():
     assert (cache.keys[0, later.slot, 0, :8] == 1.0).all()
     assert not cache.keys[0, later.slot, 0, 8:].any()
     assert cache.lengths[later.slot] == 8
+
+
+# ------------------------------------------------------------------ through the engine
+
+
+def greedy_by_recompute(model, prompt_ids: list[int], n: int) -> list[int]:
+    """n greedy tokens, each from the logits of the whole sequence so far, recomputed without a
+    KV cache, a batch or a scheduler."""
+    ids = list(prompt_ids)
+    for _ in range(n):
+        ids.append(int(np.argmax(model.logits([ids])[0][len(ids) - 1])))
+    return ids[len(prompt_ids) :]
+
+
+def test_a_slot_freed_before_the_pool_grew_is_clean_for_its_next_occupant():
+    """A (slot 0) and L (slot 1) run in a pool of 2 rows; A finishes, and what it left in slot 0
+    is poisoned (NaN keys, inf values: what an fp16 overflow would leave).  Three requests arrive:
+    the pool grows to 4 rows while L holds slot 1, taking slot 0's numbers over with it, and the
+    first newcomer takes slot 0.  It decodes beside L, whose longer history makes every row's
+    attention read past the newcomer's own keys (0 x NaN is NaN unless the slot was zeroed), so
+    its tokens are those of a recompute only if the poison never reaches it."""
+    from conftest import make_request, random_model
+
+    from minirt.engine.engine import Engine
+    from minirt.engine.runner import ModelRunner
+
+    model = random_model(seed=5, vocab_size=60, n_positions=48)
+    engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
+
+    def greedy(n):
+        return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+    first = make_request(engine, 0, [1, 2, 3], greedy(2))
+    long = make_request(engine, 1, [4, 5, 6, 7, 8, 9], greedy(20))
+    engine.add_request(first)
+    engine.add_request(long)
+    engine.step()
+    engine.step()
+    assert first.finished and (first.slot, long.slot) == (0, 1) and engine.free_slots == [0]
+    cache = engine.kv_cache
+    assert cache.keys.shape[1] == 2
+    cache.keys[:, 0] = np.nan
+    cache.values[:, 0] = np.inf
+    newcomers = {
+        2: ([10, 11], 5),
+        3: ([12], 5),
+        4: ([13, 14, 15], 4),
+    }
+    made = [make_request(engine, i, p, greedy(n)) for i, (p, n) in newcomers.items()]
+    for request in made:
+        engine.add_request(request)
+    engine.step()
+    assert engine.kv_cache.keys.shape[1] == 4 and [r.slot for r in made] == [0, 2, 3]
+    while engine.has_unfinished():
+        engine.step()
+    for request, (prompt_ids, n) in zip(made, newcomers.values(), strict=True):
+        assert request.error is None, request.error
+        assert request.token_ids == greedy_by_recompute(model, prompt_ids, n)
+    assert long.token_ids == greedy_by_recompute(model, [4, 5, 6, 7, 8, 9], 20)

@@ -430,3 +430,129 @@ def test_prompts_that_end_in_one_round_enter_the_cache_in_slot_order():
     assert (engine.kv_budget_positions, made[1].slot, made[2].slot) == (154, 1, 0)
     assert [(r.first_round, r.finish_round) for r in made] == [(1, 1), (1, 3), (2, 2), (3, 3)]
     assert made[3].cached_prompt_tokens == 48
+
+
+# ------------------------------------------------------------------ a pool that grows beside the cache
+
+
+@pytest.mark.parametrize(
+    "budget, cached",
+    [
+        # While the pool grows, the old pool (1 x 12) and the new (2 x 37) are both held: 86
+        # positions.  102 leaves the cache 16, one block exactly (the prefix's head is kept).
+        (102, B),
+        # 106 leaves 20: still one block, not the two that 106 - 74 (the new pool alone) holds.
+        (106, B),
+        # 118 leaves 32: both blocks exactly.
+        (118, 2 * B),
+    ],
+)
+def test_a_pool_that_grows_under_a_tight_budget_keeps_what_fits_and_the_tokens_stay(budget, cached):
+    """A first run caches a 36-token prompt's two full blocks.  In the next, a short request
+    (12 positions) runs alone in a pool of one row; then a request sharing those two blocks
+    arrives, needing 37 positions: the pool grows to 2 rows of 37 in that round (budget // 37 is
+    2), and the prefix cache gives up what the two pools leave no room for, by hand above.  The
+    newcomer waits no round, copies what is left, and both get their tokens alone without the
+    cache."""
+    from minirt.engine.output import RequestOutput
+
+    shared = prompt(70, 2 * B)
+    engine = Engine(
+        ModelRunner(MODEL),
+        None,
+        batch_size=4,
+        policy="continuous",
+        kv_budget_tokens=budget,
+        prefix_cache=True,
+    )
+    serve_all(engine, [make_request(engine, 0, shared + prompt(71, 4), params(1))])
+    assert engine.prefix_cache.positions == 2 * B
+    engine.start_run()
+    short = make_request(engine, 0, prompt(72, 3), params(10))
+    engine.add_request(short)
+    engine.step()
+    assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (1, 12)
+    newcomer = make_request(engine, 1, shared + prompt(73, 3), params(3))
+    engine.add_request(newcomer)
+    engine.step()
+    assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (2, 37)
+    while engine.has_unfinished():
+        allocated = len(engine.kv_cache.lengths) * engine.kv_cache.capacity
+        assert engine.prefix_cache.positions + allocated <= budget
+        engine.step()
+    outputs = [RequestOutput.from_request(r) for r in (short, newcomer)]
+    assert [o.cached_prompt_tokens for o in outputs] == [0, cached]
+    assert [(o.first_round, o.rounds_waited) for o in outputs] == [(1, 0), (2, 0)]
+    for output in outputs:
+        tokens, logprobs = alone(output.prompt_token_ids, params(len(output.token_ids)))
+        assert output.token_ids == tokens
+        np.testing.assert_allclose(output.logprobs, logprobs, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ through LLM, with a tokenizer's model
+
+
+def llm_alone(folder, token_ids, sampling):
+    """What `LLM.generate` gives the prompt alone: one row, no prefix cache, no chunking."""
+    from minirt import LLM
+
+    llm = LLM(folder, batch_size=1, prefix_cache=False, chunked_prefill=False)
+    (output,) = llm.generate([token_ids], sampling, logprobs=True)
+    return output
+
+
+@pytest.mark.parametrize(
+    "policy, first_rounds, cached",
+    [
+        # One group, all admitted in round 1: nothing is cached yet when they start.
+        ("static", [1, 1, 1], [0, 0, 0]),
+        # The first is admitted alone; the others wait a round for its two blocks to be in.
+        ("continuous", [1, 2, 2], [0, 2 * B, 2 * B]),
+    ],
+)
+def test_prompts_sharing_a_prefix_that_arrive_together_get_their_tokens_alone(
+    tiny_lm, policy, first_rounds, cached
+):
+    from minirt import LLM
+
+    shared = prompt(80, 2 * B + 3)
+    prompts = [shared + prompt(81 + i, 2 + i) for i in range(3)]
+    sampling = [params(5), params(5, seed=17), params(4, seed=18)]
+    llm = LLM(tiny_lm, batch_size=4, policy=policy, prefix_cache=True)
+    outputs = llm.generate(prompts, sampling, logprobs=True)
+    assert [o.first_round for o in outputs] == first_rounds
+    assert [o.cached_prompt_tokens for o in outputs] == cached
+    # Again, now that the cache holds the prefix: all three start in round 1, each copying the
+    # same two blocks into its own slot in that one round.
+    again = llm.generate(prompts, sampling, logprobs=True)
+    assert [o.first_round for o in again] == [1, 1, 1]
+    assert [o.cached_prompt_tokens for o in again] == [2 * B] * 3
+    references = [llm_alone(tiny_lm, ids, sp) for ids, sp in zip(prompts, sampling, strict=True)]
+    for output, reference in zip(outputs + again, references * 2, strict=True):
+        assert output.error is None and output.token_ids == reference.token_ids
+        np.testing.assert_allclose(output.logprobs, reference.logprobs, rtol=0, atol=1e-5)
+
+
+def test_a_hit_after_the_slot_its_blocks_came_from_was_reused_gives_the_tokens_without_cache(
+    tiny_lm,
+):
+    """One row, so every request takes slot 0 in turn: the first leaves its prompt's two
+    blocks in the cache, the second (another prompt, as long) overwrites the slot, and the third
+    starts with the first's blocks.  What it copies must be the first prompt's keys and values,
+    kept apart from the slot they came from: its tokens and logprobs are those it gets alone,
+    without the cache."""
+    from minirt import LLM
+
+    shared = prompt(90, 2 * B)
+    prompts = [shared + prompt(91, 5), prompt(92, 2 * B + 5), shared + prompt(93, 4)]
+    sampling = params(6)
+    llm = LLM(tiny_lm, batch_size=1, policy="continuous", prefix_cache=True)
+    requests = [llm.make_request(i, ids, sampling) for i, ids in enumerate(prompts)]
+    llm.run(requests)
+    assert [r.slot for r in requests] == [0, 0, 0]
+    assert [r.first_round for r in requests] == [1, 7, 13]
+    assert [r.cached_prompt_tokens for r in requests] == [0, 0, 2 * B]
+    for request, ids in zip(requests, prompts, strict=True):
+        reference = llm_alone(tiny_lm, ids, sampling)
+        assert request.error is None and request.token_ids == reference.token_ids
+        np.testing.assert_allclose(request.logprobs, reference.logprobs, rtol=0, atol=1e-5)

@@ -202,3 +202,49 @@ def test_a_draw_maps_u_to_the_token_whose_interval_holds_it(u, want):
     logits = np.array([0.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)
     token, _ = choose_token(logits, SamplingParams(temperature=1.0, top_k=4), FixedDraw(u))
     assert token == want
+
+
+# ------------------------------------------------------------------ a seeded stream, pinned
+
+
+def documented_derived_seed(seed: int, index: int) -> int:
+    """A derived seed as the sampler's docs give it: numpy's SeedSequence of [seed, index], its
+    first 64-bit word, halved (so that it is below 2**63)."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1, np.uint64)[0]) >> 1
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**64 - 1),
+    run_seed=st.integers(0, 2**32),
+    temperature=st.floats(0.3, 2.0),
+)
+def test_a_seeded_request_draws_what_numpys_generator_gives_by_hand(
+    tiny_lm, seed, run_seed, temperature
+):
+    """Each sampled token, end to end through `LLM.generate`, is the hand-sampled one: softmax of
+    the model's own logits (a separate forward of the whole sequence) over T, drawn with one
+    `numpy.random.default_rng(s).random()` a token, where s is the request's seed, sample k > 0
+    of it draws from the seed derived from (seed, k), and an unseeded request from the seed
+    derived from (the run's seed, its index).  Nothing of minirt's sampler is called here."""
+    from conftest import hand_decode
+
+    from minirt import LLM
+
+    llm = LLM(tiny_lm, batch_size=3, seed=run_seed)
+    prompts = [[5, 6, 7], [8, 9]]
+    seeded = SamplingParams(
+        max_new_tokens=6, temperature=temperature, seed=seed, n=2, ignore_eos=True
+    )
+    unseeded = SamplingParams(max_new_tokens=6, temperature=temperature, ignore_eos=True)
+    outputs = llm.generate(prompts, [seeded, unseeded])
+    streams = [
+        (prompts[0], seed),
+        (prompts[0], documented_derived_seed(seed, 1)),
+        (prompts[1], documented_derived_seed(run_seed, 1)),
+    ]
+    assert [(o.index, o.sample) for o in outputs] == [(0, 0), (0, 1), (1, 0)]
+    for output, (prompt_ids, stream_seed) in zip(outputs, streams, strict=True):
+        rng = np.random.default_rng(stream_seed)
+        want = hand_decode(llm.model, prompt_ids, 6, rng=rng, temperature=temperature)
+        assert output.token_ids == want

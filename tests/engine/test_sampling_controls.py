@@ -596,3 +596,95 @@ def test_greedy_with_presence_and_frequency_equals_a_hand_loop_on_transformers_l
             ),
         )[0]
         assert got.token_ids == output
+
+
+# ------------------------------------------------------------------ each control alone, end to end
+# Through `LLM.generate` on a tiny model with a tokenizer, each control set alone (the sampling
+# filters at temperature 1, which leaves the logits as they are; the biases and penalties greedy),
+# against `hand_decode` (tests/conftest.py): the model's own logits from a separate forward of the
+# whole sequence, the documented formula in plain Python, and numpy's own Generator for a draw.
+
+ALONE_PROMPTS = ([5, 6, 7], [40, 41, 40, 41], [3])
+
+CONTROLS_ALONE = {
+    "temperature": st.floats(0.3, 2.5).map(lambda t: {"temperature": t}),
+    "top_k": st.integers(1, 30).map(lambda k: {"temperature": 1.0, "top_k": k}),
+    "top_p": st.floats(0.02, 1.0).map(lambda p: {"temperature": 1.0, "top_p": p}),
+    "min_p": st.floats(0.0, 0.9).map(lambda m: {"temperature": 1.0, "min_p": m}),
+    "repetition_penalty": st.floats(0.3, 5.0).map(lambda r: {"repetition_penalty": r}),
+    "presence_penalty": st.floats(-2.0, 2.0).map(lambda p: {"presence_penalty": p}),
+    "frequency_penalty": st.floats(-2.0, 2.0).map(lambda f: {"frequency_penalty": f}),
+    "logit_bias": st.dictionaries(
+        st.integers(0, 200), st.floats(-100, 100), min_size=1, max_size=3
+    ).map(lambda bias: {"logit_bias": bias}),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tiny_lm):
+    from minirt import LLM
+
+    return LLM(tiny_lm, batch_size=4)
+
+
+def generated_alone_and_by_hand(llm, fields: dict, seed: int, n: int = 8):
+    """Each prompt's tokens through `LLM.generate` (all in one batch), and by hand."""
+    from conftest import hand_decode
+
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True, seed=seed, **fields)
+    outputs = llm.generate(list(ALONE_PROMPTS), params)
+    by_hand = [
+        hand_decode(llm.model, list(p), n, rng=np.random.default_rng(seed), **fields)
+        for p in ALONE_PROMPTS
+    ]
+    return [o.token_ids for o in outputs], by_hand
+
+
+@pytest.mark.parametrize("control", sorted(CONTROLS_ALONE))
+def test_one_control_alone_chooses_the_hand_computed_tokens(tiny_llm, control):
+    @settings(max_examples=6, deadline=None)
+    @given(fields=CONTROLS_ALONE[control], seed=st.integers(0, 2**32))
+    def check(fields, seed):
+        got, want = generated_alone_and_by_hand(tiny_llm, fields, seed)
+        assert got == want
+
+    check()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": 1.0, "top_k": 1},
+        {"temperature": 1.0, "top_p": 1e-9},
+        {"temperature": 1.0, "min_p": 1.0},
+    ],
+)
+def test_a_filter_that_keeps_only_the_top_token_is_greedy(tiny_llm, fields):
+    """top_k 1, a vanishing top_p and min_p 1 each leave the most likely token alone: the tokens
+    are the argmax of the model's own logits, whatever the seed."""
+    from conftest import hand_decode
+
+    for seed in (0, 1, 2):
+        got, _ = generated_alone_and_by_hand(tiny_llm, fields, seed)
+        assert got == [hand_decode(tiny_llm.model, list(p), 8) for p in ALONE_PROMPTS]
+
+
+def test_a_bias_of_100_forces_its_token_and_penalties_alone_change_greedy_choices(tiny_llm):
+    """logit_bias +100 on one token makes it every greedy choice, and on another every choice
+    too, whatever the logits.  Each penalty alone, at a strength that changes the greedy tokens
+    of these prompts (checked by hand: the plain argmax repeats itself), is applied as its
+    formula says."""
+    from conftest import hand_decode
+
+    for token in (17, 123):
+        got, _ = generated_alone_and_by_hand(tiny_llm, {"logit_bias": {token: 100.0}}, 0)
+        assert got == [[token] * 8] * len(ALONE_PROMPTS)
+    plain = [hand_decode(tiny_llm.model, list(p), 8) for p in ALONE_PROMPTS]
+    for fields in (
+        {"presence_penalty": 2.0},
+        {"frequency_penalty": 2.0},
+        {"repetition_penalty": 5.0},
+    ):
+        got, want = generated_alone_and_by_hand(tiny_llm, fields, 0)
+        assert got == want
+        assert want != plain, f"{fields} changes nothing here: the check would be empty"

@@ -522,3 +522,51 @@ def test_forget_history_drops_what_only_reports_read_and_changes_no_result(model
     kept = served(None)
     assert served(3) == kept and served(1) == kept
     assert all(len(tokens) >= 1 for tokens, *_ in kept)
+
+
+# ------------------------------------------------------------------ the pool at the budget's edge
+
+
+@pytest.mark.parametrize(
+    "budget, rows, late_first_round, late_rounds_waited",
+    [
+        # 12 positions hold three rows of 4 exactly: both newcomers join the grown pool at once.
+        (12, 3, 2, 0),
+        # One position short: the pool grows to two rows, and the last newcomer waits for the
+        # first request's row (it finishes in round 3), so it starts in round 4.
+        (11, 2, 4, 2),
+    ],
+)
+def test_a_pool_grown_to_exactly_the_budget_admits_every_row_it_holds(
+    model, budget, rows, late_first_round, late_rounds_waited
+):
+    """By hand: every request needs 4 positions (a prompt of 2 and 3 tokens but the last).  The
+    first runs alone in a pool of one row; after round 1 two more arrive, and the pool grows to
+    as many rows as the budget holds (budget // 4, at most the 3 wanted), never fewer because
+    the budget is met exactly.  The rounds each newcomer waited say where the limit held."""
+    from minirt.engine.output import RequestOutput
+
+    engine = Engine(
+        ModelRunner(model), None, batch_size=4, policy="continuous", kv_budget_tokens=budget
+    )
+    first = make_request(engine, 0, [1, 2], greedy(3))
+    engine.add_request(first)
+    engine.step()
+    assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (1, 4)
+    second = make_request(engine, 1, [3, 4], greedy(3))
+    late = make_request(engine, 2, [5, 6], greedy(3))
+    engine.add_request(second)
+    engine.add_request(late)
+    engine.step()
+    assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (rows, 4)
+    assert rows * 4 <= budget < (rows + 1) * 4
+    run_to_end(engine)
+    outputs = [RequestOutput.from_request(r) for r in (first, second, late)]
+    assert [(o.first_round, o.rounds_waited) for o in outputs] == [
+        (1, 0),
+        (2, 0),
+        (late_first_round, late_rounds_waited),
+    ]
+    assert [o.finish_round for o in outputs] == [3, 4, late_first_round + 2]
+    for output, prompt in zip(outputs, ([1, 2], [3, 4], [5, 6]), strict=True):
+        assert output.token_ids == greedy_by_recompute(model, prompt, 3)

@@ -217,3 +217,98 @@ def test_a_special_id_is_used_only_inside_the_vocabulary(vocab_size):
     assert special_ids(vocab_size - 1, None, vocab_size) == (vocab_size - 1, vocab_size - 1)
     assert special_ids(vocab_size, vocab_size, vocab_size) == (None, None)
     assert special_ids(vocab_size, None, vocab_size, endoftext=0) == (0, 0)
+
+
+# ------------------------------------------------------------------ special tokens, end to end
+# minirt decodes every token to its text, special tokens included (the `tokenizers` library's
+# decode with skip_special_tokens=False), except an EOS that stops a request: it is kept in
+# token_ids, and its text is left out of the completion.
+
+
+def model_folder(folder, hf, seed: int = 0, eos_token_id=None):
+    """A random GPT-2 whose vocabulary is this tokenizer's, with it as tokenizer.json."""
+    from safetensors.numpy import save_file
+
+    from conftest import random_tensors
+    from minirt.model.config import GPT2Config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": hf.get_vocab_size(with_added_tokens=True),
+        "n_positions": 64,
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+    }
+    if eos_token_id is not None:
+        config["eos_token_id"] = config["bos_token_id"] = eos_token_id
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = random_tensors(GPT2Config.from_dict(config), seed)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def special_heavy(specials: list[int], seed: int, ignore_eos: bool = True):
+    """Sampled, with every special token made likely (+6 on its logit), so that the completion
+    holds them among ordinary tokens."""
+    from minirt import SamplingParams
+
+    bias = {token: 6.0 for token in specials}
+    return SamplingParams(
+        max_new_tokens=24, temperature=1.0, seed=seed, logit_bias=bias, ignore_eos=ignore_eos
+    )
+
+
+def test_special_tokens_decode_as_the_tokenizers_library_does(tmp_path):
+    """A byte-level BPE (GPT-2's kind) with two added special tokens beside <|endoftext|>.  A
+    token-id prompt holding them, and completions holding them, read as `tokenizers` decodes the
+    same ids with skip_special_tokens=False; an EOS that stops a request leaves its text out."""
+    from tiny_random_model import train_tokenizer
+
+    from minirt import LLM
+
+    hf = train_tokenizer()
+    hf.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    start, end, eos = (hf.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+    llm = LLM(model_folder(tmp_path / "bpe", hf, eos_token_id=eos))
+    prompt_ids = [start, *hf.encode("To be").ids, end, eos, *hf.encode(" or not").ids, start]
+    outputs = llm.generate(
+        [prompt_ids] * 3, [special_heavy([start, end, eos], seed) for seed in (1, 2, 3)]
+    )
+    for output in outputs:
+        assert output.prompt == hf.decode(prompt_ids, skip_special_tokens=False)
+        assert {start, end, eos} & set(output.token_ids), "no special token drawn: nothing checked"
+        assert output.text == hf.decode(output.token_ids, skip_special_tokens=False)
+    assert "<|im_start|>" in "".join(o.text for o in outputs)
+    # Stopped by its EOS: the EOS is the last token, and only its text is left out.
+    stopped = llm.generate([prompt_ids], special_heavy([start, end, eos], 7, ignore_eos=False))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == eos
+    assert stopped.text == hf.decode(stopped.token_ids[:-1], skip_special_tokens=False)
+
+
+def test_special_tokens_of_a_tokenizer_that_is_not_byte_level_keep_their_text(tmp_path):
+    """A WordPiece vocabulary (decoded through the library, not byte by byte) whose [CLS] and
+    [SEP] are special tokens: the prompt's text and every completion's are the library's decode
+    with skip_special_tokens=False."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from minirt import LLM
+
+    words = ["hello", "world", "wor", "##ld", "to", "be", "or", "not", "the", "sea"]
+    vocab = {token: i for i, token in enumerate(["[UNK]", "[CLS]", "[SEP]", *words])}
+    hf = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece()
+    hf.add_special_tokens(["[CLS]", "[SEP]"])
+    llm = LLM(model_folder(tmp_path / "wordpiece", hf))
+    assert not llm.tokenizer.is_byte_level
+    prompt_ids = [1, *hf.encode("hello world", add_special_tokens=False).ids, 2, 7]
+    outputs = llm.generate([prompt_ids] * 3, [special_heavy([1, 2], seed) for seed in (1, 2, 3)])
+    for output in outputs:
+        assert output.prompt == hf.decode(prompt_ids, skip_special_tokens=False)
+        assert {1, 2} & set(output.token_ids), "no special token drawn: nothing checked"
+        assert output.text == hf.decode(output.token_ids, skip_special_tokens=False)
+    assert "[CLS]" in "".join(o.text for o in outputs)

@@ -307,3 +307,24 @@ def test_logprobs_on_a_model_without_a_tokenizer_name_tokens_as_vllm_does():
         for lp in e["choices"][0]["logprobs"]["token_logprobs"]
     ]
     assert streamed == pytest.approx(expected.logprobs, abs=1e-5)
+
+
+def test_vllms_top_k_of_minus_1_is_no_top_k_as_0_and_leaving_it_out_are(client, llm):
+    """vLLM documents top_k -1 as "consider all tokens"; minirt's server takes it as minirt's 0
+    (README, the completions table: "-1 or 0 is off").  Seeded and sampled at temperature 1, a
+    completion with top_k -1, 0 or no top_k is the offline request with top_k 0, token for token;
+    top_k 1 is greedy, which these draws are not."""
+    asked = {"model": "shakespeare-gpt2-tiny", "prompt": "ROMEO:", "max_tokens": 20}
+    sampled = {"temperature": 1.0, "seed": 11}
+    (expected,) = offline_alone(
+        llm, "ROMEO:", SamplingParams(max_new_tokens=20, temperature=1.0, seed=11, top_k=0)
+    )
+    (greedy,) = offline_alone(llm, "ROMEO:", SamplingParams(max_new_tokens=20))
+    assert expected.token_ids != greedy.token_ids
+    for top_k in ({"top_k": -1}, {"top_k": 0}, {}):
+        response = client.completions.create(**asked, **sampled, extra_body=top_k)
+        choice = response.choices[0]
+        assert choice.model_extra["minirt"]["token_ids"] == expected.token_ids, top_k
+        assert choice.text == expected.text
+    response = client.completions.create(**asked, **sampled, extra_body={"top_k": 1})
+    assert response.choices[0].model_extra["minirt"]["token_ids"] == greedy.token_ids

@@ -2201,6 +2201,72 @@ MUTANTS = [
         "",
         "/tokenize encodes 2 MB of text (seconds of a thread) that no context could hold",
     ),
+    # ---- the kinds of test an outside review found missing (#38)
+    Mutant(
+        "pool_edge_held_one_row_short",
+        "minirt/engine/scheduler.py",
+        "        rows_in_budget = max(1, self.kv_budget // capacity)\n",
+        "        rows_in_budget = max(1, (self.kv_budget - 1) // capacity)\n",
+        "a pool that would grow to exactly the KV budget grows one row short: a request waits for nothing",
+    ),
+    Mutant(
+        "prefix_blocks_alias_the_slot",
+        "minirt/model/kv_cache.py",
+        "        keys = self.keys[:, slot, :, start:end].copy()  # [n_layer, H, end - start, D]\n"
+        "        values = self.values[:, slot, :, start:end].copy()  # [n_layer, H, end - start, D]\n",
+        "        keys = self.keys[:, slot, :, start:end]  # [n_layer, H, end - start, D]\n"
+        "        values = self.values[:, slot, :, start:end]  # [n_layer, H, end - start, D]\n",
+        "cached blocks are views of the slot they came from: its next occupant overwrites them",
+    ),
+    Mutant(
+        "pool_copy_forgets_written",
+        "minirt/model/kv_cache.py",
+        "        self.written[:rows] = smaller.written  # [rows]\n",
+        "",
+        "a slot freed before the pool grew is taken as never written: its next occupant meets what was left",
+    ),
+    Mutant(
+        "request_stream_not_pcg64",
+        "minirt/engine/sampler.py",
+        "return np.random.Generator(np.random.PCG64(seed))",
+        "return np.random.Generator(np.random.PCG64DXSM(seed))",
+        "a seed gives another stream than numpy's PCG64 of it: every seeded output changes",
+    ),
+    Mutant(
+        "changes_logits_forgets_presence",
+        "minirt/engine/params.py",
+        "            or bool(self.presence_penalty)\n",
+        "",
+        "a presence penalty set alone changes nothing (it only works beside another control)",
+    ),
+    Mutant(
+        "logits_at_permutation_not_gathered",
+        "minirt/model/gpt2.py",
+        "            elif at.size != batch.n_tokens or not np.array_equal(at, np.arange(batch.n_tokens)):",
+        "            elif at.size != batch.n_tokens:",
+        "logits_at naming every token in another order comes back in packed order",
+    ),
+    Mutant(
+        "server_top_k_minus_1_refused",
+        "minirt/server/protocol.py",
+        '"top_k": 0 if body.top_k in (None, -1) else body.top_k,',
+        '"top_k": 0 if body.top_k is None else body.top_k,',
+        "vLLM's top_k -1 (no top-k) is a 400",
+    ),
+    Mutant(
+        "special_tokens_skipped_when_not_byte_level",
+        "minirt/loading/tokenizer.py",
+        "            return self.hf.decode(list(token_ids), skip_special_tokens=False)",
+        "            return self.hf.decode(list(token_ids), skip_special_tokens=True)",
+        "a tokenizer that is not byte-level drops its special tokens' text from prompts and completions",
+    ),
+    Mutant(
+        "kv_budget_mib_truncated_to_whole",
+        "minirt/engine/engine.py",
+        "            return int(kv_budget_mib * 2**20) // self.kv_bytes_per_position",
+        "            return int(kv_budget_mib) * 2**20 // self.kv_bytes_per_position",
+        "a KV budget of a fraction of a MiB holds no position: every request is refused",
+    ),
 ]
 
 
