@@ -18,8 +18,9 @@ How a record crosses from the engine's thread to a watcher, and why it is safe:
 
 At most MAX_WATCHERS watch at once (`subscribe` refuses the next with `TooManyWatchers`): each
 costs the event loop a write per round.  A watcher that falls SUBSCRIBER_BACKLOG rounds behind
-(a page in a background tab, a stalled client) is dropped rather than let its queue grow: its
-stream ends, and the page's EventSource reconnects and starts again from the backlog.  On
+(a page in a background tab, a stalled client) is dropped rather than let its queue grow: it
+gives up its place at the next round, its stream ends once its stalled write does, and the
+page's EventSource reconnects and starts again from the backlog.  On
 shutdown `close` ends every stream, so that an open page never holds up the server's exit.
 
 Must not know: the web framework, the routes, or how rounds are computed.
@@ -81,6 +82,9 @@ class RoundFeed:
         published = time.time()
         with self.lock:
             self.recent.append((published, record))
+            # A watcher dropped for falling behind leaves its place at once, though its stream
+            # ends only when its stalled write does: it is sent nothing more.
+            self.watchers = [watcher for watcher in self.watchers if not watcher.dropped]
             watchers = list(self.watchers)
         if not watchers:
             return

@@ -124,3 +124,33 @@ def test_a_round_is_encoded_once_for_every_watcher(monkeypatch, watchers):
     assert len(encoded) == 1
     assert all(event is events[0] for event in events)
     assert json.loads(events[0].removeprefix("data: "))["round"] == 4
+
+
+def test_a_watcher_dropped_for_falling_behind_gives_up_its_place_at_the_next_round(monkeypatch):
+    """A page that reads nothing (its writes stalled) falls SUBSCRIBER_BACKLOG rounds behind and
+    is dropped; its place is free at the next round, though its stream has not ended."""
+    from minirt.server import round_feed
+
+    monkeypatch.setattr(round_feed, "SUBSCRIBER_BACKLOG", 3)
+    monkeypatch.setattr(round_feed, "MAX_WATCHERS", 2)
+    record = record_round(1, 1, True, 0.0, 0, 0, 10, [], [], [], [])
+
+    async def scenario():
+        feed = round_feed.RoundFeed()
+        stalled, _ = feed.subscribe()
+        reading, _ = feed.subscribe()
+        with pytest.raises(round_feed.TooManyWatchers):
+            feed.subscribe()
+        for _ in range(4):  # one round past the backlog of 3
+            feed.publish(record)
+            await asyncio.sleep(0)
+            while not reading.queue.empty():
+                reading.queue.get_nowait()
+        assert stalled.dropped and not reading.dropped
+        feed.publish(record)
+        await asyncio.sleep(0)
+        assert feed.watchers == [reading]
+        feed.subscribe()  # the freed place
+        assert len(feed.watchers) == 2
+
+    asyncio.run(scenario())

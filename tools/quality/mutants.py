@@ -2267,6 +2267,13 @@ MUTANTS = [
         "            return int(kv_budget_mib) * 2**20 // self.kv_bytes_per_position",
         "a KV budget of a fraction of a MiB holds no position: every request is refused",
     ),
+    Mutant(
+        "dropped_watcher_keeps_its_place",
+        "minirt/server/round_feed.py",
+        "            self.watchers = [watcher for watcher in self.watchers if not watcher.dropped]\n",
+        "",
+        "pages that stopped reading hold the 32 places of the round feed for as long as their writes stall",
+    ),
 ]
 
 
