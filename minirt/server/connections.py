@@ -145,6 +145,14 @@ class BoundedConnection(HttpToolsProtocol):
         self.awaiting_head = True
         self.messages_completed += 1
 
+    def handle_websocket_upgrade(self) -> None:
+        # The connection goes to uvicorn's WebSocket protocol (where one is installed), which
+        # keeps its own time: no deadline of this one may close it later.
+        self.body_expected = False
+        self.cancel_head_deadline()
+        self.cancel_body_deadline()
+        super().handle_websocket_upgrade()
+
     # ------------------------------------------------------------------ the deadlines
 
     def head_too_slow(self) -> None:
