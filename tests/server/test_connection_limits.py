@@ -269,3 +269,28 @@ def test_a_head_that_begins_where_a_body_ends_is_counted_from_its_own_bytes(serv
         reply = read_reply(sock)
     statuses = [int(status) for status in re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)]
     assert statuses == [200, 200, 200], reply[-300:]
+
+
+def test_answers_longer_than_the_deadline_are_not_cut_and_their_connection_stays_usable():
+    """The head's deadline runs only while a head arrives: a completion of 2 s and a stream of
+    2 s, with a deadline of 0.5 s, each followed by another request on the same connection."""
+    import httpx
+
+    with Server("--connection-timeout", "0.5", "--round-delay", "200") as server:
+        body = {"prompt": "x", "max_tokens": 10, "ignore_eos": True}
+        raw = json.dumps(body).encode()
+        with connect(server) as sock:
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(raw) + raw
+            )
+            status, answer = http_reply(sock)
+            assert status == 200 and json.loads(answer)["usage"]["completion_tokens"] == 10
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert http_reply(sock)[0] == 200
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as events:
+                lines = [line for line in events.iter_lines() if line.startswith("data: ")]
+            assert lines[-1] == "data: [DONE]" and len(lines) >= 11
+            assert client.get("/health").status_code == 200
+        assert server.stop() == 0

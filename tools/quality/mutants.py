@@ -2116,6 +2116,15 @@ MUTANTS = [
         "a body sent steadily in pieces is cut off as if it had stalled",
     ),
     Mutant(
+        "head_deadline_runs_during_the_answer",
+        "minirt/server/connections.py",
+        "        self.awaiting_head = True\n        self.messages_completed += 1\n",
+        "        self.awaiting_head = True\n        self.messages_completed += 1\n"
+        "        if self.head_deadline is None:\n"
+        "            self.head_deadline = self.loop.call_later(self.timeout_s, self.head_too_slow)\n",
+        "an answer longer than the head's deadline ends its keep-alive connection",
+    ),
+    Mutant(
         "connection_limit_one_short",
         "minirt/server/connections.py",
         "            len(self.connections) > self.max_connections",
