@@ -31,6 +31,8 @@ DEFAULT_PORT = 8000
 DEFAULT_MAX_QUEUE = 256
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 2 * 2**20
+# minirt/server/connections.py's, here so that parsing the flags imports no web stack.
+DEFAULT_CONNECTION_TIMEOUT_S = 30.0
 # Static groups online: how long the next group waits for members.  20 ms lets a burst of clients
 # that arrive together (each a few ms apart on loopback) share a group, yet it is small beside
 # what a round costs (a 124M model's decode round of 8 rows takes about 93 ms here, docs/serving.md;
@@ -159,6 +161,20 @@ def add_limit_flags(p) -> None:
         help="on SIGINT or SIGTERM, how long the requests in flight may take to "
         f"finish before they are aborted (default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})",
     )
+    # Hidden, for tests (docs/serving.md's Limits): the defaults are what a server needs.
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help=argparse.SUPPRESS,  # default: --max-queue + --batch-size + the feed's watchers + 64
+    )
+    p.add_argument(
+        "--connection-timeout",
+        type=float,
+        default=DEFAULT_CONNECTION_TIMEOUT_S,
+        metavar="SECONDS",
+        help=argparse.SUPPRESS,  # a head's time to arrive, a body's longest pause
+    )
 
 
 def parse_args(argv: list[str] | None, prog: str):
@@ -173,6 +189,13 @@ def parse_args(argv: list[str] | None, prog: str):
     if not 0 <= args.shutdown_timeout < 86400:
         raise MinirtError(
             f"--shutdown-timeout must be from 0 to 86400 seconds, got {args.shutdown_timeout:g}"
+        )
+    if args.max_connections is not None:
+        require_at_least_one(args.max_connections, "--max-connections")
+    if not 0 < args.connection_timeout <= 86400:
+        raise MinirtError(
+            f"--connection-timeout must be over 0 and at most 86400 seconds, "
+            f"got {args.connection_timeout:g}"
         )
     if args.seed < 0:
         raise MinirtError(f"--seed must be at least 0, got {args.seed}")
@@ -234,7 +257,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
     require_extra()
     # Imported here: only with the serve extra installed.
     from .server.app import ServerSettings  # noqa: PLC0415 (see above)
+    from .server.connections import connections_for  # noqa: PLC0415 (see above)
     from .server.origin import is_loopback_address  # noqa: PLC0415 (see above)
+    from .server.round_feed import MAX_WATCHERS  # noqa: PLC0415 (see above)
     from .server.run import bind, serve_forever  # noqa: PLC0415 (see above)
 
     sock = bind(args.host, args.port)
@@ -265,6 +290,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") ->
             describe=describe,
             round_delay_s=args.round_delay / 1000,
             batch_window_s=args.batch_window / 1000,
+            max_connections=args.max_connections
+            or connections_for(args.max_queue, args.batch_size, MAX_WATCHERS),
+            connection_timeout_s=args.connection_timeout,
         )
     finally:
         sock.close()

@@ -29,6 +29,7 @@ import uvicorn
 from ..llm import LLM
 from ..errors import MinirtError
 from .app import ServerSettings, build_app
+from .connections import DEFAULT_CONNECTION_TIMEOUT_S, bounded_connections
 from ..engine.client import EngineClient
 from .metrics import ServerMetrics
 from .round_feed import RoundFeed
@@ -123,8 +124,12 @@ def serve_forever(
     describe: str,
     round_delay_s: float = 0.0,
     batch_window_s: float = 0.0,
+    max_connections: int | None = None,
+    connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
 ) -> None:
-    """Serve on `sock` until a signal stops the server."""
+    """Serve on `sock` until a signal stops the server, answering at most `max_connections`
+    connections at once (None: any number) and waiting `connection_timeout_s` for a head, or
+    for a body's next piece (minirt/server/connections.py)."""
     metrics = ServerMetrics(settings.model_name)
     feed = RoundFeed()
     client = llm.engine_client(
@@ -142,7 +147,8 @@ def serve_forever(
         log_level="warning",
         timeout_graceful_shutdown=int(shutdown_timeout_s + UVICORN_EXTRA_GRACE_S),
         lifespan="on",
-        http="httptools",
+        http=bounded_connections(connection_timeout_s),
+        limit_concurrency=max_connections,
     )
     # uvicorn configures its loggers when its Config is made: the filter goes on after that.
     logging.getLogger("uvicorn.error").addFilter(QuietCancellation())

@@ -449,6 +449,22 @@ def test_the_limits_table_holds_the_values_the_code_enforces():
     assert exercise in rows["`POST /rounds/exercise` lengths"]
     assert f"| {DEFAULT_SHUTDOWN_TIMEOUT_S:g} s |" in rows["a shutdown"]
     assert f"| {HEADER_LIMIT // 1024} KiB, all together |" in rows["a request's headers"]
+    from minirt import serve
+    from minirt.server import connections
+
+    arriving = rows["a request's head as it arrives (request line and headers)"]
+    assert f"| {connections.HEAD_LIMIT // 1024} KiB | 431 |" in arriving
+    assert f"{connections.REQUEST_LINE_ROOM // 1024} KiB for the request line" in arriving
+    timeout = connections.DEFAULT_CONNECTION_TIMEOUT_S
+    assert serve.DEFAULT_CONNECTION_TIMEOUT_S == timeout
+    assert f"| {timeout:g} s | 408 |" in rows["a request's head, to arrive whole"]
+    assert f"| {timeout:g} s | 408 |" in rows["a body, between two pieces"]
+    assert connections.connections_for(0, 0, 0) == connections.SPARE_CONNECTIONS
+    assert connections.connections_for(1, 10, 100) == 111 + connections.SPARE_CONNECTIONS
+    answered = (
+        f"| `--max-queue` + `--batch-size` + {MAX_WATCHERS} + {connections.SPARE_CONNECTIONS} |"
+    )
+    assert answered in rows["connections answered at once"]
 
 
 # ---------------------------------------------------------------------- the checks on their own
