@@ -197,6 +197,15 @@ def test_a_completion_of_more_prompts_than_the_queue_holds_is_refused_before_any
     assert "80000 choices" in error_of(answer, 400, "n")
 
 
+def test_prompts_times_n_past_the_queue_are_refused_before_any_prompt_is_looked_at(server):
+    """2 prompts x n = 40 is 80 choices, past --max-queue 64, and the second prompt holds a token
+    id outside the vocabulary: the refusal is about the count (no prompt was checked)."""
+    body = {"prompt": [[1, 2], [1, 10**9]], "n": 40, "max_tokens": 1}
+    assert "80 choices" in error_of(post(server, body), 400, "n")
+    # Under the bound, the same prompts get as far as the bad id.
+    assert "vocabulary" in error_of(post(server, {**body, "n": 32}), 400, "prompt")
+
+
 def test_a_prompt_longer_than_any_encoding_could_fit_is_refused_without_encoding_it(server):
     """At most 256 x 29 characters may fit the context; one more cannot, and is refused by its
     length (an encoded prompt of 256 tokens passes that check and fits)."""
