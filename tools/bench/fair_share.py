@@ -120,8 +120,9 @@ def neighbour_body(side: str, args, context: int, vocab: int) -> dict:
         # Four stop strings of 1,000 characters that no completion holds.
         "stop": [chr(0x2200 + k) * 1000 for k in range(4)],
         "stop_token_ids": named,
-        # A small bias makes no token likely enough to stop on; every entry is applied each round.
-        "logit_bias": {str(token): -0.01 for token in named},
+        # The named ids banned, so that no stop token id ends the neighbour early; every entry is
+        # applied each round.
+        "logit_bias": {str(token): -100 for token in named},
     }
 
 
@@ -145,6 +146,8 @@ def stream_gaps(url: str, body: dict, started: threading.Event | None = None) ->
 
 def one_side(side: str, url: str, args, context: int, vocab: int) -> float:
     """The peer's median time per output token, in seconds, beside `side`'s neighbour."""
+    import httpx
+
     peer = {
         "model": "bench",
         "prompt": [11, 12, 13, 14],
@@ -155,15 +158,40 @@ def one_side(side: str, url: str, args, context: int, vocab: int) -> float:
     }
     if side == "alone":
         return statistics.median(stream_gaps(url, peer))
-    neighbour = {**neighbour_body(side, args, context, vocab), "stream": True}
-    started = threading.Event()
-    thread = threading.Thread(target=stream_gaps, args=(url, neighbour, started))
+    # Not streamed: echo with logprobs is answered whole.
+    neighbour = neighbour_body(side, args, context, vocab)
+    answers: list = []
+
+    def run_neighbour():
+        answers.append(httpx.post(f"{url}/v1/completions", json=neighbour, timeout=600))
+
+    thread = threading.Thread(target=run_neighbour)
     thread.start()
-    # The peer joins once the neighbour's rows are decoding.
-    started.wait(120)
+    # The peer joins once the neighbour's choices hold their rows.
+    deadline = time.monotonic() + 120
+    while running(url) < args.rows - 1:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise SystemExit(f"the {side} neighbour never held its rows: {answers[:1]}")
+        time.sleep(0.005)
     gaps = stream_gaps(url, peer)
     thread.join()
+    answer = answers[0]
+    if answer.status_code != 200:
+        raise SystemExit(f"the {side} neighbour was refused: {answer.text[:300]}")
+    finishes = {choice["finish_reason"] for choice in answer.json()["choices"]}
+    if finishes != {"length"}:
+        raise SystemExit(f"the {side} neighbour ended early ({finishes}): its rows were not held")
     return statistics.median(gaps)
+
+
+def running(url: str) -> float:
+    """The server's requests holding a row, from /metrics."""
+    import httpx
+
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("minirt:num_requests_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def main() -> int:
