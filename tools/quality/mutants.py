@@ -856,15 +856,15 @@ MUTANTS = [
     Mutant(
         "top_logprobs_least_likely_first",
         "minirt/engine/sampler.py",
-        'np.argsort(-logprobs, kind="stable")[:n]',
-        'np.argsort(logprobs, kind="stable")[:n]',
+        'candidates[np.argsort(-values[candidates], kind="stable")[:n]]',
+        'candidates[np.argsort(values[candidates], kind="stable")[:n]]',
         "top_logprobs lists the least likely tokens",
     ),
     Mutant(
         "prompt_logprobs_off_by_one",
         "minirt/engine/sampler.py",
-        "for i, token in enumerate(prompt_ids[1:])]",
-        "for i, token in enumerate(prompt_ids[:-1])]",
+        "targets = np.asarray(prompt_ids[1:], dtype=np.int64)",
+        "targets = np.asarray(prompt_ids[:-1], dtype=np.int64)",
         "each prompt token's logprob is read at the wrong token",
     ),
     Mutant(
@@ -1129,8 +1129,8 @@ MUTANTS = [
     Mutant(
         "logprob_under_the_processed_logits",
         "minirt/engine/sampler.py",
-        "        logprob = float(log_softmax(logits)[token])",
-        "        logprob = float(log_softmax(chosen_from)[token])",
+        "        raw_logprobs = log_softmax(logits)  # [V] float64",
+        "        raw_logprobs = log_softmax(chosen_from)  # [V] float64",
         "logprobs under the biased and penalised logits, not the raw model's",
     ),
     Mutant(
@@ -2137,6 +2137,64 @@ MUTANTS = [
         'return APIError(503, f"choice {final.choice}: {message}", code="aborted")',
         'return APIError(500, f"choice {final.choice}: {message}", code="aborted")',
         "a whole completion cut by the shutdown is a 500, as if the server had failed",
+    ),
+    # ---- what logprobs cost the engine's thread (issue 38): top k without a full sort, one
+    # log-softmax a row, prompt logprobs a block at a time
+    Mutant(
+        "most_likely_drops_boundary_ties",
+        "minirt/engine/sampler.py",
+        "candidates = np.flatnonzero(values >= nth_largest)",
+        "candidates = np.flatnonzero(values > nth_largest)",
+        "the n-th most likely token (and its ties) is missing from top_logprobs",
+    ),
+    Mutant(
+        "most_likely_ties_by_highest_id",
+        "minirt/engine/sampler.py",
+        "np.flatnonzero(values >= nth_largest)  # [C >= n]",
+        "np.flatnonzero(values >= nth_largest)[::-1]  # [C >= n]",
+        "equal logprobs listed highest id first, unlike the full stable sort",
+    ),
+    Mutant(
+        "most_likely_partition_off_by_one",
+        "minirt/engine/sampler.py",
+        "np.partition(values, values.size - n)[values.size - n]",
+        "np.partition(values, values.size - n + 1)[values.size - n + 1]",
+        "the threshold is the (n-1)-th largest: one token short",
+    ),
+    Mutant(
+        "most_likely_keeps_every_tie",
+        "minirt/engine/sampler.py",
+        'candidates[np.argsort(-values[candidates], kind="stable")[:n]]  # [n]',
+        'candidates[np.argsort(-values[candidates], kind="stable")]  # [n]',
+        "top_logprobs lists more than n tokens when the n-th ties",
+    ),
+    Mutant(
+        "top_logprobs_second_log_softmax",
+        "minirt/engine/sampler.py",
+        "top = top_logprobs(row, r.params.logprobs, raw)",
+        "top = top_logprobs(row, r.params.logprobs)",
+        "a row with top logprobs computes its log-softmax twice",
+    ),
+    Mutant(
+        "prompt_blocks_lose_the_last",
+        "minirt/engine/sampler.py",
+        "for start in range(0, targets.size, PROMPT_ROWS_AT_ONCE):",
+        "for start in range(0, targets.size - 1, PROMPT_ROWS_AT_ONCE):",
+        "the last prompt token's logprob is lost when the last block holds it alone",
+    ),
+    Mutant(
+        "prompt_block_rows_shifted",
+        "minirt/engine/sampler.py",
+        "log_softmax(prompt_logits[start : start + block_targets.size])",
+        "log_softmax(prompt_logits[start + 1 : start + 1 + block_targets.size])",
+        "each prompt token's logprob is read at the position after the one that predicts it",
+    ),
+    Mutant(
+        "prompt_blocks_unbounded",
+        "minirt/engine/sampler.py",
+        "PROMPT_ROWS_AT_ONCE = 64",
+        "PROMPT_ROWS_AT_ONCE = 2**20",
+        "a long prompt's log-softmax is held as [L, V] float64 again",
     ),
 ]
 
