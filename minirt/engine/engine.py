@@ -22,7 +22,8 @@ One step is one round, plan -> run -> update (nano-vllm's schedule -> run -> pos
                          and each admitted request a slot of its own, zeroed, with the start of
                          its prompt copied in when the prefix cache holds it
     admit                each admitted request's time, its text decoder and, if it asked for
-                         prompt logprobs, the scoring pass of its prompt
+                         prompt logprobs, the scoring pass of its prompt (one pass for the
+                         requests of one prompt that run at once: a completion's n choices)
     run                  the model runner (minirt/engine/runner.py): each active row's new
                          tokens (its prompt, or the chunk of it the plan gives; else its last
                          token), its slot and the keys it holds, the rows in slot order (a
@@ -94,6 +95,15 @@ class StepOutput:
     # When a static group ended in this round: every request then waiting, in order (what the
     # next group forms from); else empty.
     waiting: list[Request] = field(default_factory=list)
+
+
+@dataclass
+class ScoredPrompt:
+    """A prompt's logprobs (None from a runner without a model), and the unfinished requests
+    that share them."""
+
+    logprobs: list[float | None] | None
+    holders: list[Request]
 
 
 class Engine:
@@ -202,6 +212,8 @@ class Engine:
         # Aborted requests, and static groups their abort ended, for the next step to report.
         self.aborted_since_step: list[Request] = []
         self.groups_ended_by_abort: list[GroupRecord] = []
+        # Prompt logprobs by prompt, kept while a request that has them is unfinished.
+        self.scored_prompts: dict[tuple[int, ...], ScoredPrompt] = {}
 
     def forget_history(self) -> None:
         """Drop what a run keeps only for its reports: the rows each round ran and held, the
@@ -338,6 +350,7 @@ class Engine:
             output.waiting = list(self.scheduler.waiting)
         self.aborted_since_step = []
         self.groups_ended_by_abort = []
+        self.drop_scored_prompts()
         if not self.scheduler.has_work():
             if output.finished and self.round_records:
                 # Aborts that no round follows: the grid still hears that they ended.
@@ -383,6 +396,7 @@ class Engine:
         output.round_number = self.round_number
         output.new_tokens = new_tokens
         output.finished += finished
+        self.drop_scored_prompts()
 
     @contextmanager
     def offline_run(self, requests: list[Request], call: str) -> Iterator[list[Request]]:
@@ -449,12 +463,38 @@ class Engine:
         for request in plan.admitted:
             request.admitted_s = self.seconds()
             if request.params.prompt_logprobs:
-                self.runner.score_prompt(request)
+                self.score_prompt(request)
             if self.detokenizer is not None:
                 request.decoder = self.detokenizer.stream()
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)
+
+    def score_prompt(self, request: Request) -> None:
+        """Its prompt logprobs: a copy of those of an unfinished request with the same prompt
+        (the numbers depend on the prompt alone), else the runner's scoring pass, kept for the
+        requests of that prompt admitted while one that has them runs."""
+        key = tuple(request.prompt_ids)
+        scored = self.scored_prompts.get(key)
+        if scored is None:
+            self.runner.score_prompt(request)
+            scored = ScoredPrompt(request.prompt_logprobs, [request])
+            if scored.logprobs is not None:
+                # Its own copy: the request's list is its own to change.
+                scored.logprobs = list(scored.logprobs)
+            self.scored_prompts[key] = scored
+            return
+        scored.holders.append(request)
+        if scored.logprobs is not None:
+            request.prompt_logprobs = list(scored.logprobs)
+
+    def drop_scored_prompts(self) -> None:
+        """Forget the finished requests that shared a prompt's logprobs, and the logprobs of a
+        prompt whose requests have all finished."""
+        for key, scored in list(self.scored_prompts.items()):
+            scored.holders = [r for r in scored.holders if not r.finished]
+            if not scored.holders:
+                del self.scored_prompts[key]
 
     def release_finished(self, active: list[Request]) -> list[Request]:
         """Each row that finished this round (the scheduler has freed its slot: continuous, the

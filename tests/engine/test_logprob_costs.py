@@ -7,7 +7,9 @@ numbers as the plain ones, bit for bit.
   log-softmax is computed once, for its chosen token and its top k alike.
 * **Prompt logprobs** (echo with logprobs): the log-softmax runs over a block of prompt positions
   at a time, never [L, V] in float64 at once, with the numbers of the whole computation, written
-  out here by hand.
+  out here by hand; and a prompt's n choices (any requests of one prompt that run together) are
+  scored once and each given the same numbers as n = 1, the shared record dropped when the last
+  of them finishes.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirt import SamplingParams
+from conftest import make_request, random_model
+from minirt import LLM, SamplingParams
 from minirt.engine import sampler
+from minirt.engine.engine import Engine
+from minirt.engine.runner import ModelRunner
 from minirt.engine.sampler import PROMPT_ROWS_AT_ONCE, most_likely, prompt_logprobs, top_logprobs
 from minirt.model.backend import numpy_backend
 
@@ -112,3 +117,75 @@ def test_prompt_logprobs_are_the_whole_log_softmax_a_block_at_a_time(length, mon
     assert sum(rows for rows, _ in shapes) == length - 1
     # 64 positions of GPT-2's vocabulary in float64: 26 MB.
     assert PROMPT_ROWS_AT_ONCE <= 64 and all(rows <= PROMPT_ROWS_AT_ONCE for rows, _ in shapes)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()
+
+
+def counted_scoring(monkeypatch, llm) -> list[list[int]]:
+    """The prompts of the runner's scoring passes, as they happen."""
+    runner = llm.engine.runner
+    passes: list[list[int]] = []
+    original = runner.score_prompt
+
+    def counting(request):
+        passes.append(list(request.prompt_ids))
+        return original(request)
+
+    monkeypatch.setattr(runner, "score_prompt", counting)
+    return passes
+
+
+def test_n_choices_of_a_prompt_are_scored_once(llm, monkeypatch):
+    """n = 8 with prompt logprobs: one scoring pass, and every choice's prompt logprobs equal
+    (exactly) those of the same prompt alone."""
+    prompt = "ROMEO:\nWhat light through yonder window breaks?"
+    alone = llm.generate([prompt], SamplingParams(max_new_tokens=2, prompt_logprobs=True))[0]
+    passes = counted_scoring(monkeypatch, llm)
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, n=8, prompt_logprobs=True)
+    outputs = llm.generate([prompt], params)
+    assert len(passes) == 1
+    assert len(alone.prompt_logprobs) > 5 and alone.prompt_logprobs[0] is None
+    assert all(out.prompt_logprobs == alone.prompt_logprobs for out in outputs)
+
+
+def test_different_prompts_are_scored_apart(llm, monkeypatch):
+    """Prompts that differ in their last token only are two passes, each with its own numbers,
+    while a repeat of one of them shares its pass."""
+    tokens = llm.tokenizer.encode("KING HENRY:\nOnce more unto the breach")
+    other = tokens[:-1] + [(tokens[-1] + 1) % llm.engine.runner.model.config.vocab_size]
+    params = SamplingParams(max_new_tokens=2, prompt_logprobs=True)
+    each_alone = [llm.generate([p], params)[0].prompt_logprobs for p in (tokens, other)]
+    passes = counted_scoring(monkeypatch, llm)
+    outputs = llm.generate([tokens, other, tokens], params)
+    assert passes == [tokens, other]
+    assert [out.prompt_logprobs for out in outputs] == [*each_alone, each_alone[0]]
+    assert each_alone[0] != each_alone[1]
+
+
+def test_a_prompts_record_is_dropped_when_its_requests_finish():
+    """Stepped as a server steps it: the shared record lives while a request of its prompt runs,
+    and is gone after the step that finishes the last; a request of that prompt admitted later
+    is scored again, with the same numbers."""
+    model = random_model(seed=3, vocab_size=60, n_positions=32)
+    engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
+    short = SamplingParams(max_new_tokens=1, prompt_logprobs=True, ignore_eos=True)
+    long = SamplingParams(max_new_tokens=4, prompt_logprobs=True, ignore_eos=True)
+    prompt = [5, 9, 2, 7]
+    first = [make_request(engine, i, prompt, p) for i, p in enumerate((short, long))]
+    engine.start_run()
+    assert engine.add_requests(first) is None
+    engine.step()
+    assert first[0].finished and not first[1].finished
+    assert list(engine.scored_prompts) == [tuple(prompt)]
+    assert engine.scored_prompts[tuple(prompt)].holders == [first[1]]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.scored_prompts == {}
+    later = make_request(engine, 2, prompt, short)
+    engine.add_request(later)
+    engine.step()
+    assert later.prompt_logprobs == first[0].prompt_logprobs == first[1].prompt_logprobs
+    assert engine.scored_prompts == {}

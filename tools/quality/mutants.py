@@ -2139,7 +2139,7 @@ MUTANTS = [
         "a whole completion cut by the shutdown is a 500, as if the server had failed",
     ),
     # ---- what logprobs cost the engine's thread (issue 38): top k without a full sort, one
-    # log-softmax a row, prompt logprobs a block at a time
+    # log-softmax a row, prompt logprobs a block at a time and once for a prompt's n choices
     Mutant(
         "most_likely_drops_boundary_ties",
         "minirt/engine/sampler.py",
@@ -2195,6 +2195,34 @@ MUTANTS = [
         "PROMPT_ROWS_AT_ONCE = 64",
         "PROMPT_ROWS_AT_ONCE = 2**20",
         "a long prompt's log-softmax is held as [L, V] float64 again",
+    ),
+    Mutant(
+        "shared_prompt_key_drops_last_token",
+        "minirt/engine/engine.py",
+        "key = tuple(request.prompt_ids)",
+        "key = tuple(request.prompt_ids[:-1])",
+        "prompts that differ in their last token share one's logprobs",
+    ),
+    Mutant(
+        "shared_prompt_never_found",
+        "minirt/engine/engine.py",
+        "scored = self.scored_prompts.get(key)",
+        "scored = None",
+        "a prompt's n choices are each scored again",
+    ),
+    Mutant(
+        "scored_prompt_keeps_the_finished",
+        "minirt/engine/engine.py",
+        "scored.holders = [r for r in scored.holders if not r.finished]",
+        "scored.holders = [r for r in scored.holders if r.finished]",
+        "a shared prompt record is kept by its finished requests and dropped while others run",
+    ),
+    Mutant(
+        "scored_prompts_kept_after_the_round",
+        "minirt/engine/engine.py",
+        "        output.finished += finished\n        self.drop_scored_prompts()\n",
+        "        output.finished += finished\n",
+        "a prompt's record outlives its last request until some later step",
     ),
 ]
 
