@@ -23,7 +23,8 @@ One step is one round, plan -> run -> update (nano-vllm's schedule -> run -> pos
                          its prompt copied in when the prefix cache holds it
     admit                each admitted request's time, its text decoder and, if it asked for
                          prompt logprobs, the scoring pass of its prompt (one pass for the
-                         requests of one prompt that run at once: a completion's n choices)
+                         requests of one prompt queued or running together: a completion's n
+                         choices)
     run                  the model runner (minirt/engine/runner.py): each active row's new
                          tokens (its prompt, or the chunk of it the plan gives; else its last
                          token), its slot and the keys it holds, the rows in slot order (a
@@ -99,11 +100,12 @@ class StepOutput:
 
 @dataclass
 class ScoredPrompt:
-    """A prompt's logprobs (None from a runner without a model), and the unfinished requests
-    that share them."""
+    """The unfinished requests that want one prompt's logprobs (queued or running), and those
+    logprobs once the first of them is admitted (None from a runner without a model)."""
 
-    logprobs: list[float | None] | None
-    holders: list[Request]
+    holders: list[Request] = field(default_factory=list)
+    scored: bool = False
+    logprobs: list[float | None] | None = None
 
 
 class Engine:
@@ -212,7 +214,7 @@ class Engine:
         # Aborted requests, and static groups their abort ended, for the next step to report.
         self.aborted_since_step: list[Request] = []
         self.groups_ended_by_abort: list[GroupRecord] = []
-        # Prompt logprobs by prompt, kept while a request that has them is unfinished.
+        # Prompt logprobs by prompt, kept while a request that wants them is unfinished.
         self.scored_prompts: dict[tuple[int, ...], ScoredPrompt] = {}
 
     def forget_history(self) -> None:
@@ -303,6 +305,8 @@ class Engine:
         request.arrival_round = arrival_round
         if not request.finished:
             self.scheduler.submit(request)
+            if request.params.prompt_logprobs:
+                self.hold_prompt(request)
             return
         self.stats.failed += int(request.error is not None)
         request.finish_s = self.seconds()
@@ -470,22 +474,25 @@ class Engine:
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)
 
-    def score_prompt(self, request: Request) -> None:
-        """Its prompt logprobs: a copy of those of an unfinished request with the same prompt
-        (the numbers depend on the prompt alone), else the runner's scoring pass, kept for the
-        requests of that prompt admitted while one that has them runs."""
-        key = tuple(request.prompt_ids)
-        scored = self.scored_prompts.get(key)
-        if scored is None:
-            self.runner.score_prompt(request)
-            scored = ScoredPrompt(request.prompt_logprobs, [request])
-            if scored.logprobs is not None:
-                # Its own copy: the request's list is its own to change.
-                scored.logprobs = list(scored.logprobs)
-            self.scored_prompts[key] = scored
-            return
+    def hold_prompt(self, request: Request) -> ScoredPrompt:
+        """Note a queued request that wants its prompt's logprobs: its prompt's record (made
+        now if none is held) is kept until it finishes."""
+        scored = self.scored_prompts.setdefault(tuple(request.prompt_ids), ScoredPrompt())
         scored.holders.append(request)
-        if scored.logprobs is not None:
+        return scored
+
+    def score_prompt(self, request: Request) -> None:
+        """Its prompt logprobs, at admission: a copy of those its prompt's record holds (the
+        numbers depend on the prompt alone: a completion's n choices, admitted together or one
+        group after another, share one pass), else the runner's scoring pass, kept there."""
+        scored = self.scored_prompts.get(tuple(request.prompt_ids)) or self.hold_prompt(request)
+        if not scored.scored:
+            self.runner.score_prompt(request)
+            scored.scored = True
+            if request.prompt_logprobs is not None:
+                # Its own copy: the request's list is its own to change.
+                scored.logprobs = list(request.prompt_logprobs)
+        elif scored.logprobs is not None:
             request.prompt_logprobs = list(scored.logprobs)
 
     def drop_scored_prompts(self) -> None:

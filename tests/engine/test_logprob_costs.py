@@ -151,6 +151,20 @@ def test_n_choices_of_a_prompt_are_scored_once(llm, monkeypatch):
     assert all(out.prompt_logprobs == alone.prompt_logprobs for out in outputs)
 
 
+def test_choices_served_one_static_group_after_another_share_one_pass(monkeypatch):
+    """n = 6 in static groups of 2: the choices waiting for a later group keep the first
+    group's pass, and get the numbers the prompt alone gets."""
+    llm = LLM(batch_size=2, policy="static")
+    prompt = "JULIET:\nO Romeo, Romeo"
+    alone = llm.generate([prompt], SamplingParams(max_new_tokens=2, prompt_logprobs=True))[0]
+    passes = counted_scoring(monkeypatch, llm)
+    params = SamplingParams(max_new_tokens=2, temperature=1.0, n=6, prompt_logprobs=True)
+    outputs = llm.generate([prompt], params)
+    assert len(llm.last_stats.groups) == 3
+    assert len(passes) == 1
+    assert all(out.prompt_logprobs == alone.prompt_logprobs for out in outputs)
+
+
 def test_different_prompts_are_scored_apart(llm, monkeypatch):
     """Prompts that differ in their last token only are two passes, each with its own numbers,
     while a repeat of one of them shares its pass."""

@@ -2199,15 +2199,15 @@ MUTANTS = [
     Mutant(
         "shared_prompt_key_drops_last_token",
         "minirt/engine/engine.py",
-        "key = tuple(request.prompt_ids)",
-        "key = tuple(request.prompt_ids[:-1])",
+        "self.scored_prompts.setdefault(tuple(request.prompt_ids), ScoredPrompt())",
+        "self.scored_prompts.setdefault(tuple(request.prompt_ids[:-1]), ScoredPrompt())",
         "prompts that differ in their last token share one's logprobs",
     ),
     Mutant(
         "shared_prompt_never_found",
         "minirt/engine/engine.py",
-        "scored = self.scored_prompts.get(key)",
-        "scored = None",
+        "scored = self.scored_prompts.get(tuple(request.prompt_ids)) or self.hold_prompt(request)",
+        "scored = ScoredPrompt([request])",
         "a prompt's n choices are each scored again",
     ),
     Mutant(
@@ -2223,6 +2223,20 @@ MUTANTS = [
         "        output.finished += finished\n        self.drop_scored_prompts()\n",
         "        output.finished += finished\n",
         "a prompt's record outlives its last request until some later step",
+    ),
+    Mutant(
+        "waiting_choices_not_held",
+        "minirt/engine/engine.py",
+        "            if request.params.prompt_logprobs:\n                self.hold_prompt(request)\n",
+        "",
+        "choices that wait for a later static group are scored again",
+    ),
+    Mutant(
+        "scored_prompt_never_marked_scored",
+        "minirt/engine/engine.py",
+        "            scored.scored = True\n",
+        "",
+        "every request of a prompt gets a scoring pass of its own",
     ),
 ]
 
