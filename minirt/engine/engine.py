@@ -22,7 +22,9 @@ One step is one round, plan -> run -> update (nano-vllm's schedule -> run -> pos
                          and each admitted request a slot of its own, zeroed, with the start of
                          its prompt copied in when the prefix cache holds it
     admit                each admitted request's time, its text decoder and, if it asked for
-                         prompt logprobs, the scoring pass of its prompt
+                         prompt logprobs, the scoring pass of its prompt (one pass for the
+                         requests of one prompt queued or running together: a completion's n
+                         choices)
     run                  the model runner (minirt/engine/runner.py): each active row's new
                          tokens (its prompt, or the chunk of it the plan gives; else its last
                          token), its slot and the keys it holds, the rows in slot order (a
@@ -94,6 +96,16 @@ class StepOutput:
     # When a static group ended in this round: every request then waiting, in order (what the
     # next group forms from); else empty.
     waiting: list[Request] = field(default_factory=list)
+
+
+@dataclass
+class ScoredPrompt:
+    """The unfinished requests that want one prompt's logprobs (queued or running), and those
+    logprobs once the first of them is admitted (None from a runner without a model)."""
+
+    holders: list[Request] = field(default_factory=list)
+    scored: bool = False
+    logprobs: list[float | None] | None = None
 
 
 class Engine:
@@ -202,6 +214,8 @@ class Engine:
         # Aborted requests, and static groups their abort ended, for the next step to report.
         self.aborted_since_step: list[Request] = []
         self.groups_ended_by_abort: list[GroupRecord] = []
+        # Prompt logprobs by prompt, kept while a request that wants them is unfinished.
+        self.scored_prompts: dict[tuple[int, ...], ScoredPrompt] = {}
 
     def forget_history(self) -> None:
         """Drop what a run keeps only for its reports: the rows each round ran and held, the
@@ -291,6 +305,8 @@ class Engine:
         request.arrival_round = arrival_round
         if not request.finished:
             self.scheduler.submit(request)
+            if request.params.prompt_logprobs:
+                self.hold_prompt(request)
             return
         self.stats.failed += int(request.error is not None)
         request.finish_s = self.seconds()
@@ -338,6 +354,7 @@ class Engine:
             output.waiting = list(self.scheduler.waiting)
         self.aborted_since_step = []
         self.groups_ended_by_abort = []
+        self.drop_scored_prompts()
         if not self.scheduler.has_work():
             if output.finished and self.round_records:
                 # Aborts that no round follows: the grid still hears that they ended.
@@ -383,6 +400,7 @@ class Engine:
         output.round_number = self.round_number
         output.new_tokens = new_tokens
         output.finished += finished
+        self.drop_scored_prompts()
 
     @contextmanager
     def offline_run(self, requests: list[Request], call: str) -> Iterator[list[Request]]:
@@ -449,12 +467,41 @@ class Engine:
         for request in plan.admitted:
             request.admitted_s = self.seconds()
             if request.params.prompt_logprobs:
-                self.runner.score_prompt(request)
+                self.score_prompt(request)
             if self.detokenizer is not None:
                 request.decoder = self.detokenizer.stream()
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)
+
+    def hold_prompt(self, request: Request) -> ScoredPrompt:
+        """Note a queued request that wants its prompt's logprobs: its prompt's record (made
+        now if none is held) is kept until it finishes."""
+        scored = self.scored_prompts.setdefault(tuple(request.prompt_ids), ScoredPrompt())
+        scored.holders.append(request)
+        return scored
+
+    def score_prompt(self, request: Request) -> None:
+        """Its prompt logprobs, at admission: a copy of those its prompt's record holds (the
+        numbers depend on the prompt alone: a completion's n choices, admitted together or one
+        group after another, share one pass), else the runner's scoring pass, kept there."""
+        scored = self.scored_prompts.get(tuple(request.prompt_ids)) or self.hold_prompt(request)
+        if not scored.scored:
+            self.runner.score_prompt(request)
+            scored.scored = True
+            if request.prompt_logprobs is not None:
+                # Its own copy: the request's list is its own to change.
+                scored.logprobs = list(request.prompt_logprobs)
+        elif scored.logprobs is not None:
+            request.prompt_logprobs = list(scored.logprobs)
+
+    def drop_scored_prompts(self) -> None:
+        """Forget the finished requests that shared a prompt's logprobs, and the logprobs of a
+        prompt whose requests have all finished."""
+        for key, scored in list(self.scored_prompts.items()):
+            scored.holders = [r for r in scored.holders if not r.finished]
+            if not scored.holders:
+                del self.scored_prompts[key]
 
     def release_finished(self, active: list[Request]) -> list[Request]:
         """Each row that finished this round (the scheduler has freed its slot: continuous, the

@@ -9,7 +9,9 @@ Owns:
     log-probability under the raw model;
   * `choose_tokens`: the same for every row of a round (when every row is greedy and wants no
     log-probabilities, the argmax runs on the backend and only B token ids cross to the host);
-  * `log_softmax`, the one log-softmax in minirt (float64), `prompt_logprobs` and `top_logprobs`;
+  * `log_softmax`, the one log-softmax in minirt (float64), `prompt_logprobs` (a block of
+    prompt positions at a time) and `top_logprobs` (`most_likely`: the top n without sorting the
+    vocabulary);
   * each request's random stream (`request_rng`, `sample_seed`, `derived_seed`).
 
 Sampling runs on the host in float64 NumPy, one request at a time, with each request's own
@@ -103,11 +105,13 @@ def choose_token(
     want_logprob: bool = True,
     prompt_ids=(),
     output_ids=(),
+    raw_logprobs: np.ndarray | None = None,
 ) -> tuple[int, float | None]:
     """(token id, its log-probability under the raw model, or None when not wanted) for one
     request.  Greedy takes the argmax (ties to the lowest id) and draws no random number;
     otherwise one uniform number from the request's own stream is mapped through the filtered
-    distribution's cumulative sum, in id order."""
+    distribution's cumulative sum, in id order.  `raw_logprobs`: `log_softmax(logits)` when the
+    caller has it already (else computed here, if wanted)."""
     # From the model.
     logits = np.asarray(logits)  # [V] fp32
     if params.changes_logits:
@@ -124,26 +128,55 @@ def choose_token(
         token = int(np.searchsorted(cumulative, u, side="right"))
         # Guard the u == total edge.
         token = min(token, int(np.flatnonzero(probs)[-1]))
-    if want_logprob:
-        logprob = float(log_softmax(logits)[token])
-    else:
-        logprob = None
-    return token, logprob
+    if not want_logprob:
+        return token, None
+    if raw_logprobs is None:
+        raw_logprobs = log_softmax(logits)  # [V] float64
+    return token, float(raw_logprobs[token])
+
+
+# Prompt positions whose log-softmax `prompt_logprobs` holds at once: [64, V] float64 (26 MB at
+# GPT-2's vocabulary), never [L, V] (a 1024-token prompt's is 411 MB).
+PROMPT_ROWS_AT_ONCE = 64
 
 
 def prompt_logprobs(prompt_logits: np.ndarray, prompt_ids) -> list[float | None]:
     """Each prompt token's log-probability given the tokens before it, from the logits [L, V] at
-    every prompt position (position i predicts token i + 1); the first token has none (None)."""
-    logprobs = log_softmax(prompt_logits[:-1])  # [L-1, V]
-    return [None] + [float(logprobs[i, token]) for i, token in enumerate(prompt_ids[1:])]
+    every prompt position (position i predicts token i + 1); the first token has none (None).
+    The log-softmax runs on a block of positions at a time, each row as it would alone, so the
+    numbers are those of the whole [L-1, V] at once, in a bounded amount of memory."""
+    targets = np.asarray(prompt_ids[1:], dtype=np.int64)  # [L-1]
+    chosen: list[float | None] = [None]
+    for start in range(0, targets.size, PROMPT_ROWS_AT_ONCE):
+        block_targets = targets[start : start + PROMPT_ROWS_AT_ONCE]  # [C]
+        block = log_softmax(prompt_logits[start : start + block_targets.size])  # [C, V]
+        chosen += block[np.arange(block_targets.size), block_targets].tolist()
+    return chosen
 
 
-def top_logprobs(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
+def most_likely(values: np.ndarray, n: int) -> np.ndarray:
+    """The indices of the n largest values, largest first, equal values in index order: exactly
+    `np.argsort(-values, kind="stable")[:n]`, without sorting all of them (a partition finds
+    the n-th largest; only the values at least as large are sorted)."""
+    if n <= 0:
+        return np.zeros(0, dtype=np.intp)
+    if n >= values.size:
+        return np.argsort(-values, kind="stable")
+    nth_largest = np.partition(values, values.size - n)[values.size - n]
+    # Every value >= the n-th largest, in index order: the n largest, and their ties.
+    candidates = np.flatnonzero(values >= nth_largest)  # [C >= n]
+    return candidates[np.argsort(-values[candidates], kind="stable")[:n]]  # [n]
+
+
+def top_logprobs(
+    logits: np.ndarray, n: int, raw_logprobs: np.ndarray | None = None
+) -> list[tuple[int, float]]:
     """The n most likely tokens under the raw model, most likely first (ties: the lower id
-    first), with their log-probabilities: [(token id, logprob), ...]."""
-    logprobs = log_softmax(logits)  # [V] float64
-    most_likely = np.argsort(-logprobs, kind="stable")[:n]  # [n]
-    return [(int(token), float(logprobs[token])) for token in most_likely]
+    first), with their log-probabilities: [(token id, logprob), ...].  `raw_logprobs`:
+    `log_softmax(logits)` when the caller has it already."""
+    if raw_logprobs is None:
+        raw_logprobs = log_softmax(logits)  # [V]
+    return [(int(token), float(raw_logprobs[token])) for token in most_likely(raw_logprobs, n)]
 
 
 def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None, list | None]]:
@@ -171,11 +204,13 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None,
         if not ok:
             chosen.append((None, None, None))
             continue
+        # The raw model's log-probabilities, once, for the chosen token and the top n.
+        raw = log_softmax(row) if r.want_logprobs or r.params.logprobs else None  # [V]
         token, logprob = choose_token(
-            row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids
+            row, r.params, r.rng, r.want_logprobs, r.prompt_ids, r.token_ids, raw
         )
         if r.params.logprobs:
-            top = top_logprobs(row, r.params.logprobs)
+            top = top_logprobs(row, r.params.logprobs, raw)
         else:
             top = None
         chosen.append((token, logprob, top))

@@ -112,6 +112,15 @@ def test_logprob_is_under_the_raw_distribution_not_the_filtered_one():
     assert logprob == pytest.approx(float(log_softmax(logits)[2]))
 
 
+def test_logprob_is_under_the_raw_model_not_the_biased_logits():
+    """A logit_bias changes the choice, not the logprob: choose_token on its own (no caller's
+    log-softmax) takes it from the raw logits."""
+    logits = np.array([1.0, 2.0, 3.0])
+    token, logprob = choose_token(logits, SamplingParams(temperature=0, logit_bias={0: 10.0}), None)
+    assert token == 0
+    assert logprob == pytest.approx(1.0 - math.log(math.exp(1.0) + math.exp(2.0) + math.exp(3.0)))
+
+
 def test_same_seed_same_stream_and_derived_seeds_differ():
     logits = np.zeros(50)
     params = SamplingParams(temperature=1.0)
