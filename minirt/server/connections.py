@@ -62,7 +62,7 @@ class BoundedConnection(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # Checked here instead (on_headers_complete), so that uvicorn's own check is off.
-        self.max_connections = self.limit_concurrency
+        self.max_connections: int | None = self.config.limit_concurrency
         self.limit_concurrency = None
         # A head is awaited from the connection's opening, and again once a message is whole.
         self.awaiting_head = True
