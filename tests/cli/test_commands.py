@@ -140,6 +140,24 @@ def test_inspect_without_a_model_describes_the_shipped_one(capsys):
     assert "shakespeare-gpt2-tiny" in out.splitlines()[0] and "most likely next tokens" in out
 
 
+def run_into_a_gone_reader(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run `python ARGV` with standard output on a pipe whose reader has gone before anything
+    is written: what `head` does once it has its lines."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        return subprocess.run(
+            [sys.executable, *argv],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+
+
 HELP_FORMS = [["-h"], ["--help"], ["--version"]] + [
     [name, flag] for name in sorted(SUBCOMMANDS) for flag in ("--help", "--version")
 ]
@@ -149,38 +167,13 @@ HELP_FORMS = [["-h"], ["--help"], ["--version"]] + [
 def test_help_into_a_closed_pipe_exits_quietly_with_0(argv):
     """`minirt -h | head -3`: before, sometimes "standard output was closed" and exit 141 (or
     Python's "Exception ignored ... BrokenPipeError")."""
-    reader, writer = os.pipe()
-    # The reader has gone before anything is written: what `head` does once it has its lines.
-    os.close(reader)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "minirt", *argv],
-            stdout=writer,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-    finally:
-        os.close(writer)
+    done = run_into_a_gone_reader(["-m", "minirt", *argv])
     assert (done.returncode, done.stderr) == (EXIT_OK, "")
 
 
 @pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
 def test_each_modules_help_into_a_closed_pipe_exits_quietly(name):
-    reader, writer = os.pipe()
-    os.close(reader)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", f"minirt.{name}", "--help"],
-            stdout=writer,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-    finally:
-        os.close(writer)
+    done = run_into_a_gone_reader(["-m", f"minirt.{name}", "--help"])
     assert (done.returncode, done.stderr) == (EXIT_OK, "")
 
 
@@ -210,16 +203,9 @@ def test_help_written_to_a_closed_stdout_in_process(closed_stdout, capsys):
 def test_completions_cut_by_head_still_exit_141(tiny_lm, tmp_path):
     """Only help and --version are quiet: a run whose output is cut short says so."""
     (tmp_path / "p.txt").write_text("a\nb\n")
-    reader, writer = os.pipe()
-    os.close(reader)
-    argv = [sys.executable, "-m", "minirt", "generate", "--model", str(tiny_lm)]
+    argv = ["-m", "minirt", "generate", "--model", str(tiny_lm)]
     argv += ["--prompts", str(tmp_path / "p.txt"), "--max-new-tokens", "2"]
-    try:
-        done = subprocess.run(
-            argv, stdout=writer, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120
-        )
-    finally:
-        os.close(writer)
+    done = run_into_a_gone_reader(argv)
     assert done.returncode == EXIT_STDOUT_CLOSED
     assert "standard output was closed" in done.stderr
 
@@ -232,19 +218,7 @@ def test_completions_cut_by_head_still_exit_141(tiny_lm, tmp_path):
 def test_a_report_whose_reader_has_gone_ends_quietly_with_141(command):
     """`minirt rounds ... | head -2`: a report cut short by its reader exits as GNU tools do, 141
     (128 + SIGPIPE) and not a word; a run of completions still says how far it got (above)."""
-    reader, writer = os.pipe()
-    os.close(reader)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "minirt", *command],
-            stdout=writer,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-        )
-    finally:
-        os.close(writer)
+    done = run_into_a_gone_reader(["-m", "minirt", *command])
     assert (done.returncode, done.stderr) == (EXIT_STDOUT_CLOSED, "")
 
 
