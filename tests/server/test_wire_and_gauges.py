@@ -200,3 +200,26 @@ def test_a_whole_completion_cut_by_the_shutdown_is_a_503_and_so_is_one_still_wai
         error = answer.json()["error"]
         assert error["code"] == "aborted"
         assert "shut down" in error["message"] and "Traceback" not in answer.text
+
+
+def test_a_prompt_of_ids_that_fills_the_context_exactly_is_served_and_one_more_is_a_400(server):
+    """The context's count of ids is the most a prompt may hold: exactly that many is served
+    (with max_tokens null: one token, which fills the context), one more is refused naming
+    the prompt.  The context
+    is read from the shipped model's config.json, not from minirt."""
+    config = json.loads((shipped_model_folder() / "config.json").read_text())
+    context = config["n_positions"]
+    url = f"{server.url}/v1/completions"
+    full = httpx.post(
+        url, json={"prompt": [5] * context, "max_tokens": None, "temperature": 0}, timeout=120
+    )
+    assert full.status_code == 200, full.text
+    assert full.json()["usage"] == {
+        "prompt_tokens": context,
+        "completion_tokens": 1,
+        "total_tokens": context + 1,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    over = httpx.post(url, json={"prompt": [5] * (context + 1), "max_tokens": None}, timeout=60)
+    assert over.status_code == 400
+    assert over.json()["error"]["param"] == "prompt"
