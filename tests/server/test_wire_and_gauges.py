@@ -204,9 +204,9 @@ def test_a_whole_completion_cut_by_the_shutdown_is_a_503_and_so_is_one_still_wai
 
 def test_a_prompt_of_ids_that_fills_the_context_exactly_is_served_and_one_more_is_a_400(server):
     """The context's count of ids is the most a prompt may hold: exactly that many is served
-    (with max_tokens null: one token, which fills the context), one more is refused naming
-    the prompt.  The context
-    is read from the shipped model's config.json, not from minirt."""
+    (with max_tokens null: one token, which fills the context, so it ends on "length"), and one
+    more is refused naming the prompt.  The context is read from the shipped model's
+    config.json, not from minirt."""
     config = json.loads((shipped_model_folder() / "config.json").read_text())
     context = config["n_positions"]
     url = f"{server.url}/v1/completions"
@@ -214,6 +214,7 @@ def test_a_prompt_of_ids_that_fills_the_context_exactly_is_served_and_one_more_i
         url, json={"prompt": [5] * context, "max_tokens": None, "temperature": 0}, timeout=120
     )
     assert full.status_code == 200, full.text
+    assert full.json()["choices"][0]["finish_reason"] == "length"
     assert full.json()["usage"] == {
         "prompt_tokens": context,
         "completion_tokens": 1,
