@@ -18,6 +18,8 @@ EXPORTS = {
     "LLM": ".llm",
     "SamplingParams": ".engine.params",
     "RequestOutput": ".engine.output",
+    "CompletionOutput": ".engine.output",
+    "Logprob": ".engine.output",
     "TokenEvent": ".engine.output",
     "GPT2": ".model.gpt2",
     "GPT2Config": ".model.config",
@@ -39,6 +41,8 @@ __all__ = [
     "LLM",
     "SamplingParams",
     "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
     "TokenEvent",
     "GPT2",
     "GPT2Config",
@@ -56,7 +60,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .engine.output import RequestOutput, TokenEvent
+    from .engine.output import CompletionOutput, Logprob, RequestOutput, TokenEvent
     from .engine.params import SamplingParams
     from .errors import (
         BackendError,

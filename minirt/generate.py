@@ -68,20 +68,20 @@ EPILOG = (
     r"""
 examples:
   python -m minirt.generate --prompts prompts.txt
-  python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-new-tokens 30
+  python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-tokens 30
   python -m minirt.generate --prompts prompts.txt --stream      # each completion as its tokens come
   python -m minirt.generate --prompts prompts.jsonl --output out.jsonl --ray local --workers 2
   python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
   python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
   python -m minirt.generate --model /path/to/gpt2-folder --prompts - """
     r"""--temperature 0.8 --top-p 0.95 --seed 1
-  echo 'Once upon a time' | python -m minirt.generate --model gpt2 --prompts - --max-new-tokens 40
+  echo 'Once upon a time' | python -m minirt.generate --model gpt2 --prompts - --max-tokens 40
 
 prompts files:
   .txt    one prompt per line; write a newline inside a prompt as \n, a tab as \t,
           a backslash as \\; blank lines are skipped
-  .jsonl  one object per line: {"prompt": "...", "id": "q1", "max_new_tokens": 20, "stop": ["\n"]}
-          any sampling field may be set per request: max_new_tokens, temperature, top_k, top_p,
+  .jsonl  one object per line: {"prompt": "...", "id": "q1", "max_tokens": 20, "stop": ["\n"]}
+          any sampling field may be set per request: max_tokens, temperature, top_k, top_p,
           seed, stop, stop_token_ids, ignore_eos, repetition_penalty, presence_penalty,
           frequency_penalty, min_p, logit_bias, logprobs, prompt_logprobs, n; "prompt" may be
           token ids: {"prompt": [464, 318]}
@@ -90,8 +90,9 @@ prompts files:
 
 sampling defaults: the model folder's generation_config.json (the flags above show the shipped """
     r"""model's),
-else greedy and 64 new tokens; flags override those, and a JSONL line's own fields override the """
-    r"""flags.
+else greedy and 16 new tokens (docs/api.md, "Defaults"); flags override those, and a JSONL """
+    r"""line's own
+fields override the flags.
 
 exit status:
   0    every request succeeded

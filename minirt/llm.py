@@ -9,9 +9,10 @@ outputs in input order.
     # The model shipped with minirt.  LLM("gpt2") needs a gpt2 checkpoint in the local Hugging
     # Face cache; LLM(policy="continuous") refills rows every round.
     llm = LLM()
-    params = SamplingParams(max_new_tokens=20)
+    params = SamplingParams(temperature=0, max_tokens=20)
     for out in llm.generate(["Hello, my name is", "The sky is"], params):
-        print(out.text, out.finish_reason, out.first_round, out.finish_round)
+        done = out.outputs[0]
+        print(out.prompt, done.text, done.finish_reason, done.first_round, done.finish_round)
 
     # Streaming: on_token hears of every token as it is produced, with its text once final.
     def show(event):
@@ -20,15 +21,17 @@ outputs in input order.
     llm.generate(["To be, or not to be"], on_token=show)
 
 `generate(prompts)` with no params uses the model's generation defaults (its folder's
-generation_config.json, as the command line does); an explicit `SamplingParams()` is greedy with
-64 new tokens.  `generate` is the loop over `Engine.step()` (minirt/engine/engine.py), one round
-a step, written out here in `run_steps` (nano-vllm's `generate`): every request added, then a
-step while any is unfinished, each step's new tokens and final records handed out as they come.
+generation_config.json, as the command line does; greedy and 16 tokens without one); an
+explicit `SamplingParams()` is vLLM's: temperature 1, 16 tokens.  `generate` is the loop over
+`Engine.step()` (minirt/engine/engine.py), one round a step, written out here in `run_steps`
+(nano-vllm's `generate`): every request added, then a step while any is unfinished, each
+step's new tokens and final records handed out as they come.
 
-Each output is a `RequestOutput` (minirt/engine/output.py: `.text`, `.token_ids`,
-`.finish_reason`, `.error`, `.first_round`, ...).  Callers that report as they go (the command
-line) use `make_request` and `steps`, the same loop, which yields each step's `StepOutput` with
-the runtime's own `Request` records.
+Each output is a `RequestOutput` (minirt/engine/output.py), vLLM's shape: `.prompt`,
+`.prompt_token_ids`, and `.outputs`, the prompt's n `CompletionOutput`s (`.text`,
+`.token_ids`, `.finish_reason`, `.error`, `.first_round`, ...).  Callers that report as they go
+(the command line) use `make_request` and `steps`, the same loop, which yields each step's
+`StepOutput` with the runtime's own `Request` records.
 
 Must not know: command-line flags or file formats.
 """
@@ -44,7 +47,7 @@ import numpy as np
 from .engine.client import EngineClient
 from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, StepOutput
 from .engine.output import RequestOutput, TokenEvent
-from .engine.params import SamplingParams
+from .engine.params import SamplingParams, is_int
 from .engine.runner import ModelRunner
 from .engine.request import Request
 from .engine.stats import RunStats
@@ -72,8 +75,9 @@ def load_model(
 def generation_defaults(folder: Path) -> SamplingParams:
     """Sampling defaults from a folder's generation_config.json, read as Hugging Face does
     (do_sample absent or false: greedy; true: its temperature, top_k and top_p, each defaulting
-    to 1.0, 50 and 1.0).  A file that is not JSON, or a value minirt cannot use, is refused in
-    one line naming the file."""
+    to 1.0, 50 and 1.0), and its max_new_tokens as max_tokens (absent: 16, vLLM's and
+    OpenAI's).  A folder without the file is greedy with 16 tokens.  A file that is not JSON,
+    or a value minirt cannot use, is refused in one line naming the file."""
     path = Path(folder) / "generation_config.json"
     # A link to nothing (or a loop) is a broken file, not an absent one.
     link_problem = broken_link(path)
@@ -88,6 +92,11 @@ def generation_defaults(folder: Path) -> SamplingParams:
             for name in ("temperature", "top_k", "top_p", "max_new_tokens")
             if raw.get(name) is not None
         }
+        # SamplingParams takes vLLM's -1 for "no top-k"; Hugging Face refuses it.
+        if is_int(read.get("top_k")) and read["top_k"] < 0:
+            raise RequestError(
+                f"top_k must be an integer >= 0 (0 turns it off), got {read['top_k']}"
+            )
         # Every value the file gives is checked, even one that greedy decoding ignores.
         SamplingParams(**read)
         if raw.get("do_sample") is True:
@@ -98,20 +107,28 @@ def generation_defaults(folder: Path) -> SamplingParams:
         raise CheckpointError(f"{path}: {exc}; fix or remove the file") from None
 
 
+# vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": [ids]}.
+PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+
 def check_prompts(prompts) -> list:
-    """The prompts as a list, each a string or a sequence of integer token ids; else a TypeError
-    naming it."""
-    if isinstance(prompts, str):
-        return [prompts]
+    """The prompts as a list, each a string or a sequence of integer token ids (vLLM's prompt
+    dicts, {"prompt": text} and {"prompt_token_ids": ids}, unwrapped); else a TypeError naming
+    the prompt."""
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
     if not isinstance(prompts, (list, tuple)):
         raise TypeError(
             f"prompts must be a string or a list of prompts, got {type(prompts).__name__}"
         )
+    checked = []
     for i, prompt in enumerate(prompts):
+        prompt = unwrapped_prompt(i, prompt)
         is_ids = isinstance(prompt, (list, tuple, np.ndarray)) and all(
             isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt
         )
         if isinstance(prompt, str) or is_ids:
+            checked.append(prompt)
             continue
         if isinstance(prompt, (list, tuple)):
             shown = "a list holding non-integers"
@@ -124,7 +141,73 @@ def check_prompts(prompts) -> list:
         raise TypeError(
             f"prompts[{i}] must be a string or a list of integer token ids, got {shown}" + hint
         )
-    return list(prompts)
+    return checked
+
+
+def unwrapped_prompt(i: int, prompt):
+    """A vLLM prompt dict's text or ids (any other prompt as it is); a dict with another key,
+    or with both, is a TypeError naming it."""
+    if not isinstance(prompt, dict):
+        return prompt
+    keys = set(prompt)
+    if len(keys) != 1 or not keys <= set(PROMPT_KEYS):
+        shown = ", ".join(sorted(map(repr, keys))) or "no keys"
+        raise TypeError(
+            f"prompts[{i}] is a dict with {shown}; minirt takes vLLM's "
+            '{"prompt": text} or {"prompt_token_ids": [ids]}'
+        )
+    return prompt[keys.pop()]
+
+
+# vLLM's LLM(...) options that minirt names otherwise: vLLM's name -> minirt's.
+VLLM_OPTION_NAMES = {
+    "max_num_seqs": "batch_size (with policy='continuous')",
+    "enable_prefix_caching": "prefix_cache",
+    "enable_chunked_prefill": "chunked_prefill",
+    "max_num_batched_tokens": "round_token_budget",
+}
+
+# vLLM's LLM(...) options minirt has nothing for, and why.
+VLLM_OPTIONS_WITHOUT_EQUIVALENT = {
+    "tensor_parallel_size": "minirt runs a model on one device",
+    "pipeline_parallel_size": "minirt runs a model on one device",
+    "gpu_memory_utilization": "minirt sizes its KV cache by kv_budget_mib instead",
+    "quantization": "minirt runs float32 or float16 weights only",
+    "trust_remote_code": "minirt runs its own model code, never a checkpoint's",
+    "tokenizer": "minirt reads the tokenizer in the model's folder",
+    "max_model_len": "minirt uses the model's whole context (config.json)",
+    "enforce_eager": "minirt has no graphs to capture",
+}
+
+
+def vllm_option_refusal(options: dict) -> str:
+    """Why LLM(...) does not take these keyword arguments: for each, minirt's name for it, or
+    why it has none (docs/api.md, "Coming from vLLM")."""
+    reasons = []
+    for name in options:
+        if name in VLLM_OPTION_NAMES:
+            reasons.append(f"{name}: minirt calls it {VLLM_OPTION_NAMES[name]}")
+        elif name in VLLM_OPTIONS_WITHOUT_EQUIVALENT:
+            reasons.append(f"{name}: {VLLM_OPTIONS_WITHOUT_EQUIVALENT[name]}")
+        else:
+            reasons.append(f"{name}: no such option")
+    return "LLM() got options it does not take: " + "; ".join(reasons)
+
+
+def checked_arguments(model, seed, vllm_options: dict) -> str | Path | Checkpoint:
+    """The model LLM(...) loads (None: the one shipped with minirt), once its arguments pass: no
+    option of vLLM's that minirt lacks, a seed >= 0, a model of a type it can load."""
+    if vllm_options:
+        raise TypeError(vllm_option_refusal(vllm_options))
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
+    if model is None:
+        return shipped_model_folder()
+    if not isinstance(model, (str, Path, Checkpoint)):
+        raise TypeError(
+            f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}"
+        )
+    return model
 
 
 class LLM:
@@ -144,16 +227,9 @@ class LLM:
         kv_budget_tokens: int | None = None,
         prefix_cache: bool = False,
         chunked_prefill: bool = True,
+        **vllm_options,
     ):
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise RequestError(f"seed must be an integer >= 0, got {seed!r}")
-        if model is None:
-            # No model: the one shipped with minirt.
-            model = shipped_model_folder()
-        if not isinstance(model, (str, Path, Checkpoint)):
-            raise TypeError(
-                f"model must be a folder, a hub id or a Checkpoint, got {type(model).__name__}"
-            )
+        model = checked_arguments(model, seed, vllm_options)
         # The note says what "auto" chose, for the user.
         chosen, backend_note = get_backend(backend)
         self.backend_note = backend_note
@@ -206,23 +282,25 @@ class LLM:
     def make_requests(
         self,
         prompts,
-        params: SamplingParams | Sequence[SamplingParams] | None,
-        ids: Sequence | None,
-        logprobs: bool,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        ids: Sequence | None = None,
     ) -> list[Request]:
         """The requests of `generate`'s arguments, checked: a prompt's n samples one after
         another, each with its `sample` number and its own place among the outputs."""
         prompts = check_prompts(prompts)
+        params = sampling_params
         if params is None or isinstance(params, SamplingParams):
             params = [params or self.defaults] * len(prompts)
         elif not isinstance(params, (list, tuple)) or not all(
             isinstance(p, SamplingParams) for p in params
         ):
-            raise TypeError("params must be a SamplingParams or a list of them, one per prompt")
+            raise TypeError(
+                "sampling_params must be a SamplingParams or a list of them, one per prompt"
+            )
         if ids is None:
             ids = [None] * len(prompts)
-        if not isinstance(ids, (list, tuple)) or not isinstance(logprobs, bool):
-            raise TypeError("ids must be a list (one per prompt) and logprobs true or false")
+        if not isinstance(ids, (list, tuple)):
+            raise TypeError("ids must be a list, one per prompt")
         # zip would silently drop the extra prompts.
         if not len(params) == len(ids) == len(prompts):
             raise RequestError(
@@ -238,7 +316,6 @@ class LLM:
                     prompt,
                     sp,
                     request_id=rid,
-                    logprobs=logprobs,
                     sample=k,
                     output_index=first + k,
                 )
@@ -289,26 +366,33 @@ class LLM:
     def generate(
         self,
         prompts,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         ids: Sequence | None = None,
-        logprobs: bool = False,
         on_final: Callable[[RequestOutput], None] | None = None,
         on_token: Callable[[TokenEvent], None] | None = None,
     ) -> list[RequestOutput]:
-        """Serve the prompts (text, or token-id lists) and return their outputs in input order
-        (a prompt's n samples one after another, each with its `sample` number).  This is the
-        loop over `Engine.step()` (one round a step): `steps`, below.
+        """Serve the prompts and return one `RequestOutput` per prompt, in input order, each
+        holding its n completions (vLLM's `LLM.generate`).  This is the loop over
+        `Engine.step()` (one round a step): `steps`, below.
 
-        `params`: one SamplingParams for all, or one per prompt.  Without it, the model's
-        generation defaults (its folder's generation_config.json, as the command line does); an
-        explicit `SamplingParams()` is greedy with 64 new tokens.
-        `ids`: one id per prompt (default: the index).  `logprobs`: record each token's
-        log-probability.  `on_token(event)` runs as each token is produced, `on_final(output)`
-        as each request finishes (in the order they finish); a request refused at once gets
-        on_final only."""
+        `prompts`: a prompt or a list; each a string, a list of token ids, or vLLM's
+        {"prompt": text} or {"prompt_token_ids": ids}.
+        `sampling_params`: one SamplingParams for all, or one per prompt.  Without it, the
+        model's generation defaults (its folder's generation_config.json, as the command line
+        does; greedy and 16 tokens without one).  An explicit `SamplingParams()` is vLLM's:
+        temperature 1, 16 tokens.
+        `ids`: one id per prompt (default: the index), its output's `request_id`.
+        `on_token(event)` runs as each token is produced; `on_final(output)` once a prompt's
+        completions are all final (in the order prompts finish), with its `RequestOutput`; a
+        prompt refused at once gets on_final only."""
         # Called from one of this run's own callbacks: refused, and the run goes on.
         self.engine.refuse_reentry("LLM.generate")
-        requests = self.make_requests(prompts, params, ids, logprobs)
+        requests = self.make_requests(prompts, sampling_params, ids)
+        # A prompt's samples, by the prompt's index: each prompt's output is made from them.
+        samples: dict[int, list[Request]] = {}
+        for request in requests:
+            samples.setdefault(request.index, []).append(request)
+        reported: set[int] = set()
         with self.steps(requests) as steps:
             # One round a step: its new tokens, then the records it made final.
             for step in steps:
@@ -316,9 +400,13 @@ class LLM:
                     if on_token is not None:
                         on_token(TokenEvent.from_request(request))
                 for request in step.finished:
-                    if on_final is not None:
-                        on_final(RequestOutput.from_request(request, self.tokenizer))
-        return [RequestOutput.from_request(r, self.tokenizer) for r in requests]
+                    prompt_samples = samples[request.index]
+                    if on_final is None or request.index in reported:
+                        continue
+                    if all(r.finished for r in prompt_samples):
+                        reported.add(request.index)
+                        on_final(RequestOutput.from_requests(prompt_samples, self.tokenizer))
+        return [RequestOutput.from_requests(samples[i], self.tokenizer) for i in sorted(samples)]
 
 
 @contextmanager

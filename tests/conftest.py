@@ -248,7 +248,7 @@ def finished_request(index: int = 0, tokens: int = 1):
         id=str(index),
         prompt="To be",
         prompt_ids=[1, 2],
-        params=SamplingParams(max_new_tokens=tokens),
+        params=SamplingParams(max_tokens=tokens, temperature=0.0),
     )
     request.token_ids = [5] * tokens
     request.text = " or not"
@@ -283,7 +283,7 @@ def stub_request(index: int, prompt_len: int, max_new_tokens: int):
         id=str(index),
         prompt=None,
         prompt_ids=[index + 1] * prompt_len,
-        params=SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True),
+        params=SamplingParams(max_tokens=max_new_tokens, ignore_eos=True, temperature=0.0),
     )
 
 
@@ -376,3 +376,78 @@ def bounded(seconds: float, extra_bytes: int = 2**30):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
         resource.setrlimit(resource.RLIMIT_AS, old_limit)
+
+
+class Completion:
+    """One completion of `LLM.generate`'s result, flattened for the tests that check it per request: its
+    prompt's fields (index, id, prompt, prompt_token_ids, prompt_logprobs as floats) beside its
+    `CompletionOutput`'s, with `sample` (the completion's index), and its logprobs as plain lists (`logprobs`,
+    each chosen token's; `top_logprobs`, the N most likely at each step as (id, logprob) pairs, None unless
+    `top_n` was given).  Every value is read from the public output: nothing here sees a Request."""
+
+    def __init__(self, prompt_output, completion, top_n: int | None = None):
+        self.index = prompt_output.index
+        self.id = prompt_output.request_id
+        self.prompt = prompt_output.prompt
+        self.prompt_token_ids = prompt_output.prompt_token_ids
+        if prompt_output.prompt_logprobs is None:
+            self.prompt_logprobs = None
+        else:
+            pairs = zip(prompt_output.prompt_token_ids, prompt_output.prompt_logprobs, strict=True)
+            self.prompt_logprobs = [
+                None if entry is None else entry[token].logprob for token, entry in pairs
+            ]
+        self.output = completion
+        self.sample = completion.index
+        for name in (
+            "text",
+            "token_ids",
+            "cumulative_logprob",
+            "finish_reason",
+            "error",
+            "group",
+            "first_round",
+            "finish_round",
+            "rounds_waited",
+            "cached_prompt_tokens",
+            "arrival_s",
+            "first_token_s",
+            "finish_s",
+            "ok",
+        ):
+            setattr(self, name, getattr(completion, name))
+        if completion.logprobs is None:
+            self.logprobs = None
+            self.top_logprobs = None
+            return
+        # Each step's dict holds the chosen token first (vLLM's order).
+        self.logprobs = [
+            step[token].logprob
+            for token, step in zip(completion.token_ids, completion.logprobs, strict=False)
+        ]
+        if not top_n:
+            self.top_logprobs = None
+            return
+        self.top_logprobs = []
+        for token, step in zip(completion.token_ids, completion.logprobs, strict=False):
+            # The top N, by rank: the chosen token is among them when its rank is at most N.
+            ranked = sorted(step.items(), key=lambda item: item[1].rank)
+            ranked = [(t, lp) for t, lp in ranked if t != token or lp.rank <= top_n]
+            self.top_logprobs.append([(t, lp.logprob) for t, lp in ranked[:top_n]])
+
+    def __repr__(self) -> str:
+        return f"Completion(index={self.index}, sample={self.sample}, text={self.text!r})"
+
+
+def completions(outputs, top_n: int | None = None) -> list[Completion]:
+    """`LLM.generate`'s result (one RequestOutput per prompt, each holding its n completions) as one flat list,
+    a prompt's samples one after another: what the tests that check each request's result read."""
+    return [Completion(out, completion, top_n) for out in outputs for completion in out.outputs]
+
+
+def completion_of(request, top_n: int | None = None) -> Completion:
+    """A finished engine Request's result as the public API makes it (its RequestOutput, flattened): for the
+    tests that serve requests on an Engine directly."""
+    from minirt.engine.output import RequestOutput
+
+    return completions([RequestOutput.from_requests([request])], top_n)[0]

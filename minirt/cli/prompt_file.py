@@ -7,10 +7,10 @@ nothing runs) from a bad line (that request alone gets an error).
        \t and a backslash as \\.  Blank lines are skipped (use .jsonl for an
        empty prompt).
 .jsonl One JSON object per line: {"prompt": "...", "id": "optional", ...} plus
-       any sampling field to override for that request alone: max_new_tokens,
-       temperature, top_k, top_p, seed, stop, stop_token_ids, ignore_eos,
-       repetition_penalty, presence_penalty, frequency_penalty, min_p, logit_bias,
-       logprobs, prompt_logprobs, n.
+       any sampling field to override for that request alone: max_tokens (or
+       its other name, max_new_tokens), temperature, top_k, top_p, seed, stop,
+       stop_token_ids, ignore_eos, repetition_penalty, presence_penalty,
+       frequency_penalty, min_p, logit_bias, logprobs, prompt_logprobs, n.
        "prompt" is a string (an empty one starts from BOS) or a list of token ids;
        "id" is a string or an integer, which the record writes in decimal ("id": 0
        is "0", "id": "" stays ""); without one, a request's id is its index.  Either
@@ -50,7 +50,7 @@ from typing import BinaryIO, Iterator
 
 from .plural import noun_for
 from ..errors import MinirtError
-from ..engine.params import FIELD_NAMES
+from ..engine.params import FIELD_NAMES, MAX_TOKENS_ALIAS
 
 FORMATS = ("auto", "txt", "jsonl")
 # 1 MiB: a longer line fails alone, read past without being held whole.
@@ -392,7 +392,7 @@ def parse_jsonl_object(number: int, obj: dict) -> PromptEntry:
     wrong_id = id_error(obj)
     if wrong_id is not None:
         return PromptEntry(number, prompt, None, error=f"line {number}: {wrong_id}")
-    known = set(FIELD_NAMES)
+    known = set(FIELD_NAMES) | {MAX_TOKENS_ALIAS}
     unknown = sorted(set(obj) - known - {"prompt", "id"})
     if unknown:
         return PromptEntry(

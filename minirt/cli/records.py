@@ -21,7 +21,7 @@ from typing import IO, Callable, ContextManager
 from .output_file import OutputFile
 from .plural import plural
 from .stdout import mute_stdout, stdout_error
-from ..engine.output import RequestOutput, prompt_text
+from ..engine.output import json_logprob, prompt_text
 from ..engine.request import Request, unshown_text
 from ..errors import OutputError
 from ..loading.tokenizer import Tokenizer
@@ -39,11 +39,54 @@ def request_label(request: Request) -> str:
 
 
 def record(request: Request, tokenizer: Tokenizer | None = None) -> dict:
-    """The JSON-ready record of a finished request (one line of --output): its `RequestOutput`, as
-    JSON."""
-    return RequestOutput.from_request(request, tokenizer).record(
-        request.prompt is None, request.params.n
+    """The JSON-ready record of a finished request (one line of --output): its prompt's index and
+    id, its completion's fields (`CompletionOutput`'s, and `prompt_tokens`: None for a refused
+    request), `sample` only when the prompt asked for n > 1, `prompt_token_ids` only for a prompt
+    given as token ids; logprobs only when asked for, rounded to 6 places, a -inf (a token the
+    raw model gave probability 0) as null, as strict JSON needs."""
+    assert request.finish_reason is not None, "only a finished request has a record"
+    if request.error is None:
+        prompt_tokens = len(request.prompt_ids)
+    else:
+        prompt_tokens = None
+    timing_fields = (
+        ("arrival_s", request.arrival_s),
+        ("first_token_s", request.first_token_s),
+        ("finish_s", request.finish_s),
     )
+    timing = {name: None if value is None else round(value, 6) for name, value in timing_fields}
+    out: dict = {
+        "index": request.index,
+        "id": request.id,
+        "prompt": prompt_text(request, tokenizer),
+        "text": request.text,
+        "token_ids": list(request.token_ids),
+        "finish_reason": request.finish_reason,
+        "group": request.group,
+        "rounds_waited": request.rounds_waited,
+        "first_round": request.first_round,
+        "finish_round": request.finish_round,
+        "prompt_tokens": prompt_tokens,
+        "cached_prompt_tokens": request.cached_prompt_tokens,
+        "error": request.error,
+        **timing,
+    }
+    # One record per sample, each with the prompt's index and id.
+    if request.params.n > 1:
+        out["sample"] = request.sample
+    if request.prompt is None:
+        out["prompt_token_ids"] = list(request.prompt_ids)
+    if request.want_logprobs:
+        out["logprobs"] = [json_logprob(lp) for lp in request.logprobs]
+    if request.params.logprobs:
+        out["top_logprobs"] = [
+            [[token, json_logprob(lp)] for token, lp in step] for step in request.top_logprobs
+        ]
+    if request.prompt_logprobs is not None:
+        out["prompt_logprobs"] = [
+            None if lp is None else json_logprob(lp) for lp in request.prompt_logprobs
+        ]
+    return out
 
 
 def block_header(request: Request) -> str:

@@ -42,7 +42,7 @@ def request_table(sim: Simulation) -> str:
     """A line per request: its length, rounds waited, first and last round, its prompt's
     tokens, those the prefix cache gave, and the rounds its prompt took."""
     rows = [
-        f"{r.index:7d} {r.params.max_new_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} "
+        f"{r.index:7d} {r.params.max_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} "
         f"{r.finish_round:6d} {r.prompt_len:6d} {r.cached_prompt_tokens:6d} "
         f"{r.prefill_rounds:7d}"
         for r in sim.requests

@@ -27,7 +27,7 @@ def shipped_defaults() -> dict[str, str]:
         params = generation_defaults(shipped_model_folder())
         return {
             f: f"; the shipped model's: {getattr(params, f)}"
-            for f in ("max_new_tokens", "temperature", "top_k")
+            for f in ("max_tokens", "temperature", "top_k")
         }
     return {}
 
@@ -44,10 +44,13 @@ def add_choice_flags(g) -> None:
     where = "default: the model's generation_config.json, else"
     shipped = shipped_defaults()
     g.add_argument(
+        "--max-tokens",
         "--max-new-tokens",
+        dest="max_tokens",
         type=int,
         metavar="N",
-        help=f"tokens to generate at most ({where} 64{shipped.get('max_new_tokens', '')})",
+        help=f"tokens to generate at most; --max-new-tokens is its other name "
+        f"({where} 16{shipped.get('max_tokens', '')})",
     )
     g.add_argument(
         "--temperature",
@@ -138,7 +141,8 @@ def add_penalty_flags(g) -> None:
     )
     g.add_argument(
         "--prompt-logprobs",
-        action="store_true",
+        action="store_const",
+        const=0,
         default=None,
         help="record each prompt token's log-probability given the tokens before it",
     )
@@ -170,7 +174,7 @@ def flag_overrides(args) -> dict:
     else:
         stop = None
     given = {
-        "max_new_tokens": args.max_new_tokens,
+        "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "top_k": args.top_k,
         "top_p": args.top_p,

@@ -35,7 +35,7 @@ class Simulation:
 
     policy: str
     rows: int
-    requests: list[Request]  # each asks for its output length as max_new_tokens
+    requests: list[Request]  # each asks for its output length as max_tokens
     stats: RunStats  # the run's counts, as the engine kept them
 
     @property
@@ -59,7 +59,7 @@ class Simulation:
         requests = [
             {
                 "index": r.index,
-                "output_len": r.params.max_new_tokens,
+                "output_len": r.params.max_tokens,
                 "rounds_waited": r.rounds_waited,
                 "first_round": r.first_round,
                 "finish_round": r.finish_round,
@@ -146,7 +146,7 @@ def made_requests(
             id=str(i),
             prompt=None,
             prompt_ids=[0] * shared + [i + 1] * (p - shared),
-            params=SamplingParams(max_new_tokens=n, ignore_eos=True),
+            params=SamplingParams(max_tokens=n, ignore_eos=True),
         )
         requests.append(request)
     return requests

@@ -203,7 +203,7 @@ class GenerateWorker:
             "record": np.array(lines, dtype=object),
             "failed": np.array([r.error is not None for r in requests]),
             # What replaying one process's schedule needs (serve_on_ray.OneProcessSchedule).
-            "max_new_tokens": np.array([r.params.max_new_tokens for r in requests], dtype=np.int64),
+            "max_new_tokens": np.array([r.params.max_tokens for r in requests], dtype=np.int64),
             "kv_budget": np.full(len(requests), engine.kv_budget_positions, dtype=np.int64),
             "n_positions": np.full(len(requests), n_positions, dtype=np.int64),
         }
@@ -240,7 +240,7 @@ def generate_dataset(
         from minirt.distributed.ray_data import generate_dataset
         ray.init()
         records, total = generate_dataset(
-            "prompts.jsonl", workers=4, overrides={"max_new_tokens": 40}, seed=1
+            "prompts.jsonl", workers=4, overrides={"max_tokens": 40}, seed=1
         )
         for row in records.iter_rows():
             print(json.loads(row["record"])["text"])

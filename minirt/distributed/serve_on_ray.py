@@ -127,7 +127,7 @@ class OneProcessSchedule:
                 id=record["id"],
                 prompt=None,
                 prompt_ids=[0] * record["prompt_tokens"],
-                params=SamplingParams(max_new_tokens=int(row["max_new_tokens"]), ignore_eos=True),
+                params=SamplingParams(max_tokens=int(row["max_new_tokens"]), ignore_eos=True),
             )
             self.stubs += 1
             failed_mid_run = record["finish_reason"] == "error"

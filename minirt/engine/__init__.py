@@ -11,7 +11,7 @@
     engine.py     Engine: add_request(s), step (one round), abort, and the offline loop over step
     client.py     EngineClient: the engine's own thread, the small interface a server talks to
     stats.py      RunStats: what a run counted
-    output.py     RequestOutput and TokenEvent: what a caller is handed
+    output.py     RequestOutput, CompletionOutput and TokenEvent: what a caller is handed
     round_record.py  RoundRecord: what one round did, row by row, for a round grid
 
 Must not know: command-line flags, files or output formats (tests/test_layout.py holds this).

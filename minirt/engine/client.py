@@ -81,7 +81,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .engine import Engine, StepOutput
-from .output import RequestOutput
+from .output import CompletionOutput
 from .request import (
     FAULT,
     QUEUE_FULL,
@@ -131,14 +131,26 @@ class Token:
 
 
 @dataclass(frozen=True)
+class PlainLogprobs:
+    """A finished request's log-probabilities as plain values, for a server to word in its own
+    API's shape: each token's, the N most likely at each step (None unless it asked for N >= 1),
+    and each prompt token's given those before it (None unless asked; the first None)."""
+
+    tokens: tuple[float, ...]
+    top: tuple[tuple[tuple[int, float], ...], ...] | None
+    prompt: tuple[float | None, ...] | None
+
+
+@dataclass(frozen=True)
 class Finished:
-    """One request's final record: its `RequestOutput` (minirt/engine/output.py, as the offline
-    API returns it), and what was left of its text to stream (the held-back tail, when it
-    stopped)."""
+    """One request's final record: its `CompletionOutput` (minirt/engine/output.py, as the
+    offline API returns it), what was left of its text to stream (the held-back tail, when it
+    stopped), and its logprobs as plain values (None unless it asked for them)."""
 
     choice: int
-    output: RequestOutput
+    output: CompletionOutput
     unshown_text: str
+    logprobs: PlainLogprobs | None
 
 
 Event = Accepted | Refused | Token | Finished
@@ -200,7 +212,7 @@ class EngineObserver:
         `queued_seconds` for its first round; its prompt's tokens, those looked up in the prefix
         cache (none without one), and those the prefix cache gave it."""
 
-    def finished(self, output: RequestOutput, seconds: float) -> None:
+    def finished(self, output: CompletionOutput, seconds: float) -> None:
         """A request's record is final, `seconds` after it arrived."""
 
     def round_ran(self, new_tokens: int) -> None:
@@ -233,8 +245,28 @@ class Stop:
 
 def finished_event(request: Request, choice: int) -> Finished:
     """The final event of a finished request: its output (copies of its values, never the
-    Request), as the offline API makes it."""
-    return Finished(choice, RequestOutput.from_request(request), unshown_text(request))
+    Request), as the offline API makes it, and its logprobs as plain values."""
+    return Finished(
+        choice,
+        CompletionOutput.from_request(request),
+        unshown_text(request),
+        plain_logprobs(request),
+    )
+
+
+def plain_logprobs(request: Request) -> PlainLogprobs | None:
+    """A finished request's logprobs as plain values (copies), or None when it wanted none."""
+    if not request.want_logprobs:
+        return None
+    if request.params.logprobs:
+        top = tuple(tuple(step) for step in request.top_logprobs)
+    else:
+        top = None
+    if request.prompt_logprobs is None:
+        prompt = None
+    else:
+        prompt = tuple(request.prompt_logprobs)
+    return PlainLogprobs(tuple(request.logprobs), top, prompt)
 
 
 def token_event(request: Request, choice: int) -> Token:

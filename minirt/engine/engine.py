@@ -305,7 +305,7 @@ class Engine:
         request.arrival_round = arrival_round
         if not request.finished:
             self.scheduler.submit(request)
-            if request.params.prompt_logprobs:
+            if request.params.prompt_logprobs is not None:
                 self.hold_prompt(request)
             return
         self.stats.failed += int(request.error is not None)
@@ -466,7 +466,7 @@ class Engine:
             self.stats.kv_limited_rows.append(plan.kv_shape.rows)
         for request in plan.admitted:
             request.admitted_s = self.seconds()
-            if request.params.prompt_logprobs:
+            if request.params.prompt_logprobs is not None:
                 self.score_prompt(request)
             if self.detokenizer is not None:
                 request.decoder = self.detokenizer.stream()

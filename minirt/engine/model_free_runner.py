@@ -5,7 +5,7 @@ Ray path's replay give the engine, so that they run the engine's own scheduler, 
 loop over `step()` instead of copies of them.  Each round, every active row feeds its tokens
 (nothing is computed: the KV owner's slots hold positions without numbers, `PositionsOnly`),
 and each row whose prompt is then all in gets token 0.  A request ends by the engine's own stop
-rules (max_new_tokens, the context), or as its `Ending` says: the replay of a request that
+rules (max_tokens, the context), or as its `Ending` says: the replay of a request that
 stopped after N tokens stops after N, and of one that failed after N tokens fails in the round
 after its Nth, as the engine's own failure did.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .kv_manager import PositionsOnly
-from .request import Request, add_token, fail_request, finish, slot_of
+from .request import Choice, Request, add_token, fail_request, finish, slot_of
 from .scheduler import RoundPlan
 
 # A context that never binds.
@@ -80,7 +80,7 @@ class ModelFreeRunner:
             if ending is not None and ending.fails and len(request.token_ids) == ending.tokens:
                 fail_request(request, REPLAYED_FAILURE, round_number)
                 continue
-            add_token(request, 0, None, round_number, None, self.n_positions)
+            add_token(request, Choice(0), round_number, None, self.n_positions)
             got_token.append(request)
             if ending is None or ending.fails or request.finished:
                 continue

@@ -1,9 +1,14 @@
-"""What a caller gets back: each request's result, and each token as it is produced.
+"""What a caller gets back: each prompt's results, and each token as it is produced.
 
-Owns: the public, read-only shape of a result (`RequestOutput`, what `LLM.generate` returns and
-what one line of `--output` holds, field for field) and of a streamed token (`TokenEvent`, what
-`LLM.generate(on_token=...)` hands out).  Both are made from a `Request`, the runtime's own
-working record, which callers never see.
+Owns the public, read-only shapes, vLLM's where vLLM has one (docs/api.md, "Coming from vLLM"):
+  * `RequestOutput`: one prompt's result, what `LLM.generate` returns one of per prompt: the
+    prompt, its ids and logprobs, and its n completions in `outputs`;
+  * `CompletionOutput`: one completion (one of the n samples): its text, token ids, logprobs
+    and finish reason, as vLLM's, and where it ran (group, rounds, cached prompt tokens, times),
+    which minirt alone records;
+  * `Logprob`: one token's log-probability, rank and text;
+  * `TokenEvent`: one token the moment it is produced (`LLM.generate(on_token=...)`).
+All are made from `Request`s, the runtime's own working records, which callers never see.
 
 Must not know: how requests are served, files or command-line flags.
 """
@@ -18,44 +23,50 @@ from .request import Request, unshown_text
 
 
 @dataclass(frozen=True)
-class RequestOutput:
-    """One request's final result, as `LLM.generate` returns it (in input order)."""
+class Logprob:
+    """One token's log-probability under the raw model (vLLM's `Logprob`): `rank` 1 is the
+    most likely token (None for a prompt token: not computed), `decoded_token` its text (None
+    without a tokenizer)."""
 
-    # Identity.  `index` is its position in the input, 0-based; `id` the id it was given, or its
-    # index as a string; `sample` which of the prompt's n samples (SamplingParams.n), 0-based,
-    # and 0 when n is 1.
+    logprob: float
+    rank: int | None
+    decoded_token: str | None
+
+
+# One entry per token: {token id: Logprob}, the chosen token first, then the N most likely in
+# rank order (SamplingParams.logprobs N), as vLLM orders it.
+TokenLogprobs = dict[int, Logprob]
+
+
+@dataclass(frozen=True)
+class CompletionOutput:
+    """One completion of a prompt: one of its n samples (vLLM's `CompletionOutput`, with
+    minirt's round fields after vLLM's)."""
+
+    # Which of the prompt's n samples (SamplingParams.n), 0-based.
     index: int
-    id: str
-    sample: int
-
-    # The prompt text (a token-id prompt's decoded text), and what the model was fed first (BOS
-    # alone for an empty prompt; [] if refused).  The text is None without a tokenizer.
-    prompt: str | None
-    prompt_token_ids: list[int]
 
     # The completion (without an EOS's text, cut before a stop string; None without a
     # tokenizer), and every token produced, in order (an EOS or stop token included).
     text: str | None
     token_ids: list[int]
 
-    # Why it ended: "stop" (EOS, stop token or stop string), "length" (max_new_tokens or
+    # Log-probabilities under the raw model, when SamplingParams.logprobs is set (else None):
+    # their sum, and one {token id: Logprob} per token (`TokenLogprobs`).
+    cumulative_logprob: float | None
+    logprobs: list[TokenLogprobs] | None
+
+    # Why it ended: "stop" (EOS, stop token or stop string), "length" (max_tokens or
     # context), "error" (it failed: `error` says why, in one line; None when it did not) or
     # "abort" (its caller ended it with `Engine.abort`; the tokens it had are kept).
     finish_reason: str
     error: str | None
 
-    # Log-probabilities, when asked for (else None): each token's under the raw model; per
-    # token, the N most likely (SamplingParams.logprobs); per prompt token, given those before
-    # it (the first: None).
-    logprobs: list[float] | None
-    top_logprobs: list[list[tuple[int, float]]] | None
-    prompt_logprobs: list[float | None] | None
-
-    # Where it ran.  `group` is the static group that served it (1-based; None under continuous
-    # batching, or if refused); `first_round` the round it was admitted in, its prefill (None if
-    # it never ran), which gave its first token unless its prompt was chunked over several
-    # rounds; `finish_round` the round that gave its last token; `rounds_waited` the rounds
-    # that ran before its first.
+    # Where it ran (minirt's own).  `group` is the static group that served it (1-based; None
+    # under continuous batching, or if refused); `first_round` the round it was admitted in,
+    # its prefill's first (None if it never ran), which gave its first token unless its prompt
+    # was chunked over several rounds; `finish_round` the round that gave its last token;
+    # `rounds_waited` the rounds that ran before its first.
     group: int | None
     first_round: int | None
     finish_round: int | None
@@ -73,37 +84,34 @@ class RequestOutput:
 
     @property
     def ok(self) -> bool:
-        """True unless the request failed (its `error` says why)."""
+        """True unless it failed (its `error` says why)."""
         return self.error is None
+
+    def finished(self) -> bool:
+        """vLLM's: whether it has ended (always, in a final output)."""
+        return True
 
     @classmethod
     def from_request(
         cls, request: Request, detokenizer: Detokenizer | None = None
-    ) -> RequestOutput:
-        """The result of a finished request; a token-id prompt gets its text decoded when a
-        detokenizer (the model's tokenizer) is given."""
+    ) -> CompletionOutput:
+        """The completion of a finished request; each logprob's token text comes from the
+        detokenizer (the model's tokenizer), when one is given."""
         assert request.finish_reason is not None, "only a finished request has a result"
-        if request.want_logprobs:
-            logprobs = list(request.logprobs)
+        if request.params.logprobs is not None:
+            logprobs = token_logprobs(request, detokenizer)
+            cumulative = math.fsum(request.logprobs)
         else:
             logprobs = None
-        if request.params.logprobs:
-            top_logprobs = list(request.top_logprobs)
-        else:
-            top_logprobs = None
+            cumulative = None
         return cls(
-            index=request.index,
-            id=request.id,
-            sample=request.sample,
-            prompt=prompt_text(request, detokenizer),
-            prompt_token_ids=list(request.prompt_ids),
+            index=request.sample,
             text=request.text,
             token_ids=list(request.token_ids),
+            cumulative_logprob=cumulative,
+            logprobs=logprobs,
             finish_reason=request.finish_reason,
             error=request.error,
-            logprobs=logprobs,
-            top_logprobs=top_logprobs,
-            prompt_logprobs=copied(request.prompt_logprobs),
             group=request.group,
             first_round=request.first_round,
             finish_round=request.finish_round,
@@ -114,62 +122,65 @@ class RequestOutput:
             finish_s=request.finish_s,
         )
 
-    def record(self, prompt_was_ids: bool = False, samples: int = 1) -> dict:
-        """The JSON-ready line of `--output`: these fields, `prompt_tokens` (None for a refused
-        request), and `prompt_token_ids` only for a prompt given as token ids; logprobs only
-        when asked for, rounded to 6 places, a -inf (a token the raw model gave probability 0)
-        as null, as strict JSON needs."""
-        if self.ok:
-            prompt_tokens = len(self.prompt_token_ids)
-        else:
-            prompt_tokens = None
-        timing_fields = (
-            ("arrival_s", self.arrival_s),
-            ("first_token_s", self.first_token_s),
-            ("finish_s", self.finish_s),
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One prompt's result, as `LLM.generate` returns it (one per prompt, in input order;
+    vLLM's `RequestOutput`, with the prompt's `index`)."""
+
+    # Identity: the id it was given (or its index, as a string), and its place in the input,
+    # 0-based.
+    request_id: str
+    index: int
+
+    # The prompt text (a token-id prompt's decoded text; None without a tokenizer), and what
+    # the model was fed first (BOS alone for an empty prompt; [] if refused).
+    prompt: str | None
+    prompt_token_ids: list[int]
+
+    # When SamplingParams.prompt_logprobs is 0: per prompt token, {its id: its Logprob} given
+    # the tokens before it (the first: None, as nothing comes before it).  Else None.
+    prompt_logprobs: list[TokenLogprobs | None] | None
+
+    # Its n completions (SamplingParams.n), by sample number.
+    outputs: list[CompletionOutput]
+
+    # Whether every completion has ended (always, in what `generate` returns).
+    finished: bool
+
+    @property
+    def ok(self) -> bool:
+        """True unless a completion failed (its `error` says why)."""
+        return all(output.ok for output in self.outputs)
+
+    @classmethod
+    def from_requests(
+        cls, requests: list[Request], detokenizer: Detokenizer | None = None
+    ) -> RequestOutput:
+        """The result of one prompt's requests (its n samples, in sample order), all
+        finished."""
+        first = requests[0]
+        assert all(r.index == first.index for r in requests), "one prompt's samples"
+        return cls(
+            request_id=first.id,
+            index=first.index,
+            prompt=prompt_text(first, detokenizer),
+            prompt_token_ids=list(first.prompt_ids),
+            prompt_logprobs=prompt_token_logprobs(first, detokenizer),
+            outputs=[CompletionOutput.from_request(r, detokenizer) for r in requests],
+            finished=all(r.finished for r in requests),
         )
-        timing = {name: None if value is None else round(value, 6) for name, value in timing_fields}
-        out: dict = {
-            "index": self.index,
-            "id": self.id,
-            "prompt": self.prompt,
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "group": self.group,
-            "rounds_waited": self.rounds_waited,
-            "first_round": self.first_round,
-            "finish_round": self.finish_round,
-            "prompt_tokens": prompt_tokens,
-            "cached_prompt_tokens": self.cached_prompt_tokens,
-            "error": self.error,
-            **timing,
-        }
-        # One record per sample, each with the prompt's index and id.
-        if samples > 1:
-            out["sample"] = self.sample
-        if prompt_was_ids:
-            out["prompt_token_ids"] = self.prompt_token_ids
-        if self.logprobs is not None:
-            out["logprobs"] = [json_logprob(lp) for lp in self.logprobs]
-        if self.top_logprobs is not None:
-            out["top_logprobs"] = [
-                [[token, json_logprob(lp)] for token, lp in step] for step in self.top_logprobs
-            ]
-        if self.prompt_logprobs is not None:
-            out["prompt_logprobs"] = [
-                None if lp is None else json_logprob(lp) for lp in self.prompt_logprobs
-            ]
-        return out
 
 
 @dataclass(frozen=True)
 class TokenEvent:
     """One token of one request, the moment it is produced (`LLM.generate(..., on_token=...)`)."""
 
-    # Which request (its position in the input, and its id).
+    # Which request: its prompt's position in the input and id, and which of the prompt's n
+    # samples (0 when n is 1).
     index: int
     id: str
+    sample: int
     # The token just produced.
     token_id: int
     # New text that is now final: "" while a character is incomplete or a stop string may still
@@ -178,7 +189,7 @@ class TokenEvent:
     # None while the request runs; its final reason ("stop" or "length") on its last token.
     # A request that fails mid-run, or is ended by `Engine.abort` (finish_reason "abort"),
     # ends without producing a token, so no event says "error" or "abort": its last event
-    # says None, and its RequestOutput gives the reason.
+    # says None, and its CompletionOutput gives the reason.
     finish_reason: str | None
 
     @classmethod
@@ -188,17 +199,55 @@ class TokenEvent:
         return cls(
             index=request.index,
             id=request.id,
+            sample=request.sample,
             token_id=request.token_ids[-1],
             text=unshown_text(request),
             finish_reason=request.finish_reason,
         )
 
 
-def copied(values: list | None) -> list | None:
-    """A copy of a list the request goes on holding (None stays None)."""
-    if values is None:
+def token_logprobs(request: Request, detokenizer: Detokenizer | None) -> list[TokenLogprobs]:
+    """Per token of a request that asked for logprobs: {token id: Logprob}, the chosen token
+    first, then its N most likely (when it asked for N >= 1), in rank order."""
+    steps = []
+    for step, token in enumerate(request.token_ids):
+        if step >= len(request.logprobs):
+            # A token a replay made (minirt/engine/model_free_runner.py) has no logprob.
+            break
+        entry = {token: Logprob(request.logprobs[step], request.logprob_ranks[step], None)}
+        if request.top_logprobs:
+            for rank, (top_token, logprob) in enumerate(request.top_logprobs[step], start=1):
+                if top_token != token:
+                    entry[top_token] = Logprob(logprob, rank, None)
+        steps.append(with_text(entry, detokenizer))
+    return steps
+
+
+def prompt_token_logprobs(
+    request: Request, detokenizer: Detokenizer | None
+) -> list[TokenLogprobs | None] | None:
+    """Per prompt token, {its id: its Logprob} (no rank) given the tokens before it; the first
+    None.  None when the request did not ask for them."""
+    if request.prompt_logprobs is None:
         return None
-    return list(values)
+    entries: list[TokenLogprobs | None] = []
+    for token, logprob in zip(request.prompt_ids, request.prompt_logprobs, strict=True):
+        if logprob is None:
+            entries.append(None)
+        else:
+            entries.append(with_text({token: Logprob(logprob, None, None)}, detokenizer))
+    return entries
+
+
+def with_text(entry: TokenLogprobs, detokenizer: Detokenizer | None) -> TokenLogprobs:
+    """The entry with each token's text (its own decoding, alone), when there is a
+    detokenizer."""
+    if detokenizer is None:
+        return entry
+    return {
+        token: Logprob(value.logprob, value.rank, detokenizer.decode([token]))
+        for token, value in entry.items()
+    }
 
 
 def json_logprob(logprob: float) -> float | None:

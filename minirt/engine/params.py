@@ -1,16 +1,21 @@
 """What a request asks for: `SamplingParams`, validated.
 
 Owns: `SamplingParams`, everything a request says about how it wants to be generated and
-stopped (max_new_tokens, temperature, top_k, top_p, min_p, penalties, logit_bias, seed, stop
+stopped (max_tokens, temperature, top_k, top_p, min_p, penalties, logit_bias, seed, stop
 strings, stop token ids, ignore_eos, logprobs, prompt_logprobs, n), each value checked when it
 is made, and `FIELD_NAMES`, the fields a JSONL line or a flag may set.
+
+The names and defaults are vLLM's (docs/api.md, "Coming from vLLM"): `SamplingParams()` samples
+at temperature 1 and stops after 16 tokens, as vLLM's does and as OpenAI's completions endpoint
+does.  `max_new_tokens` (Hugging Face's name, and minirt's before) is the same field as
+`max_tokens`, accepted wherever `max_tokens` is.
 
 Must not know: models, logits, batches, scheduling or text.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import InitVar, dataclass, fields
 
 import numpy as np
 
@@ -18,6 +23,12 @@ from ..errors import RequestError
 
 # Temperatures under this are treated as 0 (greedy).
 GREEDY_BELOW = 1e-5
+
+# vLLM's and OpenAI's: a request that says nothing gets 16 new tokens at most.
+DEFAULT_MAX_TOKENS = 16
+
+# The other name of max_tokens: Hugging Face's, and minirt's before it took vLLM's.
+MAX_TOKENS_ALIAS = "max_new_tokens"
 
 # The most alternatives a request may ask for at each step.
 MAX_TOP_LOGPROBS = 100
@@ -43,14 +54,15 @@ MAX_REPETITION_PENALTY = 100.0
 class SamplingParams:
     """How one request is generated and when it stops."""
 
-    # Stop with finish_reason "length" after this many tokens.
-    max_new_tokens: int = 64
+    # Stop with finish_reason "length" after this many tokens (`max_new_tokens` is the same
+    # field: see `MAX_TOKENS_ALIAS`).
+    max_tokens: int = DEFAULT_MAX_TOKENS
 
     # Choosing a token.  `temperature` 0 (or below 1e-5) means greedy (argmax); otherwise the
-    # logits are divided by it.  `top_k` keeps only the k most likely tokens (0: no limit);
-    # `top_p` the smallest set of tokens whose probability reaches it (1: no limit).  `min_p`,
-    # further down, filters too.
-    temperature: float = 0.0
+    # logits are divided by it.  `top_k` keeps only the k most likely tokens (0 or -1: no limit;
+    # -1 is vLLM's word for it, kept as 0); `top_p` the smallest set of tokens whose probability
+    # reaches it (1: no limit).  `min_p`, further down, filters too.
+    temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
 
@@ -76,14 +88,32 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     # Recording.  `logprobs` records each token's logprob (0), and the N most likely at each
-    # step (N >= 1); `prompt_logprobs` each prompt token's logprob given the tokens before it.
+    # step (N >= 1); `prompt_logprobs` (0) each prompt token's logprob given the tokens before
+    # it.  None records nothing.  (vLLM's prompt_logprobs N >= 1, the top N at each prompt
+    # position, is not offered.)
     logprobs: int | None = None
-    prompt_logprobs: bool = False
+    prompt_logprobs: int | None = None
 
     # Independent samples of the prompt: sample k draws from its own stream (`sample_seed`).
     n: int = 1
 
-    def __post_init__(self):
+    # The other name of max_tokens, accepted when the object is made (None: not given).
+    max_new_tokens: InitVar[int | None] = None
+
+    def __post_init__(self, max_new_tokens):
+        # max_new_tokens names the same field as max_tokens: given alone it sets it; given
+        # beside a different max_tokens, one of the two would be silently dropped: refused.
+        if max_new_tokens is not None:
+            refuse_bad_max_new_tokens(max_new_tokens)
+            if self.max_tokens not in (DEFAULT_MAX_TOKENS, max_new_tokens):
+                raise RequestError(
+                    f"max_tokens ({self.max_tokens!r}) and max_new_tokens ({max_new_tokens!r}) "
+                    "name one field; give one of them"
+                )
+            object.__setattr__(self, "max_tokens", max_new_tokens)
+        # vLLM's "no top-k limit" is -1; minirt's is 0.
+        if is_int(self.top_k) and self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
         # A bare `stop` string, lists (from JSON) and None become tuples (hashable); validate
         # refuses anything else.
         if isinstance(self.stop, str):
@@ -105,17 +135,15 @@ class SamplingParams:
         records its logits (`validate_logits`)."""
         if not is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
             raise RequestError(f"n must be an integer from 1 to {MAX_SAMPLES}, got {self.n!r}")
-        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise RequestError(
-                f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}"
-            )
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not is_number(self.temperature) or self.temperature < 0:
             raise RequestError(
                 f"temperature must be a number >= 0 (0 is greedy), got {self.temperature!r}"
             )
         if not is_int(self.top_k) or self.top_k < 0:
             raise RequestError(
-                f"top_k must be an integer >= 0 (0 turns it off), got {self.top_k!r}"
+                f"top_k must be an integer >= 0 (0 or -1 turns it off), got {self.top_k!r}"
             )
         if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -139,9 +167,15 @@ class SamplingParams:
             raise RequestError(
                 f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
             )
-        for flag in ("ignore_eos", "prompt_logprobs"):
-            if not isinstance(getattr(self, flag), bool):
-                raise RequestError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if self.prompt_logprobs is not None and not (
+            is_int(self.prompt_logprobs) and self.prompt_logprobs == 0
+        ):
+            raise RequestError(
+                "prompt_logprobs must be 0 (each prompt token's logprob) or None (none), "
+                f"got {self.prompt_logprobs!r}"
+            )
 
     def validate_logits(self) -> None:
         """The penalties, min_p, logprobs and logit_bias.  Each value is bounded so that no step
@@ -206,15 +240,21 @@ class SamplingParams:
                 )
 
     def updated(self, **overrides) -> SamplingParams:
-        """A copy with some fields replaced (validated again)."""
-        unknown = set(overrides) - set(FIELD_NAMES)
+        """A copy with some fields replaced (validated again); `max_new_tokens` replaces
+        max_tokens."""
+        current = {name: getattr(self, name) for name in FIELD_NAMES}
+        if MAX_TOKENS_ALIAS in overrides:
+            # Given to the constructor as it was written, so that a refusal names it.
+            check_one_max_tokens(overrides)
+            del current["max_tokens"]
+        unknown = set(overrides) - set(FIELD_NAMES) - {MAX_TOKENS_ALIAS}
         if unknown:
             noun = "field" if len(unknown) == 1 else "fields"
             raise RequestError(
                 f"unknown sampling {noun} {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(FIELD_NAMES)}"
             )
-        return replace(self, **overrides)
+        return SamplingParams(**{**current, **overrides})
 
     @property
     def changes_logits(self) -> bool:
@@ -232,8 +272,36 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
-# What a JSONL line or a flag may set.
+# `params.max_new_tokens` reads max_tokens.  Set here, once the class is made: the dataclass
+# takes the class attribute of that name as the InitVar's default when it writes __init__.
+setattr(  # noqa: B010 (set after the class is made: see above)
+    SamplingParams,
+    "max_new_tokens",
+    property(lambda self: self.max_tokens, doc="max_tokens, by its other name (Hugging Face's)."),
+)
+
+# What a JSONL line or a flag may set (and max_new_tokens, the same field as max_tokens).
 FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))
+
+
+def refuse_bad_max_new_tokens(value) -> None:
+    """Refuse, in the name its caller wrote, a max_new_tokens that max_tokens would refuse."""
+    if not is_int(value) or value < 1:
+        raise RequestError(
+            f"max_new_tokens (max_tokens by its other name) must be an integer >= 1, got {value!r}"
+        )
+
+
+def check_one_max_tokens(overrides: dict) -> None:
+    """Refuse overrides whose max_new_tokens is bad (None too: given, it must say how many), or
+    that give max_tokens and max_new_tokens (one field) different values."""
+    alias_value = overrides[MAX_TOKENS_ALIAS]
+    refuse_bad_max_new_tokens(alias_value)
+    if "max_tokens" in overrides and overrides["max_tokens"] != alias_value:
+        raise RequestError(
+            f"max_tokens ({overrides['max_tokens']!r}) and max_new_tokens ({alias_value!r}) "
+            "name one field; give one of them"
+        )
 
 
 def first_refused_field(base: SamplingParams, overrides: dict) -> tuple[str, str] | None:

@@ -4,7 +4,7 @@ Owns: `Request`, a plain record of everything that is one request's own (identit
 parameters, random stream, output, status, KV slot, rounds), and the things that happen to a
 record:
   * `add_token` appends a chosen token and applies every stop rule: EOS, stop token ids, stop
-    strings (found in the decoded text even when they span tokens), max_new_tokens and a full
+    strings (found in the decoded text even when they span tokens), max_tokens and a full
     context;
   * `fail_request` ends it with an error of its own: before it runs, or mid-run when its logits
     are not finite;
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,7 +65,7 @@ class Refusal:
         if self.kind == KV_BUDGET:
             return (
                 f"needs {self.needed} KV cache positions, over the budget of {self.limit}; "
-                "lower max_new_tokens or raise the KV budget"
+                "lower max_tokens or raise the KV budget"
             )
         if self.kind == ROUND_TOKENS:
             return (
@@ -81,6 +82,17 @@ class Refusal:
 
     def __str__(self) -> str:
         return self.message
+
+
+class Choice(NamedTuple):
+    """What the sampler chose for a request in a round: the token; its log-probability under
+    the raw model and its rank there (1: the most likely), when the request wants logprobs (else
+    None); and the N most likely tokens with theirs, when it asked for N (else None)."""
+
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] | None = None
+    rank: int | None = None
 
 
 class Status(enum.Enum):
@@ -111,12 +123,14 @@ class Request:
     sample: int = 0  # which of the prompt's n samples (0 when n is 1)
     output_index: int = -1
 
-    # What it produced.  `logprobs` are under the raw model, kept when wanted; `top_logprobs`
-    # holds, per token, the N most likely; `prompt_logprobs`, per prompt token, its logprob
+    # What it produced.  `logprobs` are under the raw model, kept when wanted, with each
+    # token's rank there in `logprob_ranks` (1: the most likely); `top_logprobs` holds, per
+    # token, the N most likely; `prompt_logprobs`, per prompt token, its logprob
     # given the tokens before it (when asked).  `text` is the completion cut before a stop
     # string, None without a tokenizer.
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    logprob_ranks: list[int] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_logprobs: list[float | None] | None = None
     text: str | None = None
@@ -204,20 +218,21 @@ def abort_request(request: Request) -> None:
 
 def add_token(
     request: Request,
-    token: int,
-    logprob: float | None,
+    choice: Choice,
     round_number: int,
     eos_token_id: int | None,
     n_positions: int,
-    top: list[tuple[int, float]] | None = None,
 ) -> None:
-    """Append this round's token (and its logprobs, if wanted) to the record and apply every
-    stop rule, in order."""
+    """Append this round's chosen token (and its logprobs, if wanted) to the record and apply
+    every stop rule, in order."""
+    token = choice.token
     request.token_ids.append(token)
-    if request.want_logprobs and logprob is not None:
-        request.logprobs.append(logprob)
-    if top is not None:
-        request.top_logprobs.append(top)
+    if request.want_logprobs and choice.logprob is not None:
+        request.logprobs.append(choice.logprob)
+        if choice.rank is not None:
+            request.logprob_ranks.append(choice.rank)
+    if choice.top is not None:
+        request.top_logprobs.append(choice.top)
     params = request.params
     is_eos = token == eos_token_id and not params.ignore_eos
     if is_eos or token in params.stop_token_ids:
@@ -225,7 +240,7 @@ def add_token(
         finish(request, "stop", round_number)
     elif request.decoder is not None and found_stop_string(request, request.decoder.push(token)):
         finish(request, "stop", round_number, text_was_cut=True)
-    elif len(request.token_ids) >= params.max_new_tokens:
+    elif len(request.token_ids) >= params.max_tokens:
         finish(request, "length", round_number)
     elif request.prompt_len + len(request.token_ids) >= n_positions:
         # Prompt and output fill the context (Hugging Face's max_length).

@@ -144,8 +144,8 @@ class ModelRunner:
             return []
         choices = choose_tokens(self.model.backend, logits, producing)
         got_token = []
-        for request, (token, logprob, top) in zip(producing, choices, strict=True):
-            if token is None:
+        for request, choice in zip(producing, choices, strict=True):
+            if choice is None:
                 number = len(request.token_ids) + 1
                 fail_request(
                     request,
@@ -155,6 +155,6 @@ class ModelRunner:
                 )
                 continue
             eos = self.eos_token_id
-            add_token(request, token, logprob, round_number, eos, n_positions, top)
+            add_token(request, choice, round_number, eos, n_positions)
             got_token.append(request)
         return got_token

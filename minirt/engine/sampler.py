@@ -7,7 +7,8 @@ Owns:
     probabilities;
   * `choose_token`: greedy or a draw from the request's own random stream, plus its
     log-probability under the raw model;
-  * `choose_tokens`: the same for every row of a round (when every row is greedy and wants no
+  * `choose_tokens`: the same for every row of a round, as a `Choice` each (the token, its
+    logprob and rank, its top alternatives; when every row is greedy and wants no
     log-probabilities, the argmax runs on the backend and only B token ids cross to the host);
   * `log_softmax`, the one log-softmax in minirt (float64), `prompt_logprobs` (a block of
     prompt positions at a time) and `top_logprobs` (`most_likely`: the top n without sorting the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .params import SamplingParams
+from .request import Choice
 
 
 def processed_logits(
@@ -179,13 +181,21 @@ def top_logprobs(
     return [(int(token), float(raw_logprobs[token])) for token in most_likely(raw_logprobs, n)]
 
 
-def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None, list | None]]:
-    """Every row's (token, log-probability or None, top alternatives or None), from its own
-    logits row and settings.  `rows` are the round's requests (with `params`, `rng`,
-    `want_logprobs`); `logits` [B, V] is a backend array.  The all-greedy shortcut picks what
-    `choose_token` would (same fp32 numbers, ties to the lowest id).  A row holding NaN or inf
-    chooses nothing: (None, None, None) tells the caller to fail that request."""
-    chosen: list[tuple[int | None, float | None, list | None]] = []
+def logprob_rank(raw_logprobs: np.ndarray, token: int) -> int:
+    """A token's rank under the raw model, vLLM's way: 1 for the most likely, and in general how
+    many tokens are at least as likely as it (itself included), so a token tied with others
+    ranks after all of them."""
+    return int(np.count_nonzero(raw_logprobs >= raw_logprobs[token]))
+
+
+def choose_tokens(backend, logits, rows) -> list[Choice | None]:
+    """Every row's `Choice` (its token; its log-probability and rank under the raw model, or
+    None; its top alternatives, or None), from its own logits row and settings.  `rows` are the
+    round's requests (with `params`, `rng`, `want_logprobs`); `logits` [B, V] is a backend
+    array.  The all-greedy shortcut picks what `choose_token` would (same fp32 numbers, ties to
+    the lowest id).  A row holding NaN or inf chooses nothing: None tells the caller to fail
+    that request."""
+    chosen: list[Choice | None] = []
     if all(r.params.greedy and not r.want_logprobs and not r.params.changes_logits for r in rows):
         # One device-to-host copy of B ids: each row's argmax, or -1 where it is not finite.
         xp = backend.xp
@@ -193,16 +203,16 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None,
         picked = backend.to_numpy(xp.where(finite, xp.argmax(logits, axis=-1), -1))  # [B]
         for token in picked:
             if token >= 0:
-                chosen.append((int(token), None, None))
+                chosen.append(Choice(int(token)))
             else:
-                chosen.append((None, None, None))
+                chosen.append(None)
         return chosen
     # One device-to-host copy of the logits; the rest on the host.
     host = backend.to_numpy(logits)  # [B, V] fp32
     finite = np.isfinite(host).all(axis=-1)  # [B] bool
     for row, r, ok in zip(host, rows, finite, strict=True):
         if not ok:
-            chosen.append((None, None, None))
+            chosen.append(None)
             continue
         # The raw model's log-probabilities, once, for the chosen token and the top n.
         raw = log_softmax(row) if r.want_logprobs or r.params.logprobs else None  # [V]
@@ -213,7 +223,12 @@ def choose_tokens(backend, logits, rows) -> list[tuple[int | None, float | None,
             top = top_logprobs(row, r.params.logprobs, raw)
         else:
             top = None
-        chosen.append((token, logprob, top))
+        if logprob is None:
+            rank = None
+        else:
+            assert raw is not None  # computed above, since a logprob was wanted
+            rank = logprob_rank(raw, token)
+        chosen.append(Choice(token, logprob, top, rank))
     return chosen
 
 

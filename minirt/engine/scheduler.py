@@ -197,15 +197,15 @@ class Scheduler:
     def kv_positions_needed(self, request: Request) -> int:
         """KV positions a request reserves: its prompt plus every output token but the last."""
         prompt_len = request.prompt_len
-        wanted = prompt_len + request.params.max_new_tokens - 1
+        wanted = prompt_len + request.params.max_tokens - 1
         return min(max(wanted, prompt_len), self.n_positions)
 
     def refusal(self, request: Request) -> Refusal | None:
         """Why no round could ever take this request (a value: its `message` words it), or None
-        when one could: over the KV budget (it is max_new_tokens that the caller lowers)."""
+        when one could: over the KV budget (it is max_tokens that the caller lowers)."""
         needed = self.kv_positions_needed(request)
         if needed > self.kv_budget:
-            return Refusal(KV_BUDGET, "max_new_tokens", needed=needed, limit=self.kv_budget)
+            return Refusal(KV_BUDGET, "max_tokens", needed=needed, limit=self.kv_budget)
         return None
 
     def submit(self, request: Request) -> None:

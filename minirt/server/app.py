@@ -426,7 +426,7 @@ class CompletionsAPI:
             output = event.output
             if output.finish_reason == "abort" and output.error is None:
                 message = f"stopped because choice {failed} of this completion failed"
-                event = Finished(event.choice, replace(output, error=message), "")
+                event = Finished(event.choice, replace(output, error=message), "", event.logprobs)
             yield event
 
     def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:

@@ -3,7 +3,7 @@
 Owns: `ServerMetrics`, one server's metrics in a registry of its own (no global state: two
 servers in one process keep apart), the observer the engine's client is given
 (minirt/engine/client.py `EngineObserver`: it hears plain values on the engine's thread: a first
-token with its waits and prompt counts, a finished `RequestOutput` with its latency, a round's
+token with its waits and prompt counts, a finished `CompletionOutput` with its latency, a round's
 new tokens, the counts' `EngineSnapshot`), and written out by `prometheus_client` (its
 collectors are safe to update from one thread and read from another).
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine.client import EngineObserver, EngineSnapshot
-from ..engine.output import RequestOutput
+from ..engine.output import CompletionOutput
 
 # Seconds: from a round of a tiny model (~1 ms) to a long queue.
 LATENCY_BUCKETS = (
@@ -165,7 +165,7 @@ class ServerMetrics(EngineObserver):
         self.rounds.inc()
         self.generation_tokens.labels(self.model_name).inc(new_tokens)
 
-    def finished(self, output: RequestOutput, seconds: float) -> None:
+    def finished(self, output: CompletionOutput, seconds: float) -> None:
         """A request's record is final, `seconds` after it arrived."""
         name = self.model_name
         reason = output.finish_reason or "error"

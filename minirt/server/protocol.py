@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..engine.params import FIELD_NAMES, SamplingParams, first_refused_field
+from ..engine.params import DEFAULT_MAX_TOKENS, FIELD_NAMES, SamplingParams, first_refused_field
 from ..errors import RequestError
 from .api_errors import APIError
 
@@ -40,12 +40,13 @@ MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_STOP_CHARS = 1000
 MAX_STOP_TOKEN_IDS = 300
 
-# OpenAI's defaults where a body is silent (minirt's offline default is greedy).
-DEFAULT_MAX_TOKENS = 16
-DEFAULT_TEMPERATURE = 1.0
+# OpenAI's defaults where a body is silent, which are SamplingParams' (vLLM's): 16 tokens,
+# temperature 1.  (vLLM's server fills them from the model's generation_config.json instead;
+# docs/api.md, "Defaults", says why minirt's does not.)
+DEFAULT_TEMPERATURE = SamplingParams().temperature
 
 # A SamplingParams field whose name the API spells otherwise.
-API_NAMES = {"max_new_tokens": "max_tokens", "prompt_logprobs": "echo"}
+API_NAMES = {"prompt_logprobs": "echo"}
 
 # The fields that hold objects of their own fields, which an error names by their dotted path.
 NESTED_BODIES = ("stream_options",)
@@ -383,7 +384,7 @@ def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) 
             )
             raise APIError(400, message, "max_tokens")
     fields = {
-        "max_new_tokens": max_tokens,
+        "max_tokens": max_tokens,
         "temperature": DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         # vLLM's -1 turns top_k off, as minirt's 0 does.
@@ -399,7 +400,7 @@ def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) 
         "logit_bias": body.logit_bias,
         "logprobs": body.logprobs,
         # echo with logprobs: the prompt's tokens get theirs too.
-        "prompt_logprobs": body.echo and body.logprobs is not None,
+        "prompt_logprobs": 0 if body.echo and body.logprobs is not None else None,
         "n": body.n,
     }
     assert set(fields) <= set(FIELD_NAMES)

@@ -173,22 +173,23 @@ def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, token
         text = prompt_text + completion_text
     else:
         text = completion_text
-    if output.logprobs is None:
+    plain = final.logprobs
+    if plain is None:
         logprobs = None
     else:
         built = Logprobs(tokenizer, 0)
         if echo:
-            assert output.prompt_logprobs is not None  # asked for with echo and logprobs
-            built.add_prompt(prompt_ids, output.prompt_logprobs)
+            assert plain.prompt is not None  # asked for with echo and logprobs
+            built.add_prompt(prompt_ids, plain.prompt)
             # The completion's offsets follow the prompt's text, decoded afresh.
             built.offset = len(prompt_text)
             built.decoder = None if tokenizer is None else tokenizer.stream()
         for k, token_id in enumerate(output.token_ids):
-            if output.top_logprobs is None:
+            if plain.top is None:
                 top = None
             else:
-                top = output.top_logprobs[k]
-            built.add(token_id, output.logprobs[k], top)
+                top = plain.top[k]
+            built.add(token_id, plain.tokens[k], top)
         logprobs = built.body()
     return {
         "index": final.choice,

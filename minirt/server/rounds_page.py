@@ -154,7 +154,7 @@ class RoundsPage:
         prompt_ids = tuple(self.llm.prompt_ids([]))
         completions = []
         for length in lengths:
-            params = SamplingParams(max_new_tokens=length, ignore_eos=True)
+            params = SamplingParams(max_tokens=length, ignore_eos=True)
             choice = ChoiceSpec(prompt_ids, params, sample=0)
             completions.append(Completion(f"cmpl-{uuid.uuid4().hex}", [choice], received))
         self.handover.submit(*completions)

@@ -449,13 +449,21 @@ def test_help_shows_the_real_defaults_and_where_they_come_from():
         env={**os.environ, "COLUMNS": "400"},
         check=False,
     )
-    lines = {
-        line.split()[0]: line
-        for line in result.stdout.splitlines()
-        if line.strip().startswith("--")
-    }
+    # Each option's help, keyed by its first flag: its line and the lines under it (a long flag's help starts
+    # on the next line).
+    lines: dict[str, str] = {}
+    flag = None
+    for line in result.stdout.splitlines():
+        if line.startswith("  --"):
+            flag = line.split()[0].rstrip(",")
+            lines[flag] = line
+        elif flag is not None and line.startswith("   "):
+            lines[flag] += " " + line
+        else:
+            flag = None
+    # Without a generation_config.json: greedy and vLLM's 16 tokens (docs/api.md, "Defaults").
     for flag, field, fallback in [
-        ("--max-new-tokens", "max_new_tokens", "64"),
+        ("--max-tokens", "max_new_tokens", "16"),
         ("--temperature", "temperature", "0"),
         ("--top-k", "top_k", "0"),
     ]:

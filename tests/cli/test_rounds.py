@@ -179,7 +179,10 @@ def test_the_engines_real_trace_agrees_with_the_simulator(output_lens, rows, dat
         )
         requests = [
             make_request(
-                engine, i, list(range(1, p + 1)), SamplingParams(max_new_tokens=n, ignore_eos=True)
+                engine,
+                i,
+                list(range(1, p + 1)),
+                SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0),
             )
             for i, (p, n) in enumerate(zip(prompts, output_lens, strict=True))
         ]

@@ -24,6 +24,7 @@ from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.evaluate import text_loss
 from minirt.model import backend as backend_module
+from conftest import completions
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -126,7 +127,10 @@ def test_batching_with_uneven_lengths_and_slot_reuse(stand_in, policy, dtype):
     pool whose freed slots are taken again (zeroed, then gathered out of order)."""
     cpu, device = model_pair(stand_in, dtype)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11], [12], [13, 14, 15, 16], [17]]
-    params = [SamplingParams(max_new_tokens=2 + 3 * (i % 3), ignore_eos=True) for i in range(7)]
+    params = [
+        SamplingParams(max_tokens=2 + 3 * (i % 3), ignore_eos=True, temperature=0.0)
+        for i in range(7)
+    ]
     want = [outcome(r) for r in served(cpu, prompts, params, batch_size=3, policy=policy)]
     with stand_in.counting() as counts:
         got = [outcome(r) for r in served(device, prompts, params, batch_size=3, policy=policy)]
@@ -140,7 +144,7 @@ def test_batching_with_uneven_lengths_and_slot_reuse(stand_in, policy, dtype):
 def test_sampling_with_penalties_and_logprobs(stand_in, dtype):
     cpu, device = model_pair(stand_in, dtype)
     params = SamplingParams(
-        max_new_tokens=8,
+        max_tokens=8,
         temperature=0.9,
         top_k=12,
         top_p=0.9,
@@ -165,7 +169,7 @@ def test_sampling_with_penalties_and_logprobs(stand_in, dtype):
 
 def test_prompt_logprobs(stand_in):
     cpu, device = model_pair(stand_in)
-    params = SamplingParams(max_new_tokens=3, prompt_logprobs=True, ignore_eos=True)
+    params = SamplingParams(max_tokens=3, prompt_logprobs=0, ignore_eos=True, temperature=0.0)
     prompts = [[1, 2, 3, 4, 5], [6], [7, 8]]
     want = [outcome(r) for r in served(cpu, prompts, [params] * 3, batch_size=3)]
     got = [outcome(r) for r in served(device, prompts, [params] * 3, batch_size=3)]
@@ -178,7 +182,7 @@ def test_a_row_whose_logits_are_not_finite_fails_alone(stand_in):
     for model in (cpu, device):
         model.head_weight[:, 7] = np.nan if model is cpu else model.xp.float32("nan")
     prompts = [[1, 2], [3], [4, 5, 6]]
-    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     want = [outcome(r) for r in served(cpu, prompts, [params] * 3, batch_size=3)]
     got = [outcome(r) for r in served(device, prompts, [params] * 3, batch_size=3)]
     assert got == want
@@ -204,17 +208,19 @@ def cupy_is_the_stand_in(monkeypatch, stand_in):
 def test_llm_end_to_end(cupy_is_the_stand_in):
     prompts = ["ROMEO:", "To be", ""]
     params = [
-        SamplingParams(max_new_tokens=6),
-        SamplingParams(max_new_tokens=5, temperature=0.8, seed=2, logprobs=2),
-        SamplingParams(max_new_tokens=4, stop=["\n"], prompt_logprobs=True),
+        SamplingParams(max_tokens=6, temperature=0.0),
+        SamplingParams(max_tokens=5, temperature=0.8, seed=2, logprobs=2),
+        SamplingParams(max_tokens=4, stop=["\n"], prompt_logprobs=0, temperature=0.0),
     ]
-    want = minirt.LLM(backend="numpy").generate(prompts, params)
+    want = completions(minirt.LLM(backend="numpy").generate(prompts, params), top_n=2)
     llm = minirt.LLM(backend="cupy")
     assert llm.model.backend.name == "cupy" and llm.model.xp is cupy_is_the_stand_in
-    got = llm.generate(prompts, params)
+    got = completions(llm.generate(prompts, params), top_n=2)
     keys = ("text", "token_ids", "finish_reason", "logprobs", "top_logprobs", "prompt_logprobs")
     for mine, theirs in zip(got, want, strict=True):
         assert {k: getattr(mine, k) for k in keys} == {k: getattr(theirs, k) for k in keys}
+        # vLLM's shape too: each token's {id: Logprob} with its rank and text.
+        assert mine.output.logprobs == theirs.output.logprobs
 
 
 def records(path) -> list[dict]:

@@ -52,9 +52,9 @@ PROMPT_BLOCK_FIXED = 23
 PROMPT_BLOCK_PER_TILE = 12
 
 PARAMS = {
-    "greedy": SamplingParams(max_new_tokens=5, ignore_eos=True),
-    "sampled": SamplingParams(max_new_tokens=5, temperature=0.8, top_k=5, seed=1, ignore_eos=True),
-    "logprobs": SamplingParams(max_new_tokens=5, logprobs=2, ignore_eos=True),
+    "greedy": SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.0),
+    "sampled": SamplingParams(max_tokens=5, temperature=0.8, top_k=5, seed=1, ignore_eos=True),
+    "logprobs": SamplingParams(max_tokens=5, logprobs=2, ignore_eos=True, temperature=0.0),
 }
 
 
@@ -179,7 +179,7 @@ def test_prompt_logprobs_cost_one_upload_and_one_download_per_prompt_scored(monk
     forward_without_syncs(stand_in, monkeypatch)
     model = random_model(seed=2, backend=strict_backend(stand_in), n_layer=2)
     engine = Engine(ModelRunner(model), None, batch_size=3)
-    params = SamplingParams(max_new_tokens=3, prompt_logprobs=True, ignore_eos=True)
+    params = SamplingParams(max_tokens=3, prompt_logprobs=0, ignore_eos=True, temperature=0.0)
     requests = [make_request(engine, i, p, params) for i, p in enumerate([[1, 2], [3], [4, 5]])]
     costs = round_costs(stand_in, engine, requests, monkeypatch)
     first = costs[0].counts

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.ray
 
 from minirt import LLM, SamplingParams  # noqa: E402 (after the importorskip above)
 from minirt.distributed.serve_on_ray import OneProcessSchedule  # noqa: E402
+from minirt.cli.records import record as record_of  # noqa: E402
 
 WHERE = ("group", "rounds_waited", "first_round", "finish_round")
 
@@ -34,13 +35,15 @@ def test_the_replay_gives_each_record_the_rounds_of_one_process(
     # max_new_tokens (the replay must end them where the run did).
     stops = tuple(range(0, llm.model.config.vocab_size, 4))
     params = [
-        SamplingParams(max_new_tokens=n, temperature=1.0, stop_token_ids=stops) for _, n in lengths
+        SamplingParams(max_tokens=n, temperature=1.0, stop_token_ids=stops) for _, n in lengths
     ]
-    outputs = llm.generate(prompts, params)
+    # The run's records, as the command line writes them (one per request).
+    outputs = llm.make_requests(prompts, params)
+    llm.run(outputs)
     schedule = OneProcessSchedule(policy, batch_size, 16)
     replayed = []
     for output, sp in zip(outputs, params, strict=True):
-        record = output.record()
+        record = record_of(output)
         row = {
             "kv_budget": llm.engine.kv_budget_positions,
             "n_positions": llm.model.config.n_positions,

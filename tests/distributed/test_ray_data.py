@@ -31,6 +31,7 @@ from minirt.errors import MinirtError  # noqa: E402
 from minirt.distributed import ray_data as distributed  # noqa: E402 (after the importorskip above)
 from minirt.distributed import serve_on_ray as scale_out  # noqa: E402
 from minirt.generate import main as generate_main  # noqa: E402
+from conftest import completions  # noqa: E402
 
 WHAT_A_REQUEST_PRODUCED = (
     "index",
@@ -360,8 +361,8 @@ def test_the_api_takes_a_list_or_a_dataset(local_ray, tiny_lm):
     from minirt import LLM, SamplingParams
 
     prompts = ["To be", "ROMEO.", [5, 6, 7], "All the world"]
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=20)
-    want = LLM(tiny_lm, seed=9).generate(prompts, params)
+    params = SamplingParams(max_tokens=6, temperature=1.0, top_k=20)
+    want = completions(LLM(tiny_lm, seed=9).generate(prompts, params))
     overrides = {"max_new_tokens": 6, "temperature": 1.0, "top_k": 20}
     from_list, _ = distributed.generate_dataset(prompts, str(tiny_lm), overrides=overrides, seed=9)
     rows = [{"index": i, "prompt": p} for i, p in enumerate(prompts)][
@@ -462,9 +463,9 @@ def test_dataset_rows_with_nulls_are_rows_with_those_fields_left_out(local_ray, 
         if row["prompt"] is None:
             assert record["finish_reason"] == "error" and 'no "prompt" field' in record["error"]
             continue
-        params = SamplingParams(**{"max_new_tokens": 6, **given})
+        params = SamplingParams(**{"max_new_tokens": 6, "temperature": 0.0, **given})
         # The row's own index, as in one process: its derived seed depends on it.
-        requests = llm.make_requests([row["prompt"]] * (row["index"] + 1), params, None, False)
+        requests = llm.make_requests([row["prompt"]] * (row["index"] + 1), params)
         llm.run(requests)
         expected = requests[row["index"]]
         assert record["error"] is None

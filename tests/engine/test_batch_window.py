@@ -16,7 +16,7 @@ def waiting(n: int, arrival_s: float, new_tokens: int = 4) -> list[Request]:
             id=str(i),
             prompt=None,
             prompt_ids=[1, 2],
-            params=SamplingParams(max_new_tokens=new_tokens, ignore_eos=True),
+            params=SamplingParams(max_tokens=new_tokens, ignore_eos=True, temperature=0.0),
         )
         request.arrival_s = arrival_s
         requests.append(request)

@@ -12,6 +12,7 @@ from minirt.engine.runner import ModelRunner
 from minirt.llm import run_steps
 from minirt.errors import RequestError
 from minirt.engine.sampler import log_softmax
+from conftest import completions
 
 
 def engine_for(model, batch_size, tokenizer=None, **kw):
@@ -48,7 +49,7 @@ def test_seed_exercise_static_group_of_three(model, monkeypatch):
         return original(inputs, cache)
 
     monkeypatch.setattr(model, "forward", spy)
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 5, 8, 4)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in (2, 5, 8, 4)]
     requests, stats = serve(engine, [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]], params)
     first, fourth = stats.groups[0], requests[3]
     assert (first.first_round, first.last_round) == (1, 8)
@@ -71,7 +72,7 @@ def test_seed_exercise_static_group_of_three(model, monkeypatch):
 @given(lengths=st.lists(st.integers(1, 9), min_size=1, max_size=9), batch_size=st.integers(1, 4))
 def test_rounds_are_set_by_each_groups_longest_member(model, lengths, batch_size):
     engine = engine_for(model, batch_size)
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in lengths]
     requests, stats = serve(engine, [[i % 50 + 1] for i in range(len(lengths))], params)
     groups = [lengths[i : i + batch_size] for i in range(0, len(lengths), batch_size)]
     assert stats.rounds == sum(max(g) for g in groups)
@@ -126,13 +127,13 @@ def test_a_requests_tokens_do_not_depend_on_its_batch(model, prompts, data):
 
 
 def test_same_prompt_and_seed_give_the_same_tokens_in_one_batch(model):
-    sp = SamplingParams(temperature=1.0, seed=42, max_new_tokens=12)
+    sp = SamplingParams(temperature=1.0, seed=42, max_tokens=12)
     requests, _ = serve(engine_for(model, 4), [[5, 6, 7], [1], [5, 6, 7], [2, 3]], sp)
     assert requests[0].token_ids == requests[2].token_ids
     other_seed, _ = serve(
         engine_for(model, 4),
         [[5, 6, 7]],
-        SamplingParams(temperature=1.0, seed=43, max_new_tokens=12),
+        SamplingParams(temperature=1.0, seed=43, max_tokens=12),
     )
     assert other_seed[0].token_ids != requests[0].token_ids
 
@@ -142,16 +143,18 @@ def test_same_prompt_and_seed_give_the_same_tokens_in_one_batch(model):
 
 def test_eos_stops_only_its_own_request_and_ignore_eos_goes_on(model):
     engine = engine_for(model, 3)
-    probe, _ = serve(engine, [[9, 9]], SamplingParams(max_new_tokens=6, ignore_eos=True))
+    probe, _ = serve(
+        engine, [[9, 9]], SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    )
     eos = probe[0].token_ids[2]  # make the third token this request produces the EOS
     engine.eos_token_id = eos
     requests, stats = serve(
         engine,
         [[9, 9], [9, 9], [1, 2]],
         [
-            SamplingParams(max_new_tokens=6),
-            SamplingParams(max_new_tokens=6, ignore_eos=True),
-            SamplingParams(max_new_tokens=6, ignore_eos=True),
+            SamplingParams(max_tokens=6, temperature=0.0),
+            SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0),
+            SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0),
         ],
     )
     stopped, kept_going, peer = requests
@@ -165,12 +168,14 @@ def test_eos_stops_only_its_own_request_and_ignore_eos_goes_on(model):
 
 def test_stop_token_ids(model):
     engine = engine_for(model, 2)
-    probe, _ = serve(engine, [[3, 4, 5]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    probe, _ = serve(
+        engine, [[3, 4, 5]], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    )
     target = probe[0].token_ids[4]
     requests, _ = serve(
         engine,
         [[3, 4, 5]],
-        SamplingParams(max_new_tokens=8, ignore_eos=True, stop_token_ids=(target,)),
+        SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=(target,), temperature=0.0),
     )
     cut = probe[0].token_ids.index(target) + 1
     assert requests[0].token_ids == probe[0].token_ids[:cut] and requests[0].finish_reason == "stop"
@@ -181,7 +186,7 @@ def test_context_full_finishes_with_length(model):
     requests, _ = serve(
         engine_for(model, 3),
         [list(range(30)), list(range(32)), [1]],
-        SamplingParams(max_new_tokens=10, ignore_eos=True),
+        SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0),
     )
     assert (
         len(requests[0].token_ids) == 2 and requests[0].finish_reason == "length"
@@ -192,13 +197,15 @@ def test_context_full_finishes_with_length(model):
     # Every token but the last is fed back, and each fed token needs a position.
     assert all(r.prompt_len + len(r.token_ids) - 1 <= n_positions for r in requests)
     engine = engine_for(model, 3)
-    serve(engine, [list(range(30))], SamplingParams(max_new_tokens=10, ignore_eos=True))
+    serve(
+        engine, [list(range(30))], SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.0)
+    )
     assert engine.kv_cache is None and engine.free_slots == []  # released after the group
 
 
 def test_a_bad_request_gets_its_own_error_and_peers_are_unchanged(model):
     good = [[1, 2, 3], [4, 5]]
-    sp = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    sp = SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.0)
     clean, _ = serve(engine_for(model, 3), good, sp)
     mixed, stats = serve(engine_for(model, 3), [good[0], list(range(33)), [99], good[1]], sp)
     assert mixed[1].error and "more than the model's context of 32" in mixed[1].error
@@ -213,7 +220,7 @@ def test_empty_prompt_starts_from_bos(model):
 
     c = model.config
     maker = RequestMaker(None, c.vocab_size, c.n_positions, bos_token_id=7)
-    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     empty, explicit = maker.make(0, [], params), maker.make(0, [7], params)
     serve_all(engine_for(model, 2), [empty])
     serve_all(engine_for(model, 2), [explicit])
@@ -222,7 +229,9 @@ def test_empty_prompt_starts_from_bos(model):
 
 def test_kv_budget_limits_the_group_and_refuses_what_can_never_fit(model):
     engine = engine_for(model, batch_size=3)
-    sp = SamplingParams(max_new_tokens=4, ignore_eos=True)  # 2-token prompts need 5 positions each
+    sp = SamplingParams(
+        max_tokens=4, ignore_eos=True, temperature=0.0
+    )  # 2-token prompts need 5 positions each
     engine.kv_budget_positions = 10  # room for two such slots, not three
     requests, stats = serve(engine, [[1, 2], [3, 4], [5, 6]], sp)
     assert [len(g.members) for g in stats.groups] == [2, 1]
@@ -236,7 +245,7 @@ def test_logprobs_are_the_raw_models_log_softmax(model):
     requests, _ = serve(
         engine_for(model, 2),
         [[1, 2, 3], [4]],
-        SamplingParams(temperature=1.0, top_k=5, max_new_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=5, max_tokens=6, ignore_eos=True),
         logprobs=True,
     )
     for r in requests:
@@ -255,7 +264,9 @@ def test_engine_greedy_matches_transformers(name):
     expected = load_expected(name)
     prompts = [expected[f"prompt_{g}"].tolist() for g in range(2)]
     llm = LLM(FIXTURES / name, batch_size=2)
-    outputs = llm.generate(prompts, SamplingParams(max_new_tokens=32, ignore_eos=True))
+    outputs = completions(
+        llm.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True, temperature=0.0))
+    )
     for g, out in enumerate(outputs):
         assert out.token_ids == expected[f"greedy_{g}"].tolist()
 
@@ -267,7 +278,9 @@ def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
     llm = LLM(tiny_lm, batch_size=2)
     tok = llm.tokenizer
     prompt = "To be, or not"
-    probe = llm.generate([prompt], SamplingParams(max_new_tokens=24, ignore_eos=True))[0]
+    probe = completions(
+        llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0))
+    )[0]
     pieces = [tok.decode([t]) for t in probe.token_ids]
     spans = [
         i
@@ -284,12 +297,16 @@ def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
     finish_at = next(
         k for k in range(1, len(probe.token_ids) + 1) if stop in tok.decode(probe.token_ids[:k])
     )
-    out, peer = llm.generate(
-        [prompt, "Shall I"],
-        [
-            SamplingParams(max_new_tokens=24, ignore_eos=True, stop=["zzz-never", stop]),
-            SamplingParams(max_new_tokens=24, ignore_eos=True),
-        ],
+    out, peer = completions(
+        llm.generate(
+            [prompt, "Shall I"],
+            [
+                SamplingParams(
+                    max_tokens=24, ignore_eos=True, stop=["zzz-never", stop], temperature=0.0
+                ),
+                SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.0),
+            ],
+        )
     )
     assert out.finish_reason == "stop" and out.text == full[: full.find(stop)]
     assert out.token_ids == probe.token_ids[:finish_at] and out.finish_round == finish_at
@@ -298,8 +315,10 @@ def test_stop_string_spanning_tokens_cuts_the_text(tiny_lm):
 
 def test_text_is_the_decoded_tokens_and_eos_text_is_left_out(tiny_lm):
     llm = LLM(tiny_lm, batch_size=3)
-    outs = llm.generate(
-        ["All the world", "", "Café"], SamplingParams(max_new_tokens=16, temperature=1.0, seed=5)
+    outs = completions(
+        llm.generate(
+            ["All the world", "", "Café"], SamplingParams(max_tokens=16, temperature=1.0, seed=5)
+        )
     )
     for out in outs:
         produced = [t for t in out.token_ids if t != llm.tokenizer.eos_token_id]
@@ -311,7 +330,9 @@ def test_text_is_the_decoded_tokens_and_eos_text_is_left_out(tiny_lm):
 
 def test_stop_strings_need_a_tokenizer():
     llm = LLM(FIXTURES / "base")
-    out = llm.generate([[1, 2]], SamplingParams(stop=["x"]))[0]
+    out = completions(
+        llm.generate([[1, 2]], SamplingParams(stop=["x"], temperature=0.0, max_tokens=64))
+    )[0]
     assert out.finish_reason == "error" and "tokenizer" in out.error
 
 
@@ -325,7 +346,7 @@ def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
         "new_kv_cache",
         lambda n_slots, capacity: sizes.append((n_slots, capacity)) or original(n_slots, capacity),
     )
-    sp = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    sp = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     requests = [make_request(engine, i, [1, 2, 3], sp) for i in range(5)]
     stats = serve_all(engine, requests)
     assert sizes == [(2, 6)] and all(len(r.token_ids) == 4 for r in requests)
@@ -334,12 +355,14 @@ def test_continuous_pool_stays_within_the_kv_budget(model, monkeypatch):
 
 def test_a_vanishing_temperature_is_greedy(model):
     greedy, _ = serve(
-        engine_for(model, 1), [[1, 2]], SamplingParams(max_new_tokens=5, ignore_eos=True)
+        engine_for(model, 1),
+        [[1, 2]],
+        SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.0),
     )
     tiny, _ = serve(
         engine_for(model, 1),
         [[1, 2]],
-        SamplingParams(max_new_tokens=5, ignore_eos=True, temperature=1e-300),
+        SamplingParams(max_tokens=5, ignore_eos=True, temperature=1e-300),
     )
     assert tiny[0].token_ids == greedy[0].token_ids
 
@@ -361,14 +384,16 @@ def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
     engine = engine_for(model, batch_size=3, policy=policy)
     engine.kv_budget_positions = 10
     requests, stats = serve(
-        engine, [[1, 2], [3, 4], [5, 6]], SamplingParams(max_new_tokens=4, ignore_eos=True)
+        engine,
+        [[1, 2], [3, 4], [5, 6]],
+        SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
     )
     assert stats.kv_limited_rows == want_rows and max(stats.active_rows_per_round) == 2
     assert want_line in summary(stats, 0.0)
     roomy, stats = serve(
         engine_for(model, batch_size=3, policy=policy),
         [[1, 2], [3, 4], [5, 6]],
-        SamplingParams(max_new_tokens=4, ignore_eos=True),
+        SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
     )
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
     assert [r.token_ids for r in roomy] == [r.token_ids for r in requests]
@@ -376,7 +401,9 @@ def test_a_kv_cap_on_the_rows_is_reported(model, policy, want_rows, want_line):
         model, batch_size=8, policy=policy
     )  # the budget holds 2 rows, but only 2 requests exist
     few.kv_budget_positions = 10
-    _, stats = serve(few, [[1, 2], [3, 4]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    _, stats = serve(
+        few, [[1, 2], [3, 4]], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+    )
     assert stats.kv_limited_rows == [] and "kv budget" not in summary(stats, 0.0)
 
 
@@ -387,7 +414,9 @@ def test_submit_only_queues(model, policy):
 
     scheduler = SCHEDULERS[policy](4, 12, model.config.n_positions, 3)
     fits, too_big = (
-        make_request(Engine(ModelRunner(model), None), i, p, SamplingParams(max_new_tokens=n))
+        make_request(
+            Engine(ModelRunner(model), None), i, p, SamplingParams(max_tokens=n, temperature=0.0)
+        )
         for i, (p, n) in enumerate([([1, 2], 3), ([1, 2, 3], 20)])
     )
     assert scheduler.refusal(fits) is None and "KV cache positions" in str(
@@ -408,13 +437,13 @@ def test_the_continuous_pool_grows_for_a_longer_request_that_comes_later(model):
     scheduler = ContinuousScheduler(4, 100, model.config.n_positions, 50)
     engine = Engine(ModelRunner(model), None)
     # Needs 4 positions: its prompt of 2, and 3 new tokens but the last.
-    first = make_request(engine, 0, [1, 2], SamplingParams(max_new_tokens=3))
+    first = make_request(engine, 0, [1, 2], SamplingParams(max_tokens=3, temperature=0.0))
     scheduler.submit(first)
     # One request waits: one row, as long as its need.
     assert scheduler.plan(1).kv_shape == KVShape(rows=1, capacity=4)
     scheduler.complete(_plan_done(scheduler, 1))
     # Needs 11: within the budget, so it is not refused, though the pool's rows hold 4.
-    later = make_request(engine, 1, [1, 2, 3], SamplingParams(max_new_tokens=9))
+    later = make_request(engine, 1, [1, 2, 3], SamplingParams(max_tokens=9, temperature=0.0))
     assert scheduler.refusal(later) is None
     scheduler.submit(later)
     plan = scheduler.plan(2)
@@ -433,7 +462,9 @@ def _plan_done(scheduler, round_number):
 def test_an_interrupted_request_is_not_served_again_and_no_kv_cache_is_kept(model):
     engine = engine_for(model, 2)
     requests = [
-        make_request(engine, i, [1 + i, 2], SamplingParams(max_new_tokens=6, ignore_eos=True))
+        make_request(
+            engine, i, [1 + i, 2], SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+        )
         for i in range(2)
     ]
 
@@ -473,19 +504,29 @@ def test_the_all_greedy_shortcut_picks_what_each_row_would(rows):
     from minirt.engine.sampler import choose_token, choose_tokens
 
     logits = np.array(rows, dtype=np.float32)
-    greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
-    got = choose_tokens(random_model().backend, logits, greedy)
-    assert got == [
-        (*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in logits
+    greedy = [
+        SimpleNamespace(
+            params=SamplingParams(temperature=0.0, max_tokens=64), rng=None, want_logprobs=False
+        )
+        for _ in rows
     ]
+    got = choose_tokens(random_model().backend, logits, greedy)
+    greedy_params = SamplingParams(temperature=0.0, max_tokens=64)
+    assert [choice.token for choice in got] == [
+        choose_token(row, greedy_params, None, want_logprob=False)[0] for row in logits
+    ]
+    assert all(choice.logprob is None and choice.top is None for choice in got)
 
 
 def test_generate_refuses_counts_that_do_not_match_the_prompts():
     """zip would silently drop prompts: ids or params of another length are a ValueError naming them."""
     llm = LLM(FIXTURES / "base")
-    for kwargs in ({"ids": ["a"]}, {"params": [SamplingParams()] * 3}):
+    for kwargs in (
+        {"ids": ["a"]},
+        {"sampling_params": [SamplingParams(temperature=0.0, max_tokens=64)] * 3},
+    ):
         with pytest.raises(ValueError, match="2 prompts"):
-            llm.generate([[1, 2], [3]], **kwargs)
+            completions(llm.generate([[1, 2], [3]], **kwargs))
 
 
 def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occupant(tmp_path):
@@ -509,7 +550,7 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
         list(range(11, 31)),
         [4, 5, 6],
     )
-    params = SamplingParams(max_new_tokens=6)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
     llm = LLM(folder, batch_size=2, policy="continuous")
     a, b, c = [
         llm.make_request(i, p, params) for i, p in enumerate([failing, long_neighbour, short_next])
@@ -517,7 +558,7 @@ def test_a_slot_left_full_of_nan_by_a_failed_request_cannot_reach_its_next_occup
     llm.run([a, b, c])  # the runtime's own records, which know their KV slots
     assert a.finish_reason == "error" and a.finish_round == 1  # it wrote its NaN keys, then failed
     assert c.first_round == 2 and c.slot == a.slot  # the short request took the failed one's slot
-    alone = LLM(folder, batch_size=1).generate([short_next], params)[0]
+    alone = completions(LLM(folder, batch_size=1).generate([short_next], params))[0]
     assert c.error is None and c.token_ids == alone.token_ids and len(c.token_ids) == 6
     assert b.error is None
 
@@ -530,7 +571,7 @@ def queued(index: int, prompt_len: int, max_new_tokens: int):
         id=str(index),
         prompt=None,
         prompt_ids=[1] * prompt_len,
-        params=SamplingParams(max_new_tokens=max_new_tokens),
+        params=SamplingParams(max_tokens=max_new_tokens, temperature=0.0),
     )
 
 
@@ -601,7 +642,11 @@ def test_two_stop_strings_in_one_piece_of_text_cut_before_the_earlier():
 
     for stops in (("xyz", "ab"), ("ab", "xyz")):
         request = Request(
-            index=0, id="0", prompt="p", prompt_ids=[1], params=SamplingParams(stop=stops)
+            index=0,
+            id="0",
+            prompt="p",
+            prompt_ids=[1],
+            params=SamplingParams(stop=stops, temperature=0.0, max_tokens=64),
         )
         assert found_stop_string(request, "hello ab then xyz")
         assert request.text == "hello "
@@ -620,7 +665,7 @@ def test_utilization_is_active_over_held_row_rounds(model, lengths, batch_size, 
     requests, stats = serve(
         engine,
         [[1 + i] for i in range(len(lengths))],
-        [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths],
+        [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in lengths],
     )
     if policy == "static":
         held = sum(len(g.members) * (g.last_round - g.first_round + 1) for g in stats.groups)
@@ -646,8 +691,11 @@ def test_a_kv_budget_of_a_fraction_of_a_mib_holds_the_positions_counted_by_hand(
     refused, naming the budget in positions.  The rounds waited show the limit holding."""
     llm = LLM(tiny_lm, batch_size=4, kv_budget_mib=FRACTION_MIB)
     assert llm.engine.kv_budget_positions == FRACTION_POSITIONS
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (13, 13, 13, 13, 39, 40)]
-    outputs = llm.generate([[5]] * len(params), params)
+    params = [
+        SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
+        for n in (13, 13, 13, 13, 39, 40)
+    ]
+    outputs = completions(llm.generate([[5]] * len(params), params))
     assert [o.group for o in outputs] == [1, 1, 1, 2, 3, None]
     assert [o.first_round for o in outputs] == [1, 1, 1, 14, 27, None]
     assert [o.rounds_waited for o in outputs] == [0, 0, 0, 13, 26, None]

@@ -25,7 +25,7 @@ def request(index: int, prompt_len: int = 1) -> Request:
         id=str(index),
         prompt=None,
         prompt_ids=[100 * index + t for t in range(prompt_len)],
-        params=SamplingParams(max_new_tokens=1),
+        params=SamplingParams(max_tokens=1, temperature=0.0),
     )
 
 
@@ -153,7 +153,7 @@ def test_a_request_admitted_with_a_cached_prefix_has_it_copied_into_its_slot():
         id="2",
         prompt=None,
         prompt_ids=first.prompt_ids + [55],
-        params=SamplingParams(max_new_tokens=1),
+        params=SamplingParams(max_tokens=1, temperature=0.0),
     )
     manager.admit(later)
     cache = manager.cache
@@ -192,7 +192,7 @@ def test_a_slot_freed_before_the_pool_grew_is_clean_for_its_next_occupant():
     engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
 
     def greedy(n):
-        return SamplingParams(max_new_tokens=n, ignore_eos=True)
+        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
 
     first = make_request(engine, 0, [1, 2, 3], greedy(2))
     long = make_request(engine, 1, [4, 5, 6, 7, 8, 9], greedy(20))

@@ -26,6 +26,7 @@ from minirt.engine.engine import Engine
 from minirt.engine.runner import ModelRunner
 from minirt.engine.sampler import PROMPT_ROWS_AT_ONCE, most_likely, prompt_logprobs, top_logprobs
 from minirt.model.backend import numpy_backend
+from conftest import completions
 
 
 def full_log_softmax(logits) -> np.ndarray:
@@ -80,7 +81,7 @@ def test_a_row_with_top_logprobs_computes_its_log_softmax_once(monkeypatch):
     logits = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
     rows = [
         SimpleNamespace(
-            params=SamplingParams(temperature=0, logprobs=4),
+            params=SamplingParams(temperature=0, logprobs=4, max_tokens=64),
             rng=request_rng(k),
             want_logprobs=True,
             prompt_ids=[1],
@@ -90,9 +91,11 @@ def test_a_row_with_top_logprobs_computes_its_log_softmax_once(monkeypatch):
     ]
     chosen = choose_tokens(numpy_backend(), logits, rows)
     assert calls == [(50,)] * 3
-    for row, (token, logprob, top) in zip(logits, chosen, strict=True):
+    for row, (token, logprob, top, rank) in zip(logits, chosen, strict=True):
         want = full_log_softmax(row)
         assert token == int(np.argmax(row)) and logprob == float(want[token])
+        # The argmax of distinct values: vLLM's rank 1.
+        assert rank == 1 and np.unique(row).size == row.size
         assert top == [(int(t), float(want[t])) for t in np.argsort(-want, kind="stable")[:4]]
 
 
@@ -142,10 +145,12 @@ def test_n_choices_of_a_prompt_are_scored_once(llm, monkeypatch):
     """n = 8 with prompt logprobs: one scoring pass, and every choice's prompt logprobs equal
     (exactly) those of the same prompt alone."""
     prompt = "ROMEO:\nWhat light through yonder window breaks?"
-    alone = llm.generate([prompt], SamplingParams(max_new_tokens=2, prompt_logprobs=True))[0]
+    alone = completions(
+        llm.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=0, temperature=0.0))
+    )[0]
     passes = counted_scoring(monkeypatch, llm)
-    params = SamplingParams(max_new_tokens=3, temperature=1.0, n=8, prompt_logprobs=True)
-    outputs = llm.generate([prompt], params)
+    params = SamplingParams(max_tokens=3, temperature=1.0, n=8, prompt_logprobs=0)
+    outputs = completions(llm.generate([prompt], params))
     assert len(passes) == 1
     assert len(alone.prompt_logprobs) > 5 and alone.prompt_logprobs[0] is None
     assert all(out.prompt_logprobs == alone.prompt_logprobs for out in outputs)
@@ -156,10 +161,12 @@ def test_choices_served_one_static_group_after_another_share_one_pass(monkeypatc
     group's pass, and get the numbers the prompt alone gets."""
     llm = LLM(batch_size=2, policy="static")
     prompt = "JULIET:\nO Romeo, Romeo"
-    alone = llm.generate([prompt], SamplingParams(max_new_tokens=2, prompt_logprobs=True))[0]
+    alone = completions(
+        llm.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=0, temperature=0.0))
+    )[0]
     passes = counted_scoring(monkeypatch, llm)
-    params = SamplingParams(max_new_tokens=2, temperature=1.0, n=6, prompt_logprobs=True)
-    outputs = llm.generate([prompt], params)
+    params = SamplingParams(max_tokens=2, temperature=1.0, n=6, prompt_logprobs=0)
+    outputs = completions(llm.generate([prompt], params))
     assert len(llm.last_stats.groups) == 3
     assert len(passes) == 1
     assert all(out.prompt_logprobs == alone.prompt_logprobs for out in outputs)
@@ -170,10 +177,12 @@ def test_different_prompts_are_scored_apart(llm, monkeypatch):
     while a repeat of one of them shares its pass."""
     tokens = llm.tokenizer.encode("KING HENRY:\nOnce more unto the breach")
     other = tokens[:-1] + [(tokens[-1] + 1) % llm.engine.runner.model.config.vocab_size]
-    params = SamplingParams(max_new_tokens=2, prompt_logprobs=True)
-    each_alone = [llm.generate([p], params)[0].prompt_logprobs for p in (tokens, other)]
+    params = SamplingParams(max_tokens=2, prompt_logprobs=0, temperature=0.0)
+    each_alone = [
+        completions(llm.generate([p], params))[0].prompt_logprobs for p in (tokens, other)
+    ]
     passes = counted_scoring(monkeypatch, llm)
-    outputs = llm.generate([tokens, other, tokens], params)
+    outputs = completions(llm.generate([tokens, other, tokens], params))
     assert passes == [tokens, other]
     assert [out.prompt_logprobs for out in outputs] == [*each_alone, each_alone[0]]
     assert each_alone[0] != each_alone[1]
@@ -185,8 +194,8 @@ def test_a_prompts_record_is_dropped_when_its_requests_finish():
     is scored again, with the same numbers."""
     model = random_model(seed=3, vocab_size=60, n_positions=32)
     engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
-    short = SamplingParams(max_new_tokens=1, prompt_logprobs=True, ignore_eos=True)
-    long = SamplingParams(max_new_tokens=4, prompt_logprobs=True, ignore_eos=True)
+    short = SamplingParams(max_tokens=1, prompt_logprobs=0, ignore_eos=True, temperature=0.0)
+    long = SamplingParams(max_tokens=4, prompt_logprobs=0, ignore_eos=True, temperature=0.0)
     prompt = [5, 9, 2, 7]
     first = [make_request(engine, i, prompt, p) for i, p in enumerate((short, long))]
     engine.start_run()

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minirt import LLM, SamplingParams
+from conftest import completions
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_logprobs_are_the_raw_models_whatever_changes_the_choice(
     llm, biased, repetition, presence, frequency, temperature, seed
 ):
     params = SamplingParams(
-        max_new_tokens=5,
+        max_tokens=5,
         ignore_eos=True,
         logit_bias=biased,
         repetition_penalty=repetition,
@@ -58,7 +59,7 @@ def test_logprobs_are_the_raw_models_whatever_changes_the_choice(
         seed=seed,
         logprobs=3,
     )
-    [output] = llm.generate(["The quick brown"], params)
+    [output] = completions(llm.generate(["The quick brown"], params), top_n=3)
     prompt = llm.prompt_ids("The quick brown")
     tokens = output.token_ids
     assert len(tokens) == 5 and len(output.logprobs) == 5
@@ -72,11 +73,27 @@ def test_logprobs_are_the_raw_models_whatever_changes_the_choice(
         assert [t for t, _ in alternatives] == [int(t) for t in most_likely]
         for (_, logprob), t in zip(alternatives, most_likely, strict=True):
             assert logprob == pytest.approx(raw[t], abs=2e-4)
+        # vLLM's shape: the chosen token first, then the top 3 by rank (1, 2, 3), and the chosen
+        # token's rank is how many tokens the raw model finds at least as likely (itself too).
+        # The scoring pass's logits are not the decode round's bit for bit: tokens within the
+        # tolerance of the chosen one may fall either side of it.
+        entry = output.output.logprobs[i]
+        assert list(entry)[0] == token
+        surely_above = int(np.count_nonzero(raw > raw[token] + 2e-4))
+        perhaps_above = int(np.count_nonzero(raw >= raw[token] - 2e-4))
+        assert surely_above + 1 <= entry[token].rank <= perhaps_above
+        others = [t for t in entry if t != token]
+        assert others == [int(t) for t in most_likely if t != token]
+        assert [entry[t].rank for t in others] == [
+            r for r, t in enumerate(most_likely, start=1) if t != token
+        ]
 
 
 def greedy_pieces(llm, prompt: str, n: int) -> tuple[list[int], list[str]]:
     """The first n greedy tokens of `prompt`, and each one's text."""
-    [output] = llm.generate([prompt], SamplingParams(max_new_tokens=n, ignore_eos=True))
+    [output] = completions(
+        llm.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
+    )
     tokens = output.token_ids
     texts = [llm.tokenizer.decode(tokens[: i + 1]) for i in range(n)]
     pieces = [texts[0]] + [texts[i][len(texts[i - 1]) :] for i in range(1, n)]
@@ -101,9 +118,9 @@ def test_a_stop_token_that_also_completes_a_stop_string_keeps_the_text_before_th
     if stop in "".join(pieces[:at]):
         pytest.skip("the stop string already appears earlier")
     params = SamplingParams(
-        max_new_tokens=8, ignore_eos=True, stop=[stop], stop_token_ids=[tokens[at]]
+        max_tokens=8, ignore_eos=True, stop=[stop], stop_token_ids=[tokens[at]], temperature=0.0
     )
-    [output] = llm.generate([prompt], params)
+    [output] = completions(llm.generate([prompt], params))
     if tokens[at] in tokens[:at]:
         pytest.skip("the stop token appears earlier")
     # The token rule wins: the token is kept, its text is not added, and the stop string (which never
@@ -122,9 +139,9 @@ def test_a_stop_string_completed_before_a_stop_token_cuts_the_text(llm, prompt):
     if stop in text_before or tokens[at + 1] in tokens[: at + 1]:
         pytest.skip("the stop string or token appears earlier")
     params = SamplingParams(
-        max_new_tokens=8, ignore_eos=True, stop=[stop], stop_token_ids=[tokens[at + 1]]
+        max_tokens=8, ignore_eos=True, stop=[stop], stop_token_ids=[tokens[at + 1]], temperature=0.0
     )
-    [output] = llm.generate([prompt], params)
+    [output] = completions(llm.generate([prompt], params))
     # The string completes at token `at`, one token before the stop token: cut just before it.
     assert output.finish_reason == "stop"
     assert output.token_ids == tokens[: at + 1]
@@ -137,7 +154,9 @@ def test_a_stop_token_on_the_last_allowed_token_is_a_stop_not_a_length(llm):
     tokens, pieces = greedy_pieces(llm, "ROMEO:", 4)
     if tokens[3] in tokens[:3]:
         pytest.skip("the stop token appears earlier")
-    params = SamplingParams(max_new_tokens=4, ignore_eos=True, stop_token_ids=[tokens[3]])
-    [output] = llm.generate(["ROMEO:"], params)
+    params = SamplingParams(
+        max_tokens=4, ignore_eos=True, stop_token_ids=[tokens[3]], temperature=0.0
+    )
+    [output] = completions(llm.generate(["ROMEO:"], params))
     assert output.token_ids == tokens
     assert output.finish_reason == "stop" and output.text == "".join(pieces[:3])

@@ -19,6 +19,7 @@ from minirt.engine.runner import ModelRunner
 from minirt.engine.params import SamplingParams
 from minirt.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
 from minirt.model.batch import Batch
+from conftest import completions
 
 MODEL = random_model(seed=11, vocab_size=60, n_positions=160, n_embd=16, n_head=2, n_layer=2)
 B = BLOCK_TOKENS
@@ -30,9 +31,9 @@ def prompt(seed: int, length: int) -> list[int]:
 
 def params(max_new: int, seed: int | None = None) -> SamplingParams:
     if seed is None:
-        return SamplingParams(max_new_tokens=max_new, ignore_eos=True, logprobs=0)
+        return SamplingParams(max_tokens=max_new, ignore_eos=True, logprobs=0, temperature=0.0)
     return SamplingParams(
-        max_new_tokens=max_new, ignore_eos=True, temperature=1.0, seed=seed, logprobs=0
+        max_tokens=max_new, ignore_eos=True, temperature=1.0, seed=seed, logprobs=0
     )
 
 
@@ -329,7 +330,8 @@ def test_neither_the_cache_nor_chunking_nor_arrival_changes_a_requests_tokens(
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
-    from minirt.engine.output import RequestOutput
+    from conftest import completion_of
+    from minirt.cli.records import record
 
     prefix = prompt(40, 2 * B + 1)
     # Off unless asked for.
@@ -339,9 +341,9 @@ def test_llm_reports_cached_prompt_tokens_and_can_turn_the_cache_off(policy):
         engine = Engine(ModelRunner(MODEL), None, batch_size=1, policy=policy, prefix_cache=enabled)
         made = [make_request(engine, i, prefix + [i + 1], params(3)) for i in range(2)]
         serve_all(engine, made)
-        outputs = [RequestOutput.from_request(r) for r in made]
+        outputs = [completion_of(r) for r in made]
         assert [o.cached_prompt_tokens for o in outputs] == expected
-        assert [o.record()["cached_prompt_tokens"] for o in outputs] == expected
+        assert [record(r)["cached_prompt_tokens"] for r in made] == expected
 
 
 def test_continuous_batching_waits_for_a_prefix_in_flight_rather_than_computing_it_twice():
@@ -423,7 +425,7 @@ def test_prompts_that_end_in_one_round_enter_the_cache_in_slot_order():
         prefix_cache=True,
     )
     made = [
-        make_request(engine, i, p, SamplingParams(max_new_tokens=n, ignore_eos=True))
+        make_request(engine, i, p, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
         for i, (p, n) in enumerate(zip(prompts, [1, 2, 1, 1], strict=True))
     ]
     serve_all(engine, made)
@@ -454,7 +456,7 @@ def test_a_pool_that_grows_under_a_tight_budget_keeps_what_fits_and_the_tokens_s
     2), and the prefix cache gives up what the two pools leave no room for, by hand above.  The
     newcomer waits no round, copies what is left, and both get their tokens alone without the
     cache."""
-    from minirt.engine.output import RequestOutput
+    from conftest import completion_of
 
     shared = prompt(70, 2 * B)
     engine = Engine(
@@ -480,7 +482,7 @@ def test_a_pool_that_grows_under_a_tight_budget_keeps_what_fits_and_the_tokens_s
         allocated = len(engine.kv_cache.lengths) * engine.kv_cache.capacity
         assert engine.prefix_cache.positions + allocated <= budget
         engine.step()
-    outputs = [RequestOutput.from_request(r) for r in (short, newcomer)]
+    outputs = [completion_of(r) for r in (short, newcomer)]
     assert [o.cached_prompt_tokens for o in outputs] == [0, cached]
     assert [(o.first_round, o.rounds_waited) for o in outputs] == [(1, 0), (2, 0)]
     for output in outputs:
@@ -497,7 +499,7 @@ def llm_alone(folder, token_ids, sampling):
     from minirt import LLM
 
     llm = LLM(folder, batch_size=1, prefix_cache=False, chunked_prefill=False)
-    (output,) = llm.generate([token_ids], sampling, logprobs=True)
+    (output,) = completions(llm.generate([token_ids], sampling))
     return output
 
 
@@ -519,12 +521,12 @@ def test_prompts_sharing_a_prefix_that_arrive_together_get_their_tokens_alone(
     prompts = [shared + prompt(81 + i, 2 + i) for i in range(3)]
     sampling = [params(5), params(5, seed=17), params(4, seed=18)]
     llm = LLM(tiny_lm, batch_size=4, policy=policy, prefix_cache=True)
-    outputs = llm.generate(prompts, sampling, logprobs=True)
+    outputs = completions(llm.generate(prompts, sampling))
     assert [o.first_round for o in outputs] == first_rounds
     assert [o.cached_prompt_tokens for o in outputs] == cached
     # Again, now that the cache holds the prefix: all three start in round 1, each copying the
     # same two blocks into its own slot in that one round.
-    again = llm.generate(prompts, sampling, logprobs=True)
+    again = completions(llm.generate(prompts, sampling))
     assert [o.first_round for o in again] == [1, 1, 1]
     assert [o.cached_prompt_tokens for o in again] == [2 * B] * 3
     references = [llm_alone(tiny_lm, ids, sp) for ids, sp in zip(prompts, sampling, strict=True)]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from minirt import LLM, SamplingParams
 from minirt.errors import MinirtError, ReentryError
+from conftest import completions
 
 PROMPTS = ["To be", "or not", "to be, that is"]
 
@@ -28,7 +29,7 @@ def llm():
 
 def plain_run(llm, params):
     """The prompts' outputs, and the run's round count, with no callbacks at all."""
-    outputs = llm.generate(PROMPTS, params)
+    outputs = completions(llm.generate(PROMPTS, params))
     return [(o.token_ids, o.finish_reason) for o in outputs], llm.last_stats.rounds
 
 
@@ -44,7 +45,7 @@ def plain_run(llm, params):
 def test_a_call_from_a_callback_is_refused_and_the_run_goes_on(
     llm, max_new_tokens, which, when, inner
 ):
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.8, seed=3)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.8, seed=3)
     expected, expected_rounds = plain_run(llm, params)
     refusals = []
     calls = []
@@ -56,16 +57,20 @@ def test_a_call_from_a_callback_is_refused_and_the_run_goes_on(
             return
         try:
             if inner == "generate":
-                llm.generate(["a prompt of its own"], SamplingParams(max_new_tokens=2))
+                completions(
+                    llm.generate(
+                        ["a prompt of its own"], SamplingParams(max_tokens=2, temperature=0.0)
+                    )
+                )
             elif inner == "run":
-                requests = llm.make_requests(["a prompt of its own"], None, None, False)
+                requests = llm.make_requests(["a prompt of its own"], None)
                 llm.run(requests)
             else:
                 llm.engine.step()
         except ReentryError as exc:
             refusals.append(exc)
 
-    outputs = llm.generate(PROMPTS, params, **{which: call_inside})
+    outputs = completions(llm.generate(PROMPTS, params, **{which: call_inside}))
     assert [(o.token_ids, o.finish_reason) for o in outputs] == expected
     assert llm.last_stats.rounds == expected_rounds
     assert refusals, "the inner call was not refused"
@@ -78,13 +83,13 @@ def test_a_call_from_a_callback_is_refused_and_the_run_goes_on(
 
 
 def test_a_call_from_another_thread_during_a_run_is_refused(llm):
-    params = SamplingParams(max_new_tokens=3)
+    params = SamplingParams(max_tokens=3, temperature=0.0)
     expected, _ = plain_run(llm, params)
     seen = []
 
     def from_another_thread():
         try:
-            llm.generate(["hello"], params)
+            completions(llm.generate(["hello"], params))
         except ReentryError as exc:
             seen.append(exc)
 
@@ -95,7 +100,7 @@ def test_a_call_from_another_thread_during_a_run_is_refused(llm):
             thread.start()
             thread.join()
 
-    outputs = llm.generate(PROMPTS, params, on_token=on_token)
+    outputs = completions(llm.generate(PROMPTS, params, on_token=on_token))
     assert len(seen) == 1
     assert [(o.token_ids, o.finish_reason) for o in outputs] == expected
 
@@ -104,26 +109,28 @@ def test_the_refusal_names_the_call_that_was_refused(llm):
     names = []
 
     def on_token(_event):
-        for call in (lambda: llm.generate(["x"]), lambda: llm.engine.step()):
+        for call in (lambda: completions(llm.generate(["x"])), lambda: llm.engine.step()):
             try:
                 call()
             except ReentryError as exc:
                 names.append(str(exc).split("(")[0])
 
-    llm.generate(["x"], SamplingParams(max_new_tokens=1), on_token=on_token)
+    completions(
+        llm.generate(["x"], SamplingParams(max_tokens=1, temperature=0.0), on_token=on_token)
+    )
     assert names == ["LLM.generate", "Engine.step"]
 
 
 def test_aborting_from_a_callback_is_allowed(llm):
     """Abort is not a run of its own: from on_token it ends that request, and its peers go on."""
-    params = SamplingParams(max_new_tokens=5, ignore_eos=True)
+    params = SamplingParams(max_tokens=5, ignore_eos=True, temperature=0.0)
     expected, _ = plain_run(llm, params)
 
     def on_token(event):
         if event.index == 0:
             llm.engine.abort(event.id)
 
-    outputs = llm.generate(PROMPTS, params, on_token=on_token)
+    outputs = completions(llm.generate(PROMPTS, params, on_token=on_token))
     assert outputs[0].finish_reason == "abort" and len(outputs[0].token_ids) == 1
     assert [(o.token_ids, o.finish_reason) for o in outputs[1:]] == expected[1:]
 
@@ -135,7 +142,7 @@ def test_threads_racing_into_one_llm_each_get_a_result_or_a_reentry_error(llm):
     never interleave)."""
     import sys
 
-    params = SamplingParams(max_new_tokens=3, temperature=1.0, seed=3)
+    params = SamplingParams(max_tokens=3, temperature=1.0, seed=3)
     expected, _ = plain_run(llm, params)
     outcomes = []
     barrier = threading.Barrier(3)
@@ -143,7 +150,7 @@ def test_threads_racing_into_one_llm_each_get_a_result_or_a_reentry_error(llm):
     def call():
         barrier.wait()
         try:
-            outputs = llm.generate(PROMPTS, params)
+            outputs = completions(llm.generate(PROMPTS, params))
             outcomes.append([(o.token_ids, o.finish_reason) for o in outputs])
         except ReentryError:
             outcomes.append("refused")
@@ -171,7 +178,7 @@ def test_threads_racing_into_one_llm_each_get_a_result_or_a_reentry_error(llm):
 
 
 def test_start_run_from_a_callback_is_refused_and_the_run_goes_on(llm):
-    params = SamplingParams(max_new_tokens=3)
+    params = SamplingParams(max_tokens=3, temperature=0.0)
     expected, _ = plain_run(llm, params)
     refused = []
 
@@ -181,22 +188,22 @@ def test_start_run_from_a_callback_is_refused_and_the_run_goes_on(llm):
         except ReentryError as exc:
             refused.append(exc)
 
-    outputs = llm.generate(PROMPTS, params, on_token=on_token)
+    outputs = completions(llm.generate(PROMPTS, params, on_token=on_token))
     assert refused and [(o.token_ids, o.finish_reason) for o in outputs] == expected
 
 
 def test_leaving_a_run_of_steps_early_frees_the_llm(llm):
     """A `break` out of `with llm.steps(...)`, and an exception raised in its loop, end the run
     there: the LLM serves the same prompts as before straight after (no ReentryError)."""
-    params = SamplingParams(max_new_tokens=3)
+    params = SamplingParams(max_tokens=3, temperature=0.0)
     expected, _ = plain_run(llm, params)
-    with llm.steps(llm.make_requests(PROMPTS, params, None, False)) as steps:
+    with llm.steps(llm.make_requests(PROMPTS, params)) as steps:
         for step in steps:
             if step.round_number == 1:
                 break
     assert plain_run(llm, params)[0] == expected
     with pytest.raises(KeyError):
-        with llm.steps(llm.make_requests(PROMPTS, params, None, False)) as steps:
+        with llm.steps(llm.make_requests(PROMPTS, params)) as steps:
             for _step in steps:
                 raise KeyError("the caller's own error")
     assert plain_run(llm, params)[0] == expected

@@ -33,7 +33,7 @@ def run_records(model, lengths, policy, batch_size, prompt_lens=None):
     for index, length in enumerate(lengths):
         prompt_len = 1 if prompt_lens is None else prompt_lens[index]
         prompt = [(index + k) % 50 for k in range(prompt_len)]
-        params = SamplingParams(max_new_tokens=length, ignore_eos=True)
+        params = SamplingParams(max_tokens=length, ignore_eos=True, temperature=0.0)
         request = make_request(engine, index, prompt, params, request_id=f"req-{index}")
         engine.add_request(request)
         requests.append(request)
@@ -159,7 +159,7 @@ def test_every_round_record_holds_the_invariants_of_a_round(
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_an_abort_that_no_round_follows_still_has_its_record(model, policy):
     engine = Engine(ModelRunner(model), None, batch_size=2, policy=policy)
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    params = SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.0)
     running = make_request(engine, 0, [1, 2, 3], params, request_id="running")
     engine.add_request(running)
     first = engine.step().round_record
@@ -191,9 +191,14 @@ def test_a_chunk_round_that_gives_no_token_is_marked_prefill(model):
         prefix_cache=False,
     )
     long = make_request(
-        engine, 0, list(range(1, 15)), SamplingParams(max_new_tokens=2, ignore_eos=True)
+        engine,
+        0,
+        list(range(1, 15)),
+        SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0),
     )
-    short = make_request(engine, 1, [3, 4], SamplingParams(max_new_tokens=2, ignore_eos=True))
+    short = make_request(
+        engine, 1, [3, 4], SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0)
+    )
     engine.add_request(long)
     engine.add_request(short)
     states = {}

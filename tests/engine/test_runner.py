@@ -28,7 +28,12 @@ def test_each_rounds_rows_go_in_slot_order_after_a_freed_slot_is_reused(monkeypa
     monkeypatch.setattr(model, "forward", spy)
     lengths = (1, 3, 2)
     made = [
-        make_request(engine, i, [10 + i, 20 + i], SamplingParams(max_new_tokens=n, ignore_eos=True))
+        make_request(
+            engine,
+            i,
+            [10 + i, 20 + i],
+            SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0),
+        )
         for i, n in enumerate(lengths)
     ]
     for request in made:
@@ -73,7 +78,7 @@ def test_a_tokenizers_eos_stops_a_request_where_the_config_has_none():
     token; without it, nothing stops it before max_new_tokens."""
     model = random_model(seed=4, vocab_size=50, n_positions=32)
     assert model.config.eos_token_id is None
-    params = SamplingParams(max_new_tokens=4)
+    params = SamplingParams(max_tokens=4, temperature=0.0)
     alone = make_request(Engine(ModelRunner(model), None), 0, [1, 2], params)
     serve_all(Engine(ModelRunner(model), None), [alone])
     assert alone.finish_reason == "length" and len(alone.token_ids) == 4

@@ -16,6 +16,7 @@ from minirt.engine.sampler import (
     log_softmax,
     request_rng,
 )
+from conftest import completions
 
 
 def brute_force_distribution(logits, temperature, top_k, top_p):
@@ -50,7 +51,7 @@ def brute_force_distribution(logits, temperature, top_k, top_p):
     top_p=st.floats(0.01, 1.0),
 )
 def test_filtered_distribution_matches_the_definition(logits, temperature, top_k, top_p):
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=64)
     got = filtered_distribution(np.array(logits, dtype=np.float32), params)
     want = brute_force_distribution(
         [float(np.float32(x)) for x in logits], temperature, top_k, top_p
@@ -67,20 +68,20 @@ def test_filtered_distribution_matches_the_definition(logits, temperature, top_k
 
 def test_hand_computed_example():
     logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
-    p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_p=0.8, max_tokens=64))
     assert np.allclose(
         p, [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0]
     )  # 0.5+0.2 < 0.8, so 0.15 joins
-    p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_k=2))
+    p = filtered_distribution(logits, SamplingParams(temperature=1.0, top_k=2, max_tokens=64))
     assert np.allclose(p, [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0])
-    p = filtered_distribution(logits, SamplingParams(temperature=0.5))
+    p = filtered_distribution(logits, SamplingParams(temperature=0.5, max_tokens=64))
     squared = np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 2
     assert np.allclose(p, squared / squared.sum())
 
 
 def test_sampling_frequencies_follow_the_distribution():
     logits = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], dtype=np.float32)
-    params = SamplingParams(temperature=0.9, top_k=4, top_p=0.95)
+    params = SamplingParams(temperature=0.9, top_k=4, top_p=0.95, max_tokens=64)
     want = np.array(brute_force_distribution(logits.tolist(), 0.9, 4, 0.95))
     rng = request_rng(123)
     n = 20000
@@ -96,7 +97,7 @@ def test_greedy_is_argmax_and_draws_nothing():
     rng = request_rng(5)
     state = rng.bit_generator.state
     token, logprob = choose_token(
-        np.array([0.1, 3.0, 3.0, -1.0]), SamplingParams(temperature=0), rng
+        np.array([0.1, 3.0, 3.0, -1.0]), SamplingParams(temperature=0, max_tokens=64), rng
     )
     assert token == 1  # ties go to the lowest id
     assert rng.bit_generator.state == state
@@ -107,7 +108,9 @@ def test_greedy_is_argmax_and_draws_nothing():
 
 def test_logprob_is_under_the_raw_distribution_not_the_filtered_one():
     logits = np.array([1.0, 2.0, 3.0])
-    token, logprob = choose_token(logits, SamplingParams(temperature=0.5, top_k=1), request_rng(0))
+    token, logprob = choose_token(
+        logits, SamplingParams(temperature=0.5, top_k=1, max_tokens=64), request_rng(0)
+    )
     assert token == 2
     assert logprob == pytest.approx(float(log_softmax(logits)[2]))
 
@@ -116,14 +119,16 @@ def test_logprob_is_under_the_raw_model_not_the_biased_logits():
     """A logit_bias changes the choice, not the logprob: choose_token on its own (no caller's
     log-softmax) takes it from the raw logits."""
     logits = np.array([1.0, 2.0, 3.0])
-    token, logprob = choose_token(logits, SamplingParams(temperature=0, logit_bias={0: 10.0}), None)
+    token, logprob = choose_token(
+        logits, SamplingParams(temperature=0, logit_bias={0: 10.0}, max_tokens=64), None
+    )
     assert token == 0
     assert logprob == pytest.approx(1.0 - math.log(math.exp(1.0) + math.exp(2.0) + math.exp(3.0)))
 
 
 def test_same_seed_same_stream_and_derived_seeds_differ():
     logits = np.zeros(50)
-    params = SamplingParams(temperature=1.0)
+    params = SamplingParams(temperature=1.0, max_tokens=64)
     r1, r2, r3 = request_rng(7), request_rng(7), request_rng(8)
     draws = [choose_token(logits, params, r1)[0] for _ in range(20)]
     assert draws == [choose_token(logits, params, r2)[0] for _ in range(20)]
@@ -135,10 +140,13 @@ def test_same_seed_same_stream_and_derived_seeds_differ():
 @pytest.mark.parametrize(
     "fields, fragment",
     [
-        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_tokens": 0}, "max_tokens"),
+        # max_new_tokens is the same field, refused in its name.
+        ({"max_new_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 5, "max_new_tokens": 6}, "name one field"),
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"seed": -3}, "seed"),
@@ -146,7 +154,10 @@ def test_same_seed_same_stream_and_derived_seeds_differ():
         ({"stop": [3]}, "stop"),
         ({"stop_token_ids": ["x"]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
-        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"max_new_tokens": True}, "max_tokens"),
+        # vLLM's prompt_logprobs N >= 1 is not offered; 0 and None only.
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"prompt_logprobs": True}, "prompt_logprobs"),
     ],
 )
 def test_bad_parameters_are_refused(fields, fragment):
@@ -155,11 +166,13 @@ def test_bad_parameters_are_refused(fields, fragment):
 
 
 def test_updated_refuses_unknown_fields_and_accepts_lists():
-    params = SamplingParams().updated(stop=["a", "b"], stop_token_ids=[1, 2])
+    params = SamplingParams(temperature=0.0, max_tokens=64).updated(
+        stop=["a", "b"], stop_token_ids=[1, 2]
+    )
     assert params.stop == ("a", "b") and params.stop_token_ids == (1, 2)
-    assert SamplingParams(stop="x").stop == ("x",)
+    assert SamplingParams(stop="x", temperature=0.0, max_tokens=64).stop == ("x",)
     with pytest.raises(RequestError, match="unknown sampling field"):
-        SamplingParams().updated(temprature=1.0)
+        SamplingParams(temperature=0.0, max_tokens=64).updated(temprature=1.0)
 
 
 # ------------------------------------------------------------------ top-p at an exact boundary
@@ -172,7 +185,7 @@ def test_updated_refuses_unknown_fields_and_accepts_lists():
 @pytest.mark.parametrize("n, k", [(4, 2), (4, 1), (4, 3), (8, 2), (8, 3), (8, 5), (16, 7), (2, 1)])
 def test_top_p_reached_exactly_keeps_exactly_those_tokens(n, k):
     probs = filtered_distribution(
-        np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n)
+        np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n, max_tokens=64)
     )
     assert np.count_nonzero(probs) == k  # ties ranked by id: the first k ids, each 1/k
     assert np.array_equal(probs, np.array([1 / k] * k + [0.0] * (n - k)))
@@ -186,7 +199,7 @@ def test_top_p_boundary_agrees_with_transformers(n, k):
     scores = torch.zeros((1, n), dtype=torch.float32)
     kept_by_them = torch.isfinite(warpers.TopPLogitsWarper(top_p=k / n)(None, scores)).sum().item()
     probs = filtered_distribution(
-        np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n)
+        np.zeros(n, dtype=np.float32), SamplingParams(temperature=1.0, top_p=k / n, max_tokens=64)
     )
     assert np.count_nonzero(probs) == kept_by_them == k
 
@@ -209,7 +222,9 @@ def test_a_draw_maps_u_to_the_token_whose_interval_holds_it(u, want):
     logits [0, 1, 1, 1, 1] keeps tokens 1-4 at exactly 1/4 each, cumulative [0, .25, .5, .75, 1]: token 0 has
     probability 0 and u = 0 must not draw it, and a u exactly on a boundary belongs to the next token up."""
     logits = np.array([0.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)
-    token, _ = choose_token(logits, SamplingParams(temperature=1.0, top_k=4), FixedDraw(u))
+    token, _ = choose_token(
+        logits, SamplingParams(temperature=1.0, top_k=4, max_tokens=64), FixedDraw(u)
+    )
     assert token == want
 
 
@@ -242,11 +257,9 @@ def test_a_seeded_request_draws_what_numpys_generator_gives_by_hand(
 
     llm = LLM(tiny_lm, batch_size=3, seed=run_seed)
     prompts = [[5, 6, 7], [8, 9]]
-    seeded = SamplingParams(
-        max_new_tokens=6, temperature=temperature, seed=seed, n=2, ignore_eos=True
-    )
-    unseeded = SamplingParams(max_new_tokens=6, temperature=temperature, ignore_eos=True)
-    outputs = llm.generate(prompts, [seeded, unseeded])
+    seeded = SamplingParams(max_tokens=6, temperature=temperature, seed=seed, n=2, ignore_eos=True)
+    unseeded = SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True)
+    outputs = completions(llm.generate(prompts, [seeded, unseeded]))
     streams = [
         (prompts[0], seed),
         (prompts[0], documented_derived_seed(seed, 1)),

@@ -20,6 +20,7 @@ from minirt.engine.runner import ModelRunner
 from minirt.errors import RequestError
 from minirt.engine.params import SamplingParams
 from minirt.engine.sampler import filtered_distribution, processed_logits, top_logprobs
+from conftest import completions
 
 V = 13
 logit_lists = st.lists(st.floats(-8, 8, allow_nan=False), min_size=V, max_size=V)
@@ -58,6 +59,8 @@ def test_biases_and_penalties_follow_their_formulas(
         repetition_penalty=repetition,
         presence_penalty=presence,
         frequency_penalty=frequency,
+        temperature=0.0,
+        max_tokens=64,
     )
     got = processed_logits(np.array(logits, dtype=np.float32), params, prompt, output)
     want = by_hand(
@@ -76,7 +79,7 @@ def test_biases_and_penalties_follow_their_formulas(
 @given(logits=logit_lists, min_p=st.floats(0.0, 1.0), temperature=st.floats(0.2, 3.0))
 def test_min_p_keeps_what_is_at_least_min_p_of_the_top(logits, min_p, temperature):
     probs = filtered_distribution(
-        np.array(logits), SamplingParams(temperature=temperature, min_p=min_p)
+        np.array(logits), SamplingParams(temperature=temperature, min_p=min_p, max_tokens=64)
     )
     exps = [math.exp(v / temperature - max(logits) / temperature) for v in logits]
     p = [e / sum(exps) for e in exps]
@@ -86,10 +89,12 @@ def test_min_p_keeps_what_is_at_least_min_p_of_the_top(logits, min_p, temperatur
 
 
 def test_json_keys_are_token_ids_and_bad_values_are_refused():
-    assert SamplingParams(logit_bias={"7": 2.5, 3: -1}).logit_bias == ((3, -1), (7, 2.5))
+    assert SamplingParams(
+        logit_bias={"7": 2.5, 3: -1}, temperature=0.0, max_tokens=64
+    ).logit_bias == ((3, -1), (7, 2.5))
     for bad in ({"x": 1}, {"-1": 1}, {5: float("nan")}, {5: "big"}, [1, 2], "7:1"):
         with pytest.raises(RequestError, match="logit_bias"):
-            SamplingParams(logit_bias=bad)
+            SamplingParams(logit_bias=bad, temperature=0.0, max_tokens=64)
     for field, value in (
         ("repetition_penalty", 0),
         ("repetition_penalty", -1.0),
@@ -131,7 +136,7 @@ def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, po
     ]
     params = [
         SamplingParams(
-            max_new_tokens=data.draw(st.integers(1, 8)),
+            max_tokens=data.draw(st.integers(1, 8)),
             temperature=data.draw(st.sampled_from([0.0, 0.9])),
             seed=i,
             ignore_eos=True,
@@ -141,7 +146,7 @@ def test_batch_invariance_holds_with_every_new_field(model, data, batch_size, po
             frequency_penalty=data.draw(st.sampled_from([0.0, 0.7])),
             logit_bias=data.draw(st.dictionaries(st.integers(0, 39), st.floats(-3, 3), max_size=2)),
             logprobs=data.draw(st.sampled_from([None, 0, 3])),
-            prompt_logprobs=data.draw(st.booleans()),
+            prompt_logprobs=data.draw(st.sampled_from([None, 0])),
             n=data.draw(st.integers(1, 3)),
         )
         for i in range(n)
@@ -189,15 +194,17 @@ def test_a_bias_steers_greedy_decoding(model):
     biased = serve(
         engine,
         [[1, 2, 3]],
-        [SamplingParams(max_new_tokens=4, logit_bias={5: 100.0}, ignore_eos=True)],
+        [SamplingParams(max_tokens=4, logit_bias={5: 100.0}, ignore_eos=True, temperature=0.0)],
     )
     assert biased == [[5, 5, 5, 5]]
     plain, penalised = serve(
         engine,
         [[1, 2, 3], [1, 2, 3]],
         [
-            SamplingParams(max_new_tokens=12, ignore_eos=True),
-            SamplingParams(max_new_tokens=12, ignore_eos=True, repetition_penalty=50.0),
+            SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0),
+            SamplingParams(
+                max_tokens=12, ignore_eos=True, repetition_penalty=50.0, temperature=0.0
+            ),
         ],
     )
     assert len(set(penalised)) > len(set(plain)) or len(set(plain)) == 12  # it repeats itself less
@@ -283,7 +290,9 @@ def test_prompt_logprobs_equal_the_committed_transformers_logits(name):
     llm = LLM(FIXTURES / name, backend="numpy")
     for b in range(5):
         seq = expected[f"seq_{b}"].tolist()
-        out = llm.generate([seq], SamplingParams(max_new_tokens=1, prompt_logprobs=True))[0]
+        out = completions(
+            llm.generate([seq], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0))
+        )[0]
         logits = expected["logits"][b, : len(seq)].astype(np.float64)  # [L, V], transformers'
         logsumexp = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
         want = [logits[i, seq[i + 1]] - logsumexp[i] for i in range(len(seq) - 1)]
@@ -306,14 +315,14 @@ def test_sample_k_does_not_depend_on_n(tiny_lm, n, batch_size, seed, policy):
     from minirt import LLM
 
     llm = LLM(tiny_lm, batch_size=batch_size, policy=policy)
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, ignore_eos=True, seed=seed)
-    four = llm.generate(["To be", "All the world"], params.updated(n=4))
-    some = llm.generate(["To be", "All the world"], params.updated(n=n))
+    params = SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True, seed=seed)
+    four = completions(llm.generate(["To be", "All the world"], params.updated(n=4)))
+    some = completions(llm.generate(["To be", "All the world"], params.updated(n=n)))
     assert [(o.index, o.sample) for o in four] == [(i, k) for i in range(2) for k in range(4)]
     assert [(o.index, o.sample, o.token_ids) for o in some] == [
         (o.index, o.sample, o.token_ids) for o in four if o.sample < n
     ]
-    alone = LLM(tiny_lm, batch_size=1).generate(["All the world"], params)[0]
+    alone = completions(LLM(tiny_lm, batch_size=1).generate(["All the world"], params))[0]
     assert alone.token_ids == four[4].token_ids  # sample 0 of prompt 1 is what n = 1 always drew
 
 
@@ -382,14 +391,16 @@ def test_processors_equal_transformers(seed, penalty, min_p):
     ).numpy()[0]
     got = processed_logits(
         logits[0],
-        SamplingParams(repetition_penalty=penalty),
+        SamplingParams(repetition_penalty=penalty, temperature=0.0, max_tokens=64),
         ids[0, :4].tolist(),
         ids[0, 4:].tolist(),
     )
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6)
     warped = MinPLogitsWarper(min_p=min_p)(torch.tensor(ids), torch.tensor(logits)).numpy()[0]
     want_probs = np.exp(warped - warped.max()) / np.exp(warped - warped.max()).sum()
-    got_probs = filtered_distribution(logits[0], SamplingParams(temperature=1.0, min_p=min_p))
+    got_probs = filtered_distribution(
+        logits[0], SamplingParams(temperature=1.0, min_p=min_p, max_tokens=64)
+    )
     assert np.array_equal(got_probs > 0, want_probs > 0) and np.allclose(
         got_probs, want_probs, atol=1e-6
     )
@@ -416,8 +427,13 @@ def test_greedy_with_repetition_penalty_equals_transformers_generate(tiny_lm):
                 pad_token_id=0,
             )
         want = out[0, len(prompt) :].tolist()
-        got = llm.generate(
-            [prompt], SamplingParams(max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True)
+        got = completions(
+            llm.generate(
+                [prompt],
+                SamplingParams(
+                    max_tokens=20, repetition_penalty=1.3, ignore_eos=True, temperature=0.0
+                ),
+            )
         )[0]
         assert got.token_ids == want
 
@@ -482,9 +498,11 @@ def test_top_logprobs_equal_transformers_log_softmax(tiny_lm):
 
     reference = GPT2LMHeadModel.from_pretrained(tiny_lm).eval()
     prompt = [5, 6, 7, 8]
-    out = LLM(tiny_lm, backend="numpy").generate(
-        [prompt],
-        SamplingParams(max_new_tokens=8, temperature=1.0, seed=2, logprobs=5, ignore_eos=True),
+    out = completions(
+        LLM(tiny_lm, backend="numpy").generate(
+            [prompt],
+            SamplingParams(max_tokens=8, temperature=1.0, seed=2, logprobs=5, ignore_eos=True),
+        )
     )[0]
     for step, alternatives in enumerate(out.top_logprobs):
         with torch.no_grad():
@@ -545,10 +563,12 @@ def test_timings_are_ordered_and_a_group_waits_for_the_last(model):
     from minirt.cli.summary import summary
 
     engine = Engine(ModelRunner(model), None, batch_size=2)
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in (2, 6, 3, 1)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in (2, 6, 3, 1)]
     requests = [make_request(engine, i, [1 + i], sp) for i, sp in enumerate(params)]
     # Refused (a token outside the vocabulary), so it never runs.
-    requests.append(make_request(engine, 4, [10**6], SamplingParams()))
+    requests.append(
+        make_request(engine, 4, [10**6], SamplingParams(temperature=0.0, max_tokens=64))
+    )
     stats = serve_all(engine, requests)
     served, refused = requests[:4], requests[4]
     assert all(
@@ -586,14 +606,17 @@ def test_greedy_with_presence_and_frequency_equals_a_hand_loop_on_transformers_l
             for token in set(output):
                 logits[token] -= frequency * output.count(token) + presence
             output.append(max(range(len(logits)), key=lambda t: (logits[t], -t)))
-        got = llm.generate(
-            [prompt],
-            SamplingParams(
-                max_new_tokens=16,
-                presence_penalty=presence,
-                frequency_penalty=frequency,
-                ignore_eos=True,
-            ),
+        got = completions(
+            llm.generate(
+                [prompt],
+                SamplingParams(
+                    max_tokens=16,
+                    presence_penalty=presence,
+                    frequency_penalty=frequency,
+                    ignore_eos=True,
+                    temperature=0.0,
+                ),
+            )
         )[0]
         assert got.token_ids == output
 
@@ -631,8 +654,10 @@ def generated_alone_and_by_hand(llm, fields: dict, seed: int, n: int = 8):
     """Each prompt's tokens through `LLM.generate` (all in one batch), and by hand."""
     from conftest import hand_decode
 
-    params = SamplingParams(max_new_tokens=n, ignore_eos=True, seed=seed, **fields)
-    outputs = llm.generate(list(ALONE_PROMPTS), params)
+    params = SamplingParams(
+        max_tokens=n, ignore_eos=True, seed=seed, **{"temperature": 0.0, **fields}
+    )
+    outputs = completions(llm.generate(list(ALONE_PROMPTS), params))
     by_hand = [
         hand_decode(llm.model, list(p), n, rng=np.random.default_rng(seed), **fields)
         for p in ALONE_PROMPTS

@@ -18,6 +18,7 @@ from minirt.engine.engine import Engine
 from minirt.engine.runner import ModelRunner
 from minirt.engine.request import Status
 from minirt.errors import RequestError
+from conftest import completions
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def solo(model, prompt, params, index=0):
 
 
 def greedy(n):
-    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+    return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0)
 
 
 def run_to_end(engine):
@@ -202,7 +203,7 @@ def test_a_request_aborted_while_waiting_never_runs(model):
 
 
 @pytest.mark.parametrize(
-    "params", [greedy(5), SamplingParams(max_new_tokens=5, temperature=1.3, seed=7)]
+    "params", [greedy(5), SamplingParams(max_tokens=5, temperature=1.3, seed=7)]
 )
 def test_an_aborted_running_request_frees_its_slot_for_the_next_whose_tokens_equal_a_solo_run(
     model, params
@@ -263,7 +264,7 @@ def test_a_static_group_whose_members_are_all_aborted_ends_and_the_next_starts(m
 
 def test_abort_ends_every_sample_of_a_prompt(model):
     llm_engine = Engine(ModelRunner(model), None, batch_size=4, policy="continuous")
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
     samples = [
         make_request(llm_engine, 0, [1, 2], params, request_id="p", sample=k, output_index=k)
         for k in range(3)
@@ -341,8 +342,8 @@ def test_llm_generate_equals_a_loop_over_step_by_hand(model):
     llm.defaults = greedy(5)
     llm.last_stats = None
     prompts = [[1, 2, 3], [4], [5, 6], [7, 8, 9, 10]]
-    params = [SamplingParams(max_new_tokens=2 + i, temperature=0.9, seed=i) for i in range(4)]
-    outputs = llm.generate(prompts, params)
+    params = [SamplingParams(max_tokens=2 + i, temperature=0.9, seed=i) for i in range(4)]
+    outputs = completions(llm.generate(prompts, params))
     engine = Engine(ModelRunner(model), None, batch_size=2, policy="continuous")
     by_hand = [
         make_request(engine, i, p, sp)
@@ -544,7 +545,7 @@ def test_a_pool_grown_to_exactly_the_budget_admits_every_row_it_holds(
     first runs alone in a pool of one row; after round 1 two more arrive, and the pool grows to
     as many rows as the budget holds (budget // 4, at most the 3 wanted), never fewer because
     the budget is met exactly.  The rounds each newcomer waited say where the limit held."""
-    from minirt.engine.output import RequestOutput
+    from conftest import completion_of
 
     engine = Engine(
         ModelRunner(model), None, batch_size=4, policy="continuous", kv_budget_tokens=budget
@@ -561,7 +562,7 @@ def test_a_pool_grown_to_exactly_the_budget_admits_every_row_it_holds(
     assert (len(engine.kv_cache.lengths), engine.kv_cache.capacity) == (rows, 4)
     assert rows * 4 <= budget < (rows + 1) * 4
     run_to_end(engine)
-    outputs = [RequestOutput.from_request(r) for r in (first, second, late)]
+    outputs = [completion_of(r) for r in (first, second, late)]
     assert [(o.first_round, o.rounds_waited) for o in outputs] == [
         (1, 0),
         (2, 0),

@@ -5,7 +5,6 @@ Streaming changes nothing about the results: the outputs are those of the same r
 """
 
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -21,6 +20,7 @@ from minirt import LLM, SamplingParams, TokenEvent
 from minirt.cli.command import run_command
 from minirt.generate import main as generate_main
 from minirt.engine.request import Request, Status, unshown_text
+from conftest import completions
 
 PROMPTS = [
     "To be, or not to be",
@@ -38,18 +38,17 @@ def llms(tiny_lm):
 
 
 def untimed(result):
-    """A record (dict) or a RequestOutput without its timings (seconds from a run's start)."""
-    if isinstance(result, dict):
-        return {
-            k: v for k, v in result.items() if k not in ("arrival_s", "first_token_s", "finish_s")
-        }
-    return dataclasses.replace(result, arrival_s=None, first_token_s=None, finish_s=None)
+    """A record (dict) or a flattened completion (conftest's `Completion`) as a dict without its
+    timings (seconds from a run's start)."""
+    if not isinstance(result, dict):
+        result = {k: v for k, v in vars(result).items() if k != "output"}
+    return {k: v for k, v in result.items() if k not in ("arrival_s", "first_token_s", "finish_s")}
 
 
 def streamed(llm, prompts, params):
     """(outputs, events) of one run with on_token."""
     events: list[TokenEvent] = []
-    outputs = llm.generate(prompts, params, on_token=events.append)
+    outputs = completions(llm.generate(prompts, params, on_token=events.append))
     return outputs, events
 
 
@@ -65,18 +64,17 @@ def streamed(llm, prompts, params):
 def test_the_streamed_text_joins_into_the_final_text(llms, data, policy, temperature, n_prompts):
     llm = llms[policy]
     prompts = PROMPTS[:n_prompts]
-    plain = SamplingParams(max_new_tokens=20, temperature=temperature, seed=3)
-    probe = llm.generate(prompts, plain)  # the run without streaming or stops
+    plain = SamplingParams(max_tokens=20, temperature=temperature, seed=3)
+    probe = completions(llm.generate(prompts, plain))  # the run without streaming or stops
     stops = []
-    for (
-        out
-    ) in probe:  # stop strings taken from what the run writes, so that some of them cut the text
+    # Stop strings taken from what the run writes, so that some of them cut the text.
+    for out in probe:
         text = out.text or ""
         if len(text) >= 2:
             start = data.draw(st.integers(0, len(text) - 2), label="stop at")
             stops.append(text[start : start + data.draw(st.integers(1, 4), label="stop length")])
-    params = SamplingParams(max_new_tokens=20, temperature=temperature, seed=3, stop=stops or None)
-    unstreamed = llm.generate(prompts, params)
+    params = SamplingParams(max_tokens=20, temperature=temperature, seed=3, stop=stops or None)
+    unstreamed = completions(llm.generate(prompts, params))
     outputs, events = streamed(llm, prompts, params)
     assert [untimed(o) for o in outputs] == [
         untimed(o) for o in unstreamed
@@ -94,7 +92,7 @@ def test_a_multibyte_character_is_never_split(llms):
     llm = llms["static"]
     prompts = ["Café", "日本語", "\U0001f600 emoji"]
     outputs, events = streamed(
-        llm, prompts, SamplingParams(max_new_tokens=24, temperature=1.0, seed=11)
+        llm, prompts, SamplingParams(max_tokens=24, temperature=1.0, seed=11)
     )
     for out in outputs:
         pieces = [e.text for e in events if e.index == out.index]
@@ -104,17 +102,39 @@ def test_a_multibyte_character_is_never_split(llms):
 
 def test_on_final_hears_each_output_once_as_it_finishes(llms):
     heard = []
-    outputs = llms["continuous"].generate(
-        PROMPTS, SamplingParams(max_new_tokens=8), on_final=heard.append
-    )
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+    outputs = llms["continuous"].generate(PROMPTS, params, on_final=heard.append)
     assert sorted(heard, key=lambda o: o.index) == outputs
-    assert [o.finish_round for o in heard] == sorted(
-        o.finish_round for o in heard
-    )  # in the order they finished
+    # In the order they finished.
+    finish_rounds = [o.outputs[0].finish_round for o in heard]
+    assert finish_rounds == sorted(finish_rounds)
+
+
+def test_on_final_hears_a_prompt_once_when_its_last_sample_is_final(tiny_lm):
+    """n samples of each prompt, two rows: the samples of one prompt finish in different rounds,
+    and on_final hears the prompt once, after the last of them, with all n."""
+    llm = LLM(tiny_lm, batch_size=2, policy="continuous")
+    heard = []
+    lengths = [SamplingParams(max_tokens=k, n=3, ignore_eos=True, seed=1) for k in (3, 5)]
+    outputs = llm.generate(PROMPTS[:2], lengths, on_final=heard.append)
+    assert sorted(heard, key=lambda o: o.index) == outputs
+    assert [len(o.outputs) for o in heard] == [3, 3]
+    for prompt_output in heard:
+        last = max(c.finish_round for c in prompt_output.outputs)
+        # Samples of one prompt do not all finish in one round: two rows for three samples.
+        assert min(c.finish_round for c in prompt_output.outputs) < last
+    last_rounds = [max(c.finish_round for c in o.outputs) for o in heard]
+    assert last_rounds == sorted(last_rounds)
 
 
 def request_with(text: str, stop: list[str] | None, finished: bool) -> Request:
-    request = Request(index=0, id="0", prompt="x", prompt_ids=[1], params=SamplingParams(stop=stop))
+    request = Request(
+        index=0,
+        id="0",
+        prompt="x",
+        prompt_ids=[1],
+        params=SamplingParams(stop=stop, temperature=0.0, max_tokens=64),
+    )
     request.text, request.status = text, Status.FINISHED if finished else Status.RUNNING
     return request
 

@@ -11,6 +11,7 @@ from conftest import ROOT, requires_reference
 from minirt import LLM, SamplingParams
 from minirt.evaluate import text_loss
 from minirt.loading.checkpoint import shipped_model_folder
+from conftest import completions
 
 SHIPPED = ROOT / "weights" / "shakespeare-gpt2-tiny"
 PROMPTS = [
@@ -97,8 +98,8 @@ def test_greedy_matches_transformers_for_50_tokens():
     from transformers import GPT2LMHeadModel
 
     llm = LLM(SHIPPED, backend="numpy", batch_size=len(PROMPTS))
-    outputs = llm.generate(
-        PROMPTS, SamplingParams(max_new_tokens=50, ignore_eos=True)
+    outputs = completions(
+        llm.generate(PROMPTS, SamplingParams(max_tokens=50, ignore_eos=True, temperature=0.0))
     )  # one static group
     reference = GPT2LMHeadModel.from_pretrained(
         SHIPPED, local_files_only=True, torch_dtype=torch.float32

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from conftest import DATA
 from minirt.errors import TokenizerError
 from minirt.loading.tokenizer import byte_to_unicode, load_tokenizer
+from conftest import completions
 
 VOCAB_DIR = DATA / "gpt2-vocab"
 SHA256 = {
@@ -258,7 +259,7 @@ def special_heavy(specials: list[int], seed: int, ignore_eos: bool = True):
 
     bias = {token: 6.0 for token in specials}
     return SamplingParams(
-        max_new_tokens=24, temperature=1.0, seed=seed, logit_bias=bias, ignore_eos=ignore_eos
+        max_tokens=24, temperature=1.0, seed=seed, logit_bias=bias, ignore_eos=ignore_eos
     )
 
 
@@ -275,8 +276,10 @@ def test_special_tokens_decode_as_the_tokenizers_library_does(tmp_path):
     start, end, eos = (hf.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
     llm = LLM(model_folder(tmp_path / "bpe", hf, eos_token_id=eos))
     prompt_ids = [start, *hf.encode("To be").ids, end, eos, *hf.encode(" or not").ids, start]
-    outputs = llm.generate(
-        [prompt_ids] * 3, [special_heavy([start, end, eos], seed) for seed in (1, 2, 3)]
+    outputs = completions(
+        llm.generate(
+            [prompt_ids] * 3, [special_heavy([start, end, eos], seed) for seed in (1, 2, 3)]
+        )
     )
     for output in outputs:
         assert output.prompt == hf.decode(prompt_ids, skip_special_tokens=False)
@@ -284,7 +287,9 @@ def test_special_tokens_decode_as_the_tokenizers_library_does(tmp_path):
         assert output.text == hf.decode(output.token_ids, skip_special_tokens=False)
     assert "<|im_start|>" in "".join(o.text for o in outputs)
     # Stopped by its EOS: the EOS is the last token, and only its text is left out.
-    stopped = llm.generate([prompt_ids], special_heavy([start, end, eos], 7, ignore_eos=False))[0]
+    stopped = completions(
+        llm.generate([prompt_ids], special_heavy([start, end, eos], 7, ignore_eos=False))
+    )[0]
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == eos
     assert stopped.text == hf.decode(stopped.token_ids[:-1], skip_special_tokens=False)
 
@@ -306,7 +311,9 @@ def test_special_tokens_of_a_tokenizer_that_is_not_byte_level_keep_their_text(tm
     llm = LLM(model_folder(tmp_path / "wordpiece", hf))
     assert not llm.tokenizer.is_byte_level
     prompt_ids = [1, *hf.encode("hello world", add_special_tokens=False).ids, 2, 7]
-    outputs = llm.generate([prompt_ids] * 3, [special_heavy([1, 2], seed) for seed in (1, 2, 3)])
+    outputs = completions(
+        llm.generate([prompt_ids] * 3, [special_heavy([1, 2], seed) for seed in (1, 2, 3)])
+    )
     for output in outputs:
         assert output.prompt == hf.decode(prompt_ids, skip_special_tokens=False)
         assert {1, 2} & set(output.token_ids), "no special token drawn: nothing checked"

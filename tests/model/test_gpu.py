@@ -30,6 +30,7 @@ from minirt.engine.engine import Engine
 from minirt.engine.runner import ModelRunner
 from minirt.errors import BackendError
 from minirt.engine.params import SamplingParams
+from conftest import completions
 
 # MINIRT_GPU_TESTS_ON_STAND_IN=1 runs these tests on tests/strict_cupy instead of a GPU, so that
 # their own code runs in the default suite (tests/cupy_path/test_gpu_tests_on_the_stand_in.py).
@@ -135,7 +136,7 @@ def test_logits_equal_numpy_within_the_stated_tolerance(cfg, batch, dtype):
 def test_greedy_tokens_agree_where_margins_are_clear(cfg, batch, dtype):
     cpu, gpu = model_pair(cfg, dtype)
     prompts = [row or [2] for row in ids_for(batch, cfg["vocab_size"])]
-    sp = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    sp = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
     runs = {}
     for name, model in (("cpu", cpu), ("gpu", gpu)):
         engine = Engine(ModelRunner(model), None, batch_size=3)
@@ -160,7 +161,7 @@ def test_seeded_sampling_gives_the_same_tokens(cfg, batch, seed):
     cpu, gpu = model_pair(cfg, np.float32)
     prompts = [row or [3] for row in ids_for(batch, cfg["vocab_size"])]
     sp = SamplingParams(
-        max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.95, seed=seed, ignore_eos=True
+        max_tokens=6, temperature=0.9, top_k=20, top_p=0.95, seed=seed, ignore_eos=True
     )
     outputs = []
     for model in (cpu, gpu):
@@ -186,11 +187,18 @@ def test_the_device_argmax_shortcut_picks_what_the_host_would(rows):
     from minirt.engine.sampler import choose_token, choose_tokens
 
     host = np.array(rows, dtype=np.float32)
-    greedy = [SimpleNamespace(params=SamplingParams(), rng=None, want_logprobs=False) for _ in rows]
-    got = choose_tokens(CUPY, CUPY.asarray(host), greedy)
-    assert got == [
-        (*choose_token(row, SamplingParams(), None, want_logprob=False), None) for row in host
+    greedy = [
+        SimpleNamespace(
+            params=SamplingParams(temperature=0.0, max_tokens=64), rng=None, want_logprobs=False
+        )
+        for _ in rows
     ]
+    got = choose_tokens(CUPY, CUPY.asarray(host), greedy)
+    greedy_params = SamplingParams(temperature=0.0, max_tokens=64)
+    assert [choice.token for choice in got] == [
+        choose_token(row, greedy_params, None, want_logprob=False)[0] for row in host
+    ]
+    assert all(choice.logprob is None and choice.top is None for choice in got)
 
 
 @pytest.mark.parametrize("scratch", [None, 3000], ids=["one tile", "a few tokens a tile"])
@@ -274,7 +282,7 @@ def test_continuous_batching_reuses_zeroed_slots_and_gathers_their_keys():
     order (a gather, not a view)."""
     cpu = random_model(seed=4)
     gpu = random_model(seed=4, backend=CUPY)
-    params = SamplingParams(max_new_tokens=7, ignore_eos=True, logprobs=2)
+    params = SamplingParams(max_tokens=7, ignore_eos=True, logprobs=2, temperature=0.0)
     settings = {"batch_size": 3, "policy": "continuous"}
     want = served_on(cpu, UNEVEN_PROMPTS, params, **settings)
     got = served_on(gpu, UNEVEN_PROMPTS, params, **settings)
@@ -302,7 +310,9 @@ def test_a_decode_round_with_an_empty_row_pads_and_packs_by_scatter():
 def test_static_groups_and_prompt_logprobs():
     cpu = random_model(seed=5)
     gpu = random_model(seed=5, backend=CUPY)
-    params = SamplingParams(max_new_tokens=5, ignore_eos=True, prompt_logprobs=True, logprobs=1)
+    params = SamplingParams(
+        max_tokens=5, ignore_eos=True, prompt_logprobs=0, logprobs=1, temperature=0.0
+    )
     want = served_on(cpu, UNEVEN_PROMPTS, params, batch_size=3)
     got = served_on(gpu, UNEVEN_PROMPTS, params, batch_size=3)
     assert_runs_agree(cpu, want, got)
@@ -312,7 +322,7 @@ def test_sampling_with_penalties_draws_what_numpy_draws():
     cpu = random_model(seed=6)
     gpu = random_model(seed=6, backend=CUPY)
     params = SamplingParams(
-        max_new_tokens=6,
+        max_tokens=6,
         temperature=0.9,
         repetition_penalty=1.3,
         frequency_penalty=0.4,
@@ -341,12 +351,12 @@ def test_llm_and_the_commands_with_backend_cupy(tmp_path, capsys):
     from minirt.generate import main as generate
 
     prompts = ["ROMEO:", "To be", ""]
-    params = SamplingParams(max_new_tokens=8, logprobs=1)
+    params = SamplingParams(max_tokens=8, logprobs=1, temperature=0.0)
     cpu = minirt.LLM(backend="numpy")
     gpu = minirt.LLM(backend="cupy")
     assert gpu.model.backend.name == "cupy"
-    want = cpu.generate(prompts, params)
-    got = gpu.generate(prompts, params)
+    want = completions(cpu.generate(prompts, params))
+    got = completions(gpu.generate(prompts, params))
     for ref, mine in zip(want, got, strict=True):
         agreed_prefix(cpu.model, ref.prompt_token_ids, ref.token_ids, mine.token_ids)
     out = tmp_path / "out.jsonl"

@@ -23,21 +23,25 @@ needs_mypy = pytest.mark.skipif(
 )
 
 USER_SCRIPT = """
-from minirt import LLM, RequestOutput, SamplingParams, TokenEvent
+from minirt import LLM, CompletionOutput, Logprob, RequestOutput, SamplingParams, TokenEvent
 
 llm = LLM()  # the model shipped with minirt
-params = SamplingParams(max_new_tokens=12, temperature=0.8, top_k=40, seed=1)
+params = SamplingParams(max_tokens=12, temperature=0.8, top_k=40, seed=1, logprobs=2)
 outputs: list[RequestOutput] = llm.generate(["To be, or not to be"], params)
-text: str | None = outputs[0].text
-reason: str = outputs[0].finish_reason
-ids: list[int] = outputs[0].token_ids + outputs[0].prompt_token_ids
+first: CompletionOutput = outputs[0].outputs[0]
+text: str | None = first.text
+reason: str = first.finish_reason
+ids: list[int] = first.token_ids + outputs[0].prompt_token_ids
+assert first.logprobs is not None
+chosen: Logprob = first.logprobs[0][first.token_ids[0]]
+rank: int | None = chosen.rank
 
 
 def show(event: TokenEvent) -> None:
     print(event.index, event.token_id, event.text, end="", flush=True)
 
 
-llm.generate("ROMEO.", SamplingParams(max_new_tokens=4), on_token=show)
+llm.generate("ROMEO.", SamplingParams(max_tokens=4), on_token=show)
 """
 
 
@@ -86,9 +90,9 @@ def test_mypy_passes_on_minirt(tmp_path):
     "mistake",
     [
         None,
-        ("outputs[0].text", "outputs[0].txt"),
+        ("first.text", "first.txt"),
         ("reason: str", "reason: int"),
-        ("max_new_tokens=12", "max_new_tokens='12'"),
+        ("max_tokens=12", "max_tokens='12'"),
         ("on_token=show", "on_token=len"),
     ],
 )

@@ -17,6 +17,7 @@ from conftest import FIXTURES
 from minirt import LLM, SamplingParams
 from minirt.cli.command import run_command
 from minirt.generate import main as generate_main
+from conftest import completions
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ BAD_IDS = st.lists(
 def test_generate_names_a_bad_prompt(llm, bad, good_first):
     prompts = [[1, 2, 3], *bad] if good_first and isinstance(bad, list) else bad
     with pytest.raises((TypeError, ValueError)) as exc:
-        llm.generate(prompts, SamplingParams(max_new_tokens=1))
+        completions(llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0)))
     assert "prompts" in str(exc.value) and "\n" not in str(exc.value)
 
 
@@ -75,7 +76,7 @@ def test_generate_names_a_bad_prompt(llm, bad, good_first):
 )
 def test_generate_refuses_prompts_that_are_not_strings_or_integer_ids(llm, prompts, fragment):
     with pytest.raises(TypeError) as exc:
-        llm.generate(prompts)
+        completions(llm.generate(prompts))
     assert fragment in str(exc.value)
 
 
@@ -86,9 +87,9 @@ def test_generate_refuses_prompts_that_are_not_strings_or_integer_ids(llm, promp
 )
 def test_well_formed_prompts_are_served_as_their_plain_int_lists(llm, prompts, container):
     """The positive control: tuples and integer arrays are ids too, and give what plain lists give."""
-    params = SamplingParams(max_new_tokens=2)
-    got = llm.generate([container(p) for p in prompts], params)
-    want = llm.generate([list(p) for p in prompts], params)
+    params = SamplingParams(max_tokens=2, temperature=0.0)
+    got = completions(llm.generate([container(p) for p in prompts], params))
+    want = completions(llm.generate([list(p) for p in prompts], params))
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert all(
         r.error is None and r.prompt_token_ids == list(p) for r, p in zip(got, prompts, strict=True)
@@ -98,7 +99,7 @@ def test_well_formed_prompts_are_served_as_their_plain_int_lists(llm, prompts, c
 @pytest.mark.parametrize("params", [{"temperature": 1}, [None], ["greedy"], 0.5])
 def test_generate_names_bad_params(llm, params):
     with pytest.raises(TypeError, match="params"):
-        llm.generate([[1, 2]], params)
+        completions(llm.generate([[1, 2]], params))
 
 
 @settings(max_examples=60, deadline=None)
@@ -113,8 +114,12 @@ def test_a_bad_run_seed_is_refused_when_the_llm_is_made(seed):
 
 
 FIELDS_AND_BAD_VALUES = {
-    "max_new_tokens": st.one_of(
+    "max_tokens": st.one_of(
         st.integers(max_value=0), st.floats(), st.text(max_size=2), st.booleans()
+    ),
+    # vLLM's prompt_logprobs N >= 1 is not offered: 0 or None only.
+    "prompt_logprobs": st.one_of(
+        st.integers(min_value=1), st.integers(max_value=-1), st.booleans(), st.text(max_size=2)
     ),
     "temperature": st.one_of(
         st.floats(max_value=-1e-9),
@@ -123,7 +128,8 @@ FIELDS_AND_BAD_VALUES = {
         st.text(max_size=2),
         st.booleans(),
     ),
-    "top_k": st.one_of(st.integers(max_value=-1), st.floats(), st.booleans()),
+    # -1 is vLLM's "no limit", as 0 is.
+    "top_k": st.one_of(st.integers(max_value=-2), st.floats(), st.booleans()),
     "top_p": st.one_of(st.floats(max_value=0), st.floats(min_value=1.0001), st.text(max_size=2)),
     "seed": st.one_of(st.integers(max_value=-1), st.floats(), st.text(max_size=2), st.booleans()),
     "stop": st.one_of(
@@ -189,10 +195,12 @@ def test_numpy_integers_are_counts_and_seeds_like_python_ints():
     llm = LLM(
         FIXTURES / "base", batch_size=np.int64(2), round_token_budget=np.int32(64), seed=np.int64(3)
     )
-    want = LLM(FIXTURES / "base", batch_size=2, seed=3).generate(
-        [[1, 2], [3]], SamplingParams(temperature=1.0)
+    want = completions(
+        LLM(FIXTURES / "base", batch_size=2, seed=3).generate(
+            [[1, 2], [3]], SamplingParams(temperature=1.0, max_tokens=64)
+        )
     )
-    got = llm.generate([[1, 2], [3]], SamplingParams(temperature=1.0))
+    got = completions(llm.generate([[1, 2], [3]], SamplingParams(temperature=1.0, max_tokens=64)))
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
 
 
@@ -229,16 +237,45 @@ def test_llm_of_none_is_the_shipped_model_and_a_wrong_type_is_a_type_error():
             LLM(wrong)
 
 
-@pytest.mark.parametrize(
-    "kwargs", [{"ids": 5}, {"ids": (i for i in "ab")}, {"ids": "xy"}, {"logprobs": "yes"}]
-)
-def test_generate_checks_ids_and_logprobs(llm, kwargs):
+@pytest.mark.parametrize("kwargs", [{"ids": 5}, {"ids": (i for i in "ab")}, {"ids": "xy"}])
+def test_generate_checks_ids(llm, kwargs):
     with pytest.raises(TypeError, match="ids must be a list"):
         llm.generate([[1, 2], [3]], **kwargs)
 
 
+def test_generate_takes_no_logprobs_flag_logprobs_are_asked_for_in_sampling_params(llm):
+    """One way to ask for logprobs, vLLM's: SamplingParams(logprobs=...)."""
+    with pytest.raises(TypeError, match="logprobs"):
+        llm.generate([[1, 2]], logprobs=True)
+
+
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ({"text": "hi"}, "'text'"),
+        ({"prompt": "hi", "prompt_token_ids": [1]}, "'prompt', 'prompt_token_ids'"),
+        ({}, "no keys"),
+        ({"prompt_token_ids": [1, "a"]}, "list holding non-integers"),
+        ({"prompt": 5}, "got int"),
+    ],
+)
+def test_a_prompt_dict_vllm_would_not_take_is_a_type_error_naming_it(llm, prompt, message):
+    with pytest.raises(TypeError, match=message) as refused:
+        llm.generate(["fine", prompt])
+    assert "prompts[1]" in str(refused.value)
+
+
+def test_vllm_options_minirt_lacks_are_refused_with_minirts_name_or_the_reason(llm):
+    with pytest.raises(TypeError) as refused:
+        LLM(FIXTURES / "base", max_num_seqs=4, tensor_parallel_size=2, swap_space=4)
+    message = str(refused.value)
+    assert "max_num_seqs: minirt calls it batch_size" in message
+    assert "tensor_parallel_size: minirt runs a model on one device" in message
+    assert "swap_space: no such option" in message and "\n" not in message
+
+
 def test_a_huge_id_is_shown_short(llm):
-    got = llm.generate([[1, 10**100]])[0]
+    got = completions(llm.generate([[1, 10**100]]))[0]
     assert got.finish_reason == "error" and "100000000000..." in got.error and len(got.error) < 120
 
 

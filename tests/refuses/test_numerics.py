@@ -23,6 +23,7 @@ from minirt.generate import main as generate_main
 from minirt.cli.records import record
 from minirt.engine.request import Request
 from minirt.engine.params import SamplingParams
+from conftest import completions
 
 
 def strict(line: str) -> dict:
@@ -48,7 +49,12 @@ def nan_model(tiny_lm, tmp_path_factory):
 @given(logprobs=st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=8))
 def test_a_record_is_strict_json_whatever_its_logprobs_hold(logprobs):
     request = Request(
-        index=0, id="0", prompt="x", prompt_ids=[1], params=SamplingParams(), want_logprobs=True
+        index=0,
+        id="0",
+        prompt="x",
+        prompt_ids=[1],
+        params=SamplingParams(temperature=0.0, max_tokens=64),
+        want_logprobs=True,
     )
     request.token_ids, request.logprobs, request.finish_reason = (
         [1] * len(logprobs),
@@ -147,15 +153,15 @@ def test_a_non_finite_row_fails_alone_and_its_peers_are_served_as_on_a_clean_mod
     poisoned, prompts, temperature, batch_size, policy
 ):
     clean, bad = poisoned
-    params = SamplingParams(max_new_tokens=5, temperature=temperature, seed=3)
+    params = SamplingParams(max_tokens=5, temperature=temperature, seed=3)
     bad.engine.batch_size, bad.engine.policy = batch_size, policy
-    together = bad.generate(prompts, params)
+    together = completions(bad.generate(prompts, params))
     bad.engine.batch_size, bad.engine.policy = 1, "static"
     for prompt, got in zip(prompts, together, strict=True):
         assert outcome(got) == outcome(
-            bad.generate([prompt], params)[0]
+            completions(bad.generate([prompt], params))[0]
         )  # batching never changes a result
-        reference = clean.generate([prompt], params)[0]
+        reference = completions(clean.generate([prompt], params))[0]
         if (
             POISONED_TOKEN in prompt
         ):  # its prefill row is not finite: it fails in its first round, with nothing served
@@ -189,10 +195,10 @@ def test_float16_overflow_fails_the_request_where_float32_serves_it(tmp_path):
     prompts = [[1, 2, 3], [4, 5]]
     assert np.isfinite(LLM(folder).model.logits(prompts)[0]).all()  # float32 really is finite
     for temperature in (0.0, 1.0):
-        params = SamplingParams(max_new_tokens=4, temperature=temperature, seed=1)
-        served = LLM(folder).generate(prompts, params)
+        params = SamplingParams(max_tokens=4, temperature=temperature, seed=1)
+        served = completions(LLM(folder).generate(prompts, params))
         assert all(r.finish_reason == "length" and len(r.token_ids) == 4 for r in served)
-        failed = LLM(folder, dtype="float16").generate(prompts, params)
+        failed = completions(LLM(folder, dtype="float16").generate(prompts, params))
         assert all(
             r.finish_reason == "error" and "not finite" in r.error and "float16" in r.error
             for r in failed
@@ -252,8 +258,10 @@ def test_one_non_finite_logit_is_enough_to_fail_a_row(tmp_path, value, temperatu
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     logits = LLM(folder).model.logits([[1, 2, 3]])[0, -1]
     assert np.isfinite(logits).sum() == logits.size - 1  # exactly one logit is not finite
-    got = LLM(folder).generate(
-        [[1, 2, 3], [4]], SamplingParams(max_new_tokens=3, temperature=temperature, seed=0)
+    got = completions(
+        LLM(folder).generate(
+            [[1, 2, 3], [4]], SamplingParams(max_tokens=3, temperature=temperature, seed=0)
+        )
     )
     assert all(
         r.finish_reason == "error" and "not finite" in r.error and r.token_ids == [] for r in got

@@ -150,23 +150,30 @@ not_a_token_id_list = (
 @given(stop=not_a_stop_list, ids=not_a_token_id_list)
 def test_a_wrong_typed_stop_or_stop_token_ids_is_a_request_error(stop, ids):
     with pytest.raises(RequestError, match="^stop must be a list of non-empty strings, got "):
-        SamplingParams(stop=stop)
+        SamplingParams(stop=stop, temperature=0.0, max_tokens=64)
     with pytest.raises(RequestError, match="^stop_token_ids must be a list of token ids, got "):
-        SamplingParams(stop_token_ids=ids)
+        SamplingParams(stop_token_ids=ids, temperature=0.0, max_tokens=64)
 
 
 def test_good_stops_still_become_tuples():
-    assert SamplingParams(stop="\n").stop == ("\n",) and SamplingParams(stop=["a", "b"]).stop == (
+    assert SamplingParams(stop="\n", temperature=0.0, max_tokens=64).stop == (
+        "\n",
+    ) and SamplingParams(stop=["a", "b"], temperature=0.0, max_tokens=64).stop == (
         "a",
         "b",
     )
-    assert SamplingParams(stop=None, stop_token_ids=None) == SamplingParams()
-    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
-    hash(SamplingParams(stop=["x"], stop_token_ids=[1]))
+    assert SamplingParams(
+        stop=None, stop_token_ids=None, temperature=0.0, max_tokens=64
+    ) == SamplingParams(temperature=0.0, max_tokens=64)
+    assert SamplingParams(stop_token_ids=[3, 4], temperature=0.0, max_tokens=64).stop_token_ids == (
+        3,
+        4,
+    )
+    hash(SamplingParams(stop=["x"], stop_token_ids=[1], temperature=0.0, max_tokens=64))
     with pytest.raises(
         RequestError, match=r"got \[''\]$"
     ):  # the message of an existing bad line, unchanged
-        SamplingParams(stop=[""])
+        SamplingParams(stop=[""], temperature=0.0, max_tokens=64)
 
 
 @CLI
@@ -204,6 +211,8 @@ def is_token_id_list(value) -> bool:
 ACCEPTS = {
     "prompt": lambda v: isinstance(v, str) or is_token_id_list(v),
     "id": lambda v: isinstance(v, str) or is_integer(v),
+    "max_tokens": is_integer,
+    # The same field, by its other name (Hugging Face's).
     "max_new_tokens": is_integer,
     "top_k": is_integer,
     "n": is_integer,
@@ -216,7 +225,7 @@ ACCEPTS = {
     "presence_penalty": is_number,
     "frequency_penalty": is_number,
     "ignore_eos": lambda v: isinstance(v, bool),
-    "prompt_logprobs": lambda v: isinstance(v, bool),
+    "prompt_logprobs": lambda v: v is None or is_integer(v),
     "stop": lambda v: (
         v is None
         or isinstance(v, str)
@@ -229,7 +238,7 @@ ACCEPTS = {
 
 
 def test_the_table_of_types_covers_every_field_a_line_may_set():
-    assert set(ACCEPTS) == {"prompt", "id", *FIELD_NAMES}
+    assert set(ACCEPTS) == {"prompt", "id", "max_new_tokens", *FIELD_NAMES}
 
 
 def strings_of(value) -> list[str]:

@@ -25,6 +25,7 @@ from minirt.engine.runner import ModelRunner
 from minirt.model.gpt2 import GPT2
 from minirt.rounds import MAX_LENGTH, MAX_WORKLOAD, main, parse_lengths
 from minirt.engine.params import SamplingParams
+from conftest import completions
 
 FAST = settings(max_examples=60, deadline=None)
 not_a_count = st.integers(-(10**12), 0)
@@ -95,7 +96,11 @@ def test_a_kv_budget_in_tokens_means_the_same_in_rounds_and_generate(tiny_lm):
 
     llm = LLM(tiny_lm, batch_size=3, kv_budget_tokens=9)
     assert llm.engine.kv_budget_positions == 9
-    outputs = llm.generate([[1], [2], [3]], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    outputs = completions(
+        llm.generate(
+            [[1], [2], [3]], SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
+        )
+    )
     code, out, _ = rounds(["--lengths", "4,4,4", "--batch-size", "3", "--kv-budget", "9", "--json"])
     static = json.loads(out)["policies"]["static"]["requests"]
     assert code == 0 and [o.first_round for o in outputs] == [r["first_round"] for r in static] == [
@@ -246,7 +251,7 @@ def model():
 def test_the_kv_cache_never_has_more_slots_than_requests(model, n_requests, batch_size, policy):
     sizes = []
     original = GPT2.new_kv_cache
-    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0)
     prompts = [[1 + i, 2 + i] for i in range(n_requests)]
 
     def serve(engine):

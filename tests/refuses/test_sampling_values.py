@@ -37,7 +37,7 @@ BOUNDS = [
 def params_with(field: str, value: float) -> SamplingParams:
     """SamplingParams with one bounded field set (a logit_bias on token 5)."""
     if field == "logit_bias":
-        return SamplingParams(logit_bias={5: value})
+        return SamplingParams(logit_bias={5: value}, temperature=0.0, max_tokens=64)
     return SamplingParams(**{field: value})
 
 
@@ -123,11 +123,19 @@ def test_a_bias_of_100_forces_its_token_and_minus_100_bans_it(logits, forced, te
     leaves every other one at least 70 / T below it, and -100 puts it 70 / T below all of them."""
     logits = np.array(logits, dtype=np.float32)
     rng = request_rng(seed)
-    forcing = SamplingParams(temperature=temperature, logit_bias={forced: 100})
+    forcing = SamplingParams(temperature=temperature, logit_bias={forced: 100}, max_tokens=64)
     assert choose_token(logits, forcing, rng, False)[0] == forced
-    banning = SamplingParams(temperature=temperature, logit_bias={forced: -100})
+    banning = SamplingParams(temperature=temperature, logit_bias={forced: -100}, max_tokens=64)
     assert choose_token(logits, banning, rng, False)[0] != forced
-    assert choose_token(logits, SamplingParams(logit_bias={forced: -100}), None, False)[0] != forced
+    assert (
+        choose_token(
+            logits,
+            SamplingParams(logit_bias={forced: -100}, temperature=0.0, max_tokens=64),
+            None,
+            False,
+        )[0]
+        != forced
+    )
 
 
 def run_generate(tmp_path, flags, prompts_text="To be\nShall I\n", suffix="txt"):
@@ -246,7 +254,7 @@ def test_a_complex_number_is_refused_naming_the_field(field, value):
         with pytest.raises(RequestError, match=f"^{field} must be"):
             SamplingParams(**{field: value})
     with pytest.raises(RequestError, match="^logit_bias"):
-        SamplingParams(logit_bias={5: value})
+        SamplingParams(logit_bias={5: value}, temperature=0.0, max_tokens=64)
 
 
 @pytest.mark.parametrize(
@@ -256,13 +264,13 @@ def test_a_complex_number_is_refused_naming_the_field(field, value):
 def test_a_token_given_two_biases_is_refused_not_summed(bias):
     """Two keys that name one token would add up past the range (or cancel a ban): ambiguous, refused."""
     with pytest.raises(RequestError, match="names token (38|5) twice"):
-        SamplingParams(logit_bias=bias)
+        SamplingParams(logit_bias=bias, temperature=0.0, max_tokens=64)
 
 
 @pytest.mark.parametrize("key", ["\u0663", " 5", "5 ", "+5", "5.0", "1e3", "-1", ""])
 def test_a_logit_bias_key_is_ascii_digits_alone(key):
     with pytest.raises(RequestError, match="^logit_bias must map token ids"):
-        SamplingParams(logit_bias={key: 1})
+        SamplingParams(logit_bias={key: 1}, temperature=0.0, max_tokens=64)
 
 
 @pytest.mark.parametrize(

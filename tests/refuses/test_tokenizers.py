@@ -33,6 +33,7 @@ from minirt.llm import LLM
 from minirt.llm import generation_defaults
 from minirt.engine.params import SamplingParams
 from tiny_random_model import train_tokenizer
+from conftest import completions
 
 OLD = b'{"an": "existing record"}\n'
 FIELDS = (
@@ -281,7 +282,9 @@ def test_vocab_json_and_merges_txt_that_fit_the_model_load(model, tiny_lm):
     write_vocab_and_merges(model, tiny_lm)
     llm = LLM(model)
     assert llm.tokenizer.vocab_size == vocab_size(model) and "vocab.json" in llm.tokenizer.source
-    (out,) = llm.generate(["To be, or not to be"], SamplingParams(max_new_tokens=3))
+    (out,) = completions(
+        llm.generate(["To be, or not to be"], SamplingParams(max_tokens=3, temperature=0.0))
+    )
     assert out.error is None and len(out.token_ids) == 3
 
 
@@ -323,7 +326,9 @@ def test_the_matching_tokenizer_loads_and_serves_text(model):
         llm.tokenizer is not None
         and llm.tokenizer.vocab_size == vocab_size(model) == llm.model.config.vocab_size
     )
-    (out,) = llm.generate(["To be, or not to be"], SamplingParams(max_new_tokens=4))
+    (out,) = completions(
+        llm.generate(["To be, or not to be"], SamplingParams(max_tokens=4, temperature=0.0))
+    )
     assert (
         out.error is None and out.finish_reason in ("length", "stop") and isinstance(out.text, str)
     )
@@ -333,7 +338,9 @@ def test_a_folder_without_tokenizer_files_serves_token_ids_and_fails_only_text_p
     (model / "tokenizer.json").unlink()
     llm = LLM(model)
     assert llm.tokenizer is None
-    ids, text = llm.generate([[1, 2, 3], "To be"], SamplingParams(max_new_tokens=3))
+    ids, text = completions(
+        llm.generate([[1, 2, 3], "To be"], SamplingParams(max_tokens=3, temperature=0.0))
+    )
     assert ids.error is None and ids.finish_reason == "length" and len(ids.token_ids) == 3
     assert text.finish_reason == "error" and "no tokenizer" in text.error and text.token_ids == []
 
@@ -558,21 +565,26 @@ def test_valid_generation_configs_give_hugging_faces_defaults(model, raw):
     write_generation_config(model, raw)
     got = generation_defaults(model)
     want = expected_params(raw)
-    assert got.max_new_tokens == (raw.get("max_new_tokens") or SamplingParams().max_new_tokens)
+    # The file's max_new_tokens is SamplingParams' max_tokens; without it, vLLM's and OpenAI's 16.
+    assert got.max_tokens == (raw.get("max_new_tokens") or 16)
     if want is None:
         assert got.greedy and got.temperature == 0, (raw, got)
     else:
         assert got == want, (raw, got)
 
 
-def test_no_generation_config_is_greedy_with_minirts_own_defaults(model):
+def test_no_generation_config_is_greedy_with_16_tokens(model):
+    """Hugging Face's reading (no do_sample: greedy) and vLLM's length (16 tokens)."""
     assert not (model / "generation_config.json").exists()
-    assert generation_defaults(model) == SamplingParams(temperature=0.0)
+    assert generation_defaults(model) == SamplingParams(temperature=0.0, max_tokens=16)
     write_generation_config(model, {"do_sample": True})
-    assert generation_defaults(model) == SamplingParams(temperature=1.0, top_k=50, top_p=1.0)
+    assert generation_defaults(model) == SamplingParams(
+        temperature=1.0, top_k=50, top_p=1.0, max_tokens=16
+    )
+    # What LLM serves with.
     assert LLM(model).defaults == SamplingParams(
-        temperature=1.0, top_k=50, top_p=1.0
-    )  # what LLM serves with
+        temperature=1.0, top_k=50, top_p=1.0, max_tokens=16
+    )
 
 
 @pytest.mark.reference
@@ -630,7 +642,9 @@ def test_a_tokenizer_that_panics_on_a_prompt_fails_that_request_alone(model, run
     edit_tokenizer_json(
         model, normalizer={"type": "Replace", "pattern": {"String": ""}, "content": "aa"}
     )
-    got = LLM(model).generate(["To be", [1, 2, 3]], SamplingParams(max_new_tokens=2))
+    got = completions(
+        LLM(model).generate(["To be", [1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0))
+    )
     assert (
         got[0].finish_reason == "error" and "tokenizer.json failed on this prompt" in got[0].error
     )

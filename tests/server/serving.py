@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest import ROOT
+from conftest import completions
 
 WEB_STACK = (
     "starlette",
@@ -127,5 +128,6 @@ class Server:
 
 
 def offline_alone(llm, prompt, params) -> list:
-    """The offline results (its n samples) of one prompt, alone in its batch."""
-    return llm.generate([prompt], params)
+    """The offline results (its n samples) of one prompt, alone in its batch, flattened (conftest's
+    `completions`, with the top N alternatives when the params ask for N)."""
+    return completions(llm.generate([prompt], params), top_n=params.logprobs)

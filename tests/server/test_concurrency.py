@@ -55,7 +55,7 @@ def drawn_requests(seed: int) -> list[list[dict]]:
 def offline_params(body: dict) -> SamplingParams:
     stop = body.get("stop")
     return SamplingParams(
-        max_new_tokens=body["max_tokens"],
+        max_tokens=body["max_tokens"],
         temperature=body["temperature"],
         seed=body["seed"],
         top_k=body.get("top_k", 0),

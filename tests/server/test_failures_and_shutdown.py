@@ -78,7 +78,9 @@ def test_a_request_with_nan_logits_fails_alone_while_its_peers_finish(poisoned_f
     # Streamed: the error arrives as an event, then [DONE].
     assert streamed[-1] == "[DONE]" and "not finite" in json.loads(streamed[-2])["error"]["message"]
     (expected,) = offline_alone(
-        LLM(poisoned_folder), [1, 2, 3], SamplingParams(max_new_tokens=30, ignore_eos=True)
+        LLM(poisoned_folder),
+        [1, 2, 3],
+        SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0),
     )
     final = json.loads(results["healthy"][-2])["choices"][0]
     assert final["finish_reason"] == "length" and final["minirt"]["token_ids"] == expected.token_ids

@@ -30,8 +30,7 @@ def old_budget_refusal(reason: str) -> tuple[int, str, str]:
 
 EXPECTED = {
     KV_BUDGET: old_budget_refusal(
-        "needs 14 KV cache positions, over the budget of 4; "
-        "lower max_new_tokens or raise the KV budget"
+        "needs 14 KV cache positions, over the budget of 4; lower max_tokens or raise the KV budget"
     ),
     ROUND_TOKENS: old_budget_refusal(
         "its prompt of 14 tokens exceeds the round token budget of 4; raise the budget, or let "

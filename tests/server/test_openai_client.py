@@ -52,7 +52,7 @@ def test_greedy_completions_of_several_prompts_equal_offline_ones(client, llm):
     prompt_tokens = 0
     completion_tokens = 0
     for choice, prompt in zip(response.choices, PROMPTS, strict=True):
-        (expected,) = offline_alone(llm, prompt, SamplingParams(max_new_tokens=20))
+        (expected,) = offline_alone(llm, prompt, SamplingParams(max_tokens=20, temperature=0.0))
         assert choice.text == expected.text
         assert choice.finish_reason == expected.finish_reason
         assert choice.model_extra["minirt"]["token_ids"] == expected.token_ids
@@ -84,7 +84,7 @@ def test_n_seeded_samples_equal_offline_ones_and_differ_from_each_other(client, 
         n=2,
     )
     expected = offline_alone(
-        llm, "ROMEO:", SamplingParams(max_new_tokens=24, temperature=0.9, top_p=0.95, seed=7, n=2)
+        llm, "ROMEO:", SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=7, n=2)
     )
     got = [c.model_extra["minirt"]["token_ids"] for c in response.choices]
     assert got == [e.token_ids for e in expected]
@@ -96,7 +96,9 @@ def test_logprobs_match_offline_within_1e5_in_openai_shape(client, llm, hf_token
     response = client.completions.create(
         model="shakespeare-gpt2-tiny", prompt="ROMEO:", max_tokens=12, temperature=0, logprobs=3
     )
-    (expected,) = offline_alone(llm, "ROMEO:", SamplingParams(max_new_tokens=12, logprobs=3))
+    (expected,) = offline_alone(
+        llm, "ROMEO:", SamplingParams(max_tokens=12, logprobs=3, temperature=0.0)
+    )
     logprobs = response.choices[0].logprobs
     ids = expected.token_ids
     # Each token decoded alone; its offset is where its text starts (decoded by `tokenizers` itself).
@@ -120,7 +122,7 @@ def test_echo_with_logprobs_gives_the_prompt_first(client, llm, hf_tokenizer):
         echo=True,
     )
     (expected,) = offline_alone(
-        llm, "ROMEO:", SamplingParams(max_new_tokens=4, logprobs=0, prompt_logprobs=True)
+        llm, "ROMEO:", SamplingParams(max_tokens=4, logprobs=0, prompt_logprobs=0, temperature=0.0)
     )
     choice = response.choices[0]
     assert choice.text == "ROMEO:" + expected.text
@@ -153,7 +155,7 @@ def streamed(client, **kwargs) -> tuple[list, list]:
 )
 def test_a_stream_is_the_offline_text_cut_at_its_stop_string_never_half_sent(client, llm, stop):
     for prompt in PROMPTS:
-        params = SamplingParams(max_new_tokens=40, temperature=0.8, seed=3, stop=tuple(stop))
+        params = SamplingParams(max_tokens=40, temperature=0.8, seed=3, stop=tuple(stop))
         (expected,) = offline_alone(llm, prompt, params)
         chunks, texts = streamed(
             client, prompt=prompt, max_tokens=40, temperature=0.8, seed=3, stop=stop
@@ -177,7 +179,8 @@ def test_include_usage_ends_the_stream_with_a_usage_chunk(client, llm):
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
     expected = [
-        offline_alone(llm, p, SamplingParams(max_new_tokens=6))[0] for p in ["ROMEO:", "JULIET:"]
+        offline_alone(llm, p, SamplingParams(max_tokens=6, temperature=0.0))[0]
+        for p in ["ROMEO:", "JULIET:"]
     ]
     # Each prompt counted once, each of the four choices' tokens.
     assert last.usage.prompt_tokens == sum(len(e.prompt_token_ids) for e in expected)
@@ -189,7 +192,9 @@ def test_include_usage_ends_the_stream_with_a_usage_chunk(client, llm):
 
 def test_a_streamed_choice_with_logprobs_sends_each_tokens_own(client, llm):
     chunks, _ = streamed(client, prompt="ROMEO:", max_tokens=8, temperature=0, logprobs=2)
-    (expected,) = offline_alone(llm, "ROMEO:", SamplingParams(max_new_tokens=8, logprobs=2))
+    (expected,) = offline_alone(
+        llm, "ROMEO:", SamplingParams(max_tokens=8, logprobs=2, temperature=0.0)
+    )
     token_logprobs = [
         lp
         for c in chunks
@@ -294,7 +299,7 @@ def test_logprobs_on_a_model_without_a_tokenizer_name_tokens_as_vllm_does():
     (expected,) = offline_alone(
         LLM(FIXTURES / "untied_head"),
         [1, 2, 3],
-        SamplingParams(max_new_tokens=5, logprobs=1, ignore_eos=True),
+        SamplingParams(max_tokens=5, logprobs=1, ignore_eos=True, temperature=0.0),
     )
     logprobs = whole["choices"][0]["logprobs"]
     assert logprobs["tokens"] == [f"token_id:{t}" for t in expected.token_ids]
@@ -317,9 +322,9 @@ def test_vllms_top_k_of_minus_1_is_no_top_k_as_0_and_leaving_it_out_are(client, 
     asked = {"model": "shakespeare-gpt2-tiny", "prompt": "ROMEO:", "max_tokens": 20}
     sampled = {"temperature": 1.0, "seed": 11}
     (expected,) = offline_alone(
-        llm, "ROMEO:", SamplingParams(max_new_tokens=20, temperature=1.0, seed=11, top_k=0)
+        llm, "ROMEO:", SamplingParams(max_tokens=20, temperature=1.0, seed=11, top_k=0)
     )
-    (greedy,) = offline_alone(llm, "ROMEO:", SamplingParams(max_new_tokens=20))
+    (greedy,) = offline_alone(llm, "ROMEO:", SamplingParams(max_tokens=20, temperature=0.0))
     assert expected.token_ids != greedy.token_ids
     for top_k in ({"top_k": -1}, {"top_k": 0}, {}):
         response = client.completions.create(**asked, **sampled, extra_body=top_k)

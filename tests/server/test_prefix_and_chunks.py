@@ -11,6 +11,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from minirt import LLM, SamplingParams
 from minirt.loading.checkpoint import shipped_model_folder
 from serving import Server, serve_tests
+from conftest import completions
 
 pytestmark = serve_tests
 
@@ -34,7 +35,9 @@ def encode():
 
 
 def expected_text(reference, prompt: str, max_tokens: int) -> str:
-    (output,) = reference.generate([prompt], SamplingParams(max_new_tokens=max_tokens))
+    (output,) = completions(
+        reference.generate([prompt], SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    )
     return output.text
 
 

@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 from minirt import LLM, SamplingParams
 from serving import Server, serve_tests
+from conftest import completions
 
 pytestmark = serve_tests
 
@@ -49,7 +50,9 @@ def test_the_curl_example_gives_the_offline_greedy_completion(server):
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    (expected,) = LLM().generate(["ROMEO:"], SamplingParams(max_new_tokens=20))
+    (expected,) = completions(
+        LLM().generate(["ROMEO:"], SamplingParams(max_tokens=20, temperature=0.0))
+    )
     assert json.loads(done.stdout)["choices"][0]["text"] == expected.text
 
 
@@ -64,9 +67,11 @@ def test_the_openai_example_prints_the_offline_completions(server):
     )
     assert done.returncode == 0, done.stderr
     llm = LLM()
-    (greedy,) = llm.generate(["ROMEO:"], SamplingParams(max_new_tokens=20))
+    (greedy,) = completions(
+        llm.generate(["ROMEO:"], SamplingParams(max_tokens=20, temperature=0.0))
+    )
     # OpenAI's default temperature, 1.0, with the example's seed.
-    (sampled,) = llm.generate(
-        ["JULIET:"], SamplingParams(max_new_tokens=20, temperature=1.0, seed=1)
+    (sampled,) = completions(
+        llm.generate(["JULIET:"], SamplingParams(max_tokens=20, temperature=1.0, seed=1))
     )
     assert done.stdout == greedy.text + "\n" + sampled.text + "\n"

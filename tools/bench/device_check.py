@@ -453,8 +453,8 @@ def section_greedy(args, deadline, state) -> dict:
         theirs = reference_greedy(reference, sequences, new_tokens, device)
         for dtype in ("float32", "float16"):
             llm = LLM(folder, backend=args.backend, dtype=dtype, batch_size=len(sequences))
-            params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-            ours = [r.token_ids for r in llm.generate(sequences, params)]
+            params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, temperature=0.0)
+            ours = [out.outputs[0].token_ids for out in llm.generate(sequences, params)]
             out[f"{name}_{dtype}"] = compare_greedy(ours, theirs, dtype)
     out["no_clear_parting"] = all(
         row["clear_partings"] == 0
@@ -670,7 +670,9 @@ def minirt_timer(args, folder, dtype, batch):
     def timed(max_new_tokens: int) -> float:
         llm.model.backend.synchronize()
         start = time.perf_counter()
-        llm.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+        llm.generate(
+            prompts, SamplingParams(max_tokens=max_new_tokens, ignore_eos=True, temperature=0.0)
+        )
         llm.model.backend.synchronize()
         return time.perf_counter() - start
 

@@ -310,7 +310,7 @@ def minirt_pp(llm, prompt: list[int], runs: int) -> float:
     rates = []
     for _ in range(runs):
         start = time.perf_counter()
-        llm.generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))
+        llm.generate([prompt], SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0))
         rates.append(len(prompt) / (time.perf_counter() - start))
     return statistics.median(rates)
 
@@ -320,7 +320,7 @@ def minirt_decode(llm, prompts: list[list[int]], n_gen: int) -> float:
     end of round 1 and the end of round n_gen + 1."""
     from minirt import SamplingParams
 
-    params = SamplingParams(max_new_tokens=n_gen + 1, ignore_eos=True)
+    params = SamplingParams(max_tokens=n_gen + 1, ignore_eos=True, temperature=0.0)
     requests = [llm.make_request(i, p, params) for i, p in enumerate(prompts)]
     round_ends: dict[int, float] = {}
     with llm.steps(requests) as steps:
@@ -365,7 +365,8 @@ def cmd_compare(args) -> int:
         llama_prompt_ids(bin_dir, args.gguf, args.text),
     )
     piece_ids = {llm.tokenizer.token_bytes(i): i for i in range(vocab)}
-    ours = llm.generate([args.text], SamplingParams(max_new_tokens=args.check_tokens))[0].token_ids
+    greedy = SamplingParams(max_tokens=args.check_tokens, temperature=0.0)
+    ours = llm.generate([args.text], greedy)[0].outputs[0].token_ids
     theirs = llama_greedy_ids(bin_dir, args.gguf, args.text, args.check_tokens, piece_ids, eos)
     print(
         f"prompt {args.text!r}: ids {'equal' if ours_prompt == theirs_prompt else 'DIFFER'} "

@@ -79,7 +79,8 @@ def minirt_side(model_dir: str, batch_size: int, prefix_cache: bool, policy: str
     )
 
     def generate(prompts, new_tokens):
-        outputs = llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True, temperature=0.0)
+        outputs = [out.outputs[0] for out in llm.generate(prompts, params)]
         assert all(len(o.token_ids) == new_tokens for o in outputs)
         return [o.token_ids for o in outputs], sum(o.cached_prompt_tokens for o in outputs)
 

@@ -41,7 +41,7 @@ def one_run(args) -> tuple[float, float]:
     prompts = [
         rng.integers(0, vocab - 1, size=args.prompt_len).tolist() for _ in range(args.requests)
     ]
-    params = SamplingParams(max_new_tokens=args.new_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True, temperature=0.0)
     record_seconds: list[float] = []
     step_seconds: list[float] = []
     original_record = Engine.record

@@ -581,8 +581,8 @@ MUTANTS = [
     Mutant(
         "max_new_tokens_off_by_one",
         "minirt/engine/request.py",
-        "elif len(request.token_ids) >= params.max_new_tokens:",
-        "elif len(request.token_ids) > params.max_new_tokens:",
+        "elif len(request.token_ids) >= params.max_tokens:",
+        "elif len(request.token_ids) > params.max_tokens:",
         "one token too many",
     ),
     Mutant(
@@ -638,8 +638,8 @@ MUTANTS = [
     Mutant(
         "kv_need_one_short",
         "minirt/engine/scheduler.py",
-        "wanted = prompt_len + request.params.max_new_tokens - 1",
-        "wanted = prompt_len + request.params.max_new_tokens - 2",
+        "wanted = prompt_len + request.params.max_tokens - 1",
+        "wanted = prompt_len + request.params.max_tokens - 2",
         "a slot one position too short",
     ),
     Mutant(
@@ -771,9 +771,9 @@ MUTANTS = [
     ),
     Mutant(
         "record_without_prompt_token_ids",
-        "minirt/engine/output.py",
-        "        if prompt_was_ids:\n",
-        "        if False:\n",
+        "minirt/cli/records.py",
+        "    if request.prompt is None:\n",
+        "    if False:\n",
         "a token-id prompt's record loses its ids",
     ),
     Mutant(
@@ -1327,11 +1327,11 @@ MUTANTS = [
         "a seeded request over HTTP draws a stream of its own, not the one offline gives it",
     ),
     Mutant(
-        "server_max_tokens_default_not_openais",
-        "minirt/server/protocol.py",
+        "max_tokens_default_not_vllms",
+        "minirt/engine/params.py",
         "DEFAULT_MAX_TOKENS = 16",
         "DEFAULT_MAX_TOKENS = 64",
-        "a body without max_tokens gets minirt's offline 64, not OpenAI's 16",
+        "a request (offline or a body) that says nothing gets 64 tokens, not vLLM's and OpenAI's 16",
     ),
     Mutant(
         "server_samples_share_one_stream",
@@ -1786,9 +1786,9 @@ MUTANTS = [
     Mutant(
         "kv_refusal_names_the_prompt",
         "minirt/engine/scheduler.py",
-        'return Refusal(KV_BUDGET, "max_new_tokens", needed=needed, limit=self.kv_budget)',
+        'return Refusal(KV_BUDGET, "max_tokens", needed=needed, limit=self.kv_budget)',
         'return Refusal(KV_BUDGET, "prompt", needed=needed, limit=self.kv_budget)',
-        "a request over the KV budget is refused about its prompt, not max_new_tokens",
+        "a request over the KV budget is refused about its prompt, not max_tokens",
     ),
     Mutant(
         "stop_token_refusal_names_stop",
@@ -2213,8 +2213,8 @@ MUTANTS = [
     Mutant(
         "kv_usage_counts_the_last_token",
         "minirt/engine/scheduler.py",
-        "        wanted = prompt_len + request.params.max_new_tokens - 1\n",
-        "        wanted = prompt_len + request.params.max_new_tokens\n",
+        "        wanted = prompt_len + request.params.max_tokens - 1\n",
+        "        wanted = prompt_len + request.params.max_tokens\n",
         "each request reserves one KV position more than it writes: the budget holds fewer",
     ),
     Mutant(
@@ -2449,7 +2449,7 @@ MUTANTS = [
     Mutant(
         "waiting_choices_not_held",
         "minirt/engine/engine.py",
-        "            if request.params.prompt_logprobs:\n                self.hold_prompt(request)\n",
+        "            if request.params.prompt_logprobs is not None:\n                self.hold_prompt(request)\n",
         "",
         "choices that wait for a later static group are scored again",
     ),
@@ -2459,6 +2459,105 @@ MUTANTS = [
         "            scored.scored = True\n",
         "",
         "every request of a prompt gets a scoring pass of its own",
+    ),
+    # vLLM's API (#39): SamplingParams' names and defaults, the prompt forms, RequestOutput's shape.
+    Mutant(
+        "max_new_tokens_alias_ignored",
+        "minirt/engine/params.py",
+        '            object.__setattr__(self, "max_tokens", max_new_tokens)\n',
+        "",
+        "SamplingParams(max_new_tokens=5) runs to the default 16",
+    ),
+    Mutant(
+        "top_k_minus_one_kept",
+        "minirt/engine/params.py",
+        '            object.__setattr__(self, "top_k", 0)\n',
+        "",
+        "vLLM's top_k=-1 (no limit) is refused",
+    ),
+    Mutant(
+        "temperature_default_greedy",
+        "minirt/engine/params.py",
+        "    temperature: float = 1.0\n",
+        "    temperature: float = 0.0\n",
+        "SamplingParams() is greedy, not vLLM's temperature 1",
+    ),
+    Mutant(
+        "prompt_logprobs_zero_is_off",
+        "minirt/engine/engine.py",
+        "            if request.params.prompt_logprobs is not None:\n                self.hold_prompt",
+        "            if request.params.prompt_logprobs:\n                self.hold_prompt",
+        "prompt_logprobs=0 (vLLM's ask for them) scores nothing",
+    ),
+    Mutant(
+        "rank_counts_only_the_more_likely",
+        "minirt/engine/sampler.py",
+        "np.count_nonzero(raw_logprobs >= raw_logprobs[token])",
+        "np.count_nonzero(raw_logprobs > raw_logprobs[token])",
+        "the most likely token has rank 0",
+    ),
+    Mutant(
+        "cumulative_logprob_skips_the_first",
+        "minirt/engine/output.py",
+        "cumulative = math.fsum(request.logprobs)",
+        "cumulative = math.fsum(request.logprobs[1:])",
+        "the cumulative logprob leaves out the first token",
+    ),
+    Mutant(
+        "chosen_token_after_its_alternatives",
+        "minirt/engine/output.py",
+        "        entry = {token: Logprob(request.logprobs[step], request.logprob_ranks[step], None)}\n",
+        "        entry = {}\n",
+        "a chosen token outside the top N is missing from its step's logprobs",
+    ),
+    Mutant(
+        "prompt_dict_of_both_keys_taken",
+        "minirt/llm.py",
+        "    if len(keys) != 1 or not keys <= set(PROMPT_KEYS):",
+        "    if not keys <= set(PROMPT_KEYS) or not keys:",
+        "a prompt dict of both text and ids is served as one of them",
+    ),
+    Mutant(
+        "on_final_before_every_sample",
+        "minirt/llm.py",
+        "                    if all(r.finished for r in prompt_samples):",
+        "                    if any(r.finished for r in prompt_samples):",
+        "on_final hears a prompt when its first sample is final",
+    ),
+    Mutant(
+        "on_final_heard_again",
+        "minirt/llm.py",
+        "                        reported.add(request.index)\n",
+        "",
+        "on_final hears a prompt once per sample",
+    ),
+    Mutant(
+        "outputs_not_in_sample_order",
+        "minirt/llm.py",
+        "        samples: dict[int, list[Request]] = {}\n        for request in requests:",
+        "        samples: dict[int, list[Request]] = {}\n        for request in reversed(requests):",
+        "a prompt's completions come last sample first, and prompts in reverse",
+    ),
+    Mutant(
+        "generation_config_max_new_tokens_ignored",
+        "minirt/llm.py",
+        '            for name in ("temperature", "top_k", "top_p", "max_new_tokens")',
+        '            for name in ("temperature", "top_k", "top_p")',
+        "a model's generation_config.json max_new_tokens is not its default length",
+    ),
+    Mutant(
+        "max_tokens_flag_alias_lost",
+        "minirt/cli/sampling_flags.py",
+        '        "--max-tokens",\n        "--max-new-tokens",\n',
+        '        "--max-tokens",\n',
+        "--max-new-tokens, the flag every earlier command used, is refused",
+    ),
+    Mutant(
+        "jsonl_max_new_tokens_unknown",
+        "minirt/cli/prompt_file.py",
+        "    known = set(FIELD_NAMES) | {MAX_TOKENS_ALIAS}\n",
+        "    known = set(FIELD_NAMES)\n",
+        'a JSONL line\'s "max_new_tokens" fails its line as an unknown field',
     ),
 ]
 

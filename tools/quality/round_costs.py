@@ -53,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"minirt from {tree}, {args.layers} blocks, 4 requests in one static group")
     kinds = {
-        "greedy": SamplingParams(max_new_tokens=4, ignore_eos=True),
+        "greedy": SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0),
         "sampled+logprobs": SamplingParams(
-            max_new_tokens=4, ignore_eos=True, temperature=0.8, seed=1, logprobs=2
+            max_tokens=4, ignore_eos=True, temperature=0.8, seed=1, logprobs=2
         ),
     }
     monkeypatch = pytest.MonkeyPatch()
