@@ -124,7 +124,7 @@ def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentPa
     add_output_flags(p.add_argument_group("output"))
     add_ray_flags(
         p.add_argument_group(
-            'scale-out on Ray Data (pip install minirt[ray]; the README\'s "Scaling out")'
+            'scale-out on Ray Data (from a clone: pip install -e ".[ray]"; docs/ray.md)'
         )
     )
     add_version_flag(p)

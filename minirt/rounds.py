@@ -72,7 +72,7 @@ EPILOG = """examples:
   python -m minirt.rounds --lengths 2,5,8,4 --batch-size 3
   python -m minirt.rounds --lengths 2,5,8,4 --prompt-lengths 3,9,1,4 --batch-size 3 --json
   python -m minirt.rounds --workload 200 --seed 0 --batch-sizes 4,8,16 --svg rounds.svg
-  python -m minirt.rounds --lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 \
+  python -m minirt.rounds --lengths 4,4,4,4 --prompt-lengths 40,40,40,40 --shared-prefix 32 \\
       --prefix-cache --batch-size 2 --max-round-tokens 24
 
 Marks in the grid: '#' active (the request produces a token), '~' fed a chunk of its prompt

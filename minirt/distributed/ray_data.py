@@ -5,7 +5,7 @@ Owns: reading prompts as a Ray Dataset (`PromptsDatasource`: one file, a folder 
 in chunks of lines, every row keeping its global input index), the worker that serves them
 (`GenerateWorker`: one `LLM` per actor, loaded once, serving each batch in static groups), and
 `generate_dataset`, the one function that turns prompts into a Dataset of records.  It is the only
-module that imports ray (`pip install minirt[ray]`).
+module that imports ray (`pip install -e ".[ray]"` from a clone).
 
 Why the records are those of one process: a request's tokens never depend on its batch or its
 neighbours, and a request without a seed of its own gets one derived from the run's seed and its
