@@ -227,7 +227,7 @@ def require_extra() -> None:
         except ImportError:
             raise MinirtError(
                 f"minirt serve needs the serve extra, and {name} is not installed: "
-                "from a clone of minirt, pip install -e \".[serve]\""
+                'from a clone of minirt, pip install -e ".[serve]"'
             ) from None
 
 

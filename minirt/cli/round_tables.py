@@ -39,19 +39,26 @@ def grid_text(sim: Simulation, max_columns: int = 120) -> str:
 
 
 def request_table(sim: Simulation) -> str:
-    """A line per request: its length, rounds waited, first and last round, its prompt's
-    tokens, those the prefix cache gave, and the rounds its prompt took."""
+    """A line per request: its length; the rounds it waited; the round it was admitted in (its
+    prefill's first), the round that gave its first token (later when its prompt was fed in
+    chunks) and its last round; its prompt's tokens, those the prefix cache gave, and the rounds
+    its prompt took."""
     rows = [
-        f"{r.index:7d} {r.params.max_tokens:6d} {r.rounds_waited:6d} {r.first_round:6d} "
-        f"{r.finish_round:6d} {r.prompt_len:6d} {r.cached_prompt_tokens:6d} "
-        f"{r.prefill_rounds:7d}"
+        f"{r.index:7d} {r.params.max_tokens:6d} {r.rounds_waited:6d} {r.first_round:8d} "
+        f"{first_token_round(r):11d} {r.finish_round:6d} {r.prompt_len:6d} "
+        f"{r.cached_prompt_tokens:6d} {r.prefill_rounds:7d}"
         for r in sim.requests
     ]
     header = (
-        f"{'request':>7s} {'length':>6s} {'waited':>6s} {'first':>6s} {'finish':>6s} "
-        f"{'prompt':>6s} {'cached':>6s} {'prefill':>7s}"
+        f"{'request':>7s} {'length':>6s} {'waited':>6s} {'admitted':>8s} {'first-token':>11s} "
+        f"{'finish':>6s} {'prompt':>6s} {'cached':>6s} {'prefill':>7s}"
     )
     return "\n".join([header] + rows)
+
+
+def first_token_round(request) -> int:
+    """The round that gave a request its first token: the last of its prompt's rounds."""
+    return request.first_round + request.prefill_rounds - 1
 
 
 def comparison_table(sims: list[Simulation]) -> str:

@@ -84,6 +84,7 @@ class RoundsPage:
             "policy": engine.policy,
             "batch_size": engine.batch_size,
             "kv_budget_positions": engine.kv_budget_positions,
+            "context_length": engine.context_length,
             "max_round_tokens": engine.round_token_budget,
             "chunked_prefill": engine.chunked_prefill,
             "prefix_cache": engine.prefix_cache,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import threading
 from collections import Counter
@@ -129,9 +130,26 @@ def test_an_idle_page_shows_an_empty_grid_and_no_error(browser):
         assert server.stop() == 0
 
 
+def readme_serve_flags() -> list[str]:
+    """The flags of README's `minirt serve` command under "Watch it live", whose page the README's screenshot
+    shows: the static case is served with exactly these, so the screenshot and the command beside it agree."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    [flags] = re.findall(r"^minirt serve (--policy static[^#\n]*?)\s+#", readme, re.M)
+    return flags.split()
+
+
+def test_the_readme_serves_the_exercise_in_static_groups_of_3():
+    flags = readme_serve_flags()
+    assert flags[:4] == ["--policy", "static", "--batch-size", "3"] and "--round-delay" in flags
+
+
 @pytest.mark.parametrize("policy, waited", [("static", 8), ("continuous", 2)])
 def test_the_exercise_button_draws_the_grid_minirt_rounds_prints(browser, policy, waited, tmp_path):
-    with Server("--policy", policy, "--batch-size", "3", "--round-delay", "100") as server:
+    if policy == "static":
+        flags = readme_serve_flags()
+    else:
+        flags = ["--policy", policy, "--batch-size", "3", "--round-delay", "100"]
+    with Server(*flags) as server:
         page = Page(browser, server.url)
         with page.tab.expect_response("**/rounds/exercise") as response:
             page.tab.click("#exercise")
