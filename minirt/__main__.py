@@ -30,9 +30,9 @@ USAGE = (
     + """
 
 examples:
-  minirt generate --prompts prompts.txt            # the model shipped in weights/
+  minirt generate --prompts examples/prompts.txt   # the model shipped in weights/
   minirt generate --prompt "To be, or not to be" --max-tokens 40   # streams on a terminal
-  minirt generate --model gpt2 --prompts prompts.jsonl --output out.jsonl
+  minirt generate --model gpt2 --prompts examples/prompts.jsonl --output out.jsonl
   minirt rounds --lengths 2,5,8,4 --batch-size 3
   minirt serve --port 8000                         # then POST /v1/completions
   minirt --version"""

@@ -67,12 +67,14 @@ from .engine.params import SamplingParams
 EPILOG = (
     r"""
 examples:
-  python -m minirt.generate --prompts prompts.txt
+  python -m minirt.generate --prompts examples/prompts.txt
   python -m minirt.generate --prompt "ROMEO:" --prompt "To be, or not to be" --max-tokens 30
-  python -m minirt.generate --prompts prompts.txt --stream      # each completion as its tokens come
-  python -m minirt.generate --prompts prompts.jsonl --output out.jsonl --ray local --workers 2
-  python -m minirt.generate --model gpt2 --prompts prompts.jsonl --output out.jsonl --trace
-  python -m minirt.generate --prompts prompts.txt --policy continuous --batch-size 4 --trace
+  python -m minirt.generate --prompts examples/prompts.txt --stream    # each one as its tokens come
+  python -m minirt.generate --prompts examples/prompts.jsonl --output out.jsonl """
+    r"""--ray local --workers 2
+  python -m minirt.generate --model gpt2 --prompts examples/prompts.jsonl --output out.jsonl --trace
+  python -m minirt.generate --prompts examples/prompts.txt --policy continuous """
+    r"""--batch-size 4 --trace
   python -m minirt.generate --model /path/to/gpt2-folder --prompts - """
     r"""--temperature 0.8 --top-p 0.95 --seed 1
   echo 'Once upon a time' | python -m minirt.generate --model gpt2 --prompts - --max-tokens 40

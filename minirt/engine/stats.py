@@ -42,6 +42,19 @@ class RunStats:
     # Each served request's time to first token, in seconds from its arrival.
     first_token_seconds: list[float] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        """One line of the counts that matter, never every group's requests and token ids (the
+        fields hold them; `print(llm.last_stats)` should not)."""
+        return (
+            f"RunStats(policy={self.policy!r}, batch_size={self.batch_size}, "
+            f"requests={self.requests}, failed={self.failed}, aborted={self.aborted}, "
+            f"rounds={self.rounds}, groups={len(self.groups)}, "
+            f"prompt_tokens={self.prompt_tokens}, "
+            f"cached_prompt_tokens={self.cached_prompt_tokens}, "
+            f"generated_tokens={self.generated_tokens}, utilization={self.utilization:.1%}, "
+            f"wall_seconds={self.wall_seconds:.3f})"
+        )
+
     @property
     def utilization(self) -> float:
         held = sum(self.held_rows_per_round)
