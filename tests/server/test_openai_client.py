@@ -316,7 +316,7 @@ def test_logprobs_on_a_model_without_a_tokenizer_name_tokens_as_vllm_does():
 
 def test_vllms_top_k_of_minus_1_is_no_top_k_as_0_and_leaving_it_out_are(client, llm):
     """vLLM documents top_k -1 as "consider all tokens"; minirt's server takes it as minirt's 0
-    (README, the completions table: "-1 or 0 is off").  Seeded and sampled at temperature 1, a
+    (docs/serving.md, the completions table: "-1 or 0 is off").  Seeded and sampled at temperature 1, a
     completion with top_k -1, 0 or no top_k is the offline request with top_k 0, token for token;
     top_k 1 is greedy, which these draws are not."""
     asked = {"model": "shakespeare-gpt2-tiny", "prompt": "ROMEO:", "max_tokens": 20}
