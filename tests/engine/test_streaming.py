@@ -272,3 +272,14 @@ def test_a_single_prompt_on_a_terminal_streams_by_default(tiny_lm, flags, stream
         os.close(leader)
     assert result.returncode == 0, result.stderr
     assert (b"### [0]: streaming" in shown) == streams, shown
+
+
+def test_on_final_hears_a_prompt_once_when_its_samples_finish_in_one_round(tiny_lm):
+    """Two samples of one prompt, side by side, both run to the same length: they become final in the same
+    round, and on_final still hears the prompt once."""
+    llm = LLM(tiny_lm, batch_size=2)
+    heard = []
+    params = SamplingParams(max_tokens=4, n=2, ignore_eos=True, seed=3)
+    (output,) = llm.generate(PROMPTS[:1], params, on_final=heard.append)
+    assert [c.finish_round for c in output.outputs] == [4, 4]
+    assert heard == [output]
