@@ -72,10 +72,22 @@ def load_model(
     return build_model(checkpoint, chosen, resolve_dtype(dtype))
 
 
+# What minirt reads of a generation_config.json, in its own names (max_new_tokens is max_tokens).
+GENERATION_CONFIG_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "max_new_tokens",
+)
+
+
 def generation_defaults(folder: Path) -> SamplingParams:
     """Sampling defaults from a folder's generation_config.json, read as Hugging Face does
-    (do_sample absent or false: greedy; true: its temperature, top_k and top_p, each defaulting
-    to 1.0, 50 and 1.0), and its max_new_tokens as max_tokens (absent: 16, vLLM's and
+    (do_sample absent or false: greedy; true: its temperature, top_k, top_p and min_p, the first
+    three defaulting to 1.0, 50 and 1.0), its repetition_penalty either way (transformers applies
+    it to greedy decoding too), and its max_new_tokens as max_tokens (absent: 16, vLLM's and
     OpenAI's).  A folder without the file is greedy with 16 tokens.  A file that is not JSON,
     or a value minirt cannot use, is refused in one line naming the file."""
     path = Path(folder) / "generation_config.json"
@@ -87,11 +99,7 @@ def generation_defaults(folder: Path) -> SamplingParams:
         raw = read_json_file(path) if path.exists() else {}
         if not isinstance(raw, dict) or not isinstance(raw.get("do_sample"), (bool, type(None))):
             raise RequestError("expected a JSON object whose do_sample is true or false")
-        read = {
-            name: raw[name]
-            for name in ("temperature", "top_k", "top_p", "max_new_tokens")
-            if raw.get(name) is not None
-        }
+        read = {name: raw[name] for name in GENERATION_CONFIG_FIELDS if raw.get(name) is not None}
         # SamplingParams takes vLLM's -1 for "no top-k"; Hugging Face refuses it.
         if is_int(read.get("top_k")) and read["top_k"] < 0:
             raise RequestError(
@@ -146,7 +154,8 @@ def check_prompts(prompts) -> list:
 
 def unwrapped_prompt(i: int, prompt):
     """A vLLM prompt dict's text or ids (any other prompt as it is); a dict with another key,
-    or with both, is a TypeError naming it."""
+    or with both, or whose "prompt" is not text or whose "prompt_token_ids" is text, is a
+    TypeError naming it (the ids themselves are checked with every token-id prompt's)."""
     if not isinstance(prompt, dict):
         return prompt
     keys = set(prompt)
@@ -156,7 +165,19 @@ def unwrapped_prompt(i: int, prompt):
             f"prompts[{i}] is a dict with {shown}; minirt takes vLLM's "
             '{"prompt": text} or {"prompt_token_ids": [ids]}'
         )
-    return prompt[keys.pop()]
+    (key,) = keys
+    value = prompt[key]
+    if key == "prompt" and not isinstance(value, str):
+        raise TypeError(
+            f'prompts[{i}]["prompt"] must be a string, got {type(value).__name__}; '
+            'give token ids as {"prompt_token_ids": [ids]}'
+        )
+    if key == "prompt_token_ids" and isinstance(value, str):
+        raise TypeError(
+            f'prompts[{i}]["prompt_token_ids"] must be a list of token ids, got a string; '
+            'give text as {"prompt": text}'
+        )
+    return value
 
 
 # vLLM's LLM(...) options that minirt names otherwise: vLLM's name -> minirt's.

@@ -52,7 +52,8 @@ class CompletionOutput:
     token_ids: list[int]
 
     # Log-probabilities under the raw model, when SamplingParams.logprobs is set (else None):
-    # their sum, and one {token id: Logprob} per token (`TokenLogprobs`).
+    # their sum (None too when it produced no token), and one {token id: Logprob} per token
+    # (`TokenLogprobs`).
     cumulative_logprob: float | None
     logprobs: list[TokenLogprobs] | None
 
@@ -98,12 +99,13 @@ class CompletionOutput:
         """The completion of a finished request; each logprob's token text comes from the
         detokenizer (the model's tokenizer), when one is given."""
         assert request.finish_reason is not None, "only a finished request has a result"
+        logprobs = None
+        cumulative = None
         if request.params.logprobs is not None:
             logprobs = token_logprobs(request, detokenizer)
-            cumulative = math.fsum(request.logprobs)
-        else:
-            logprobs = None
-            cumulative = None
+            # No tokens (refused before it ran): no sum, rather than a log-probability of 0.
+            if request.logprobs:
+                cumulative = math.fsum(request.logprobs)
         return cls(
             index=request.sample,
             text=request.text,
@@ -134,7 +136,7 @@ class RequestOutput:
     index: int
 
     # The prompt text (a token-id prompt's decoded text; None without a tokenizer), and what
-    # the model was fed first (BOS alone for an empty prompt; [] if refused).
+    # the model was fed first (BOS alone for an empty prompt; [] when its ids were refused).
     prompt: str | None
     prompt_token_ids: list[int]
 

@@ -15,7 +15,8 @@ Must not know: models, logits, batches, scheduling or text.
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, fields
+import functools
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -97,20 +98,7 @@ class SamplingParams:
     # Independent samples of the prompt: sample k draws from its own stream (`sample_seed`).
     n: int = 1
 
-    # The other name of max_tokens, accepted when the object is made (None: not given).
-    max_new_tokens: InitVar[int | None] = None
-
-    def __post_init__(self, max_new_tokens):
-        # max_new_tokens names the same field as max_tokens: given alone it sets it; given
-        # beside a different max_tokens, one of the two would be silently dropped: refused.
-        if max_new_tokens is not None:
-            refuse_bad_max_new_tokens(max_new_tokens)
-            if self.max_tokens not in (DEFAULT_MAX_TOKENS, max_new_tokens):
-                raise RequestError(
-                    f"max_tokens ({self.max_tokens!r}) and max_new_tokens ({max_new_tokens!r}) "
-                    "name one field; give one of them"
-                )
-            object.__setattr__(self, "max_tokens", max_new_tokens)
+    def __post_init__(self):
         # vLLM's "no top-k limit" is -1; minirt's is 0.
         if is_int(self.top_k) and self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
@@ -153,7 +141,7 @@ class SamplingParams:
         self.validate_logits()
 
     def validate_stopping(self) -> None:
-        """Stop strings, stop token ids, and the two true-or-false fields."""
+        """Stop strings, stop token ids, ignore_eos and prompt_logprobs."""
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             if isinstance(self.stop, tuple):
                 shown = list(self.stop)
@@ -173,7 +161,7 @@ class SamplingParams:
             is_int(self.prompt_logprobs) and self.prompt_logprobs == 0
         ):
             raise RequestError(
-                "prompt_logprobs must be 0 (each prompt token's logprob) or None (none), "
+                "prompt_logprobs must be 0 (each prompt token's logprob) or None/null (none), "
                 f"got {self.prompt_logprobs!r}"
             )
 
@@ -271,13 +259,40 @@ class SamplingParams:
         """Temperature 0, or so small that logits / T would overflow: take the argmax."""
         return self.temperature < GREEDY_BELOW
 
+    @property
+    def max_new_tokens(self) -> int:
+        """max_tokens, by its other name (Hugging Face's)."""
+        return self.max_tokens
 
-# `params.max_new_tokens` reads max_tokens.  Set here, once the class is made: the dataclass
-# takes the class attribute of that name as the InitVar's default when it writes __init__.
-setattr(  # noqa: B010 (set after the class is made: see above)
-    SamplingParams,
-    "max_new_tokens",
-    property(lambda self: self.max_tokens, doc="max_tokens, by its other name (Hugging Face's)."),
+
+def taking_max_new_tokens(made_init):
+    """The dataclass's own __init__, taking `max_new_tokens` too, as the same field as
+    max_tokens: given alone it sets it; given beside a max_tokens of another value (or type), one
+    of the two would be silently dropped, so that is refused.  None means not given.  Kept out
+    of the fields, so that `dataclasses.replace` and equality see max_tokens alone."""
+
+    @functools.wraps(made_init)
+    def __init__(self, *args, max_new_tokens=None, **kwargs):
+        if max_new_tokens is not None:
+            refuse_bad_max_new_tokens(max_new_tokens)
+            if args:
+                given = args[0]
+                args = (max_new_tokens, *args[1:])
+            else:
+                given = kwargs.get("max_tokens")
+                kwargs["max_tokens"] = max_new_tokens
+            if given is not None and not (is_int(given) and given == max_new_tokens):
+                raise RequestError(
+                    f"max_tokens ({given!r}) and max_new_tokens ({max_new_tokens!r}) name one "
+                    "field; give one of them"
+                )
+        made_init(self, *args, **kwargs)
+
+    return __init__
+
+
+setattr(  # noqa: B010 (after the dataclass wrote it: see taking_max_new_tokens)
+    SamplingParams, "__init__", taking_max_new_tokens(SamplingParams.__init__)
 )
 
 # What a JSONL line or a flag may set (and max_new_tokens, the same field as max_tokens).

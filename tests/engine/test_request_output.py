@@ -113,3 +113,16 @@ def test_a_prompts_samples_are_its_outputs_in_sample_order_with_the_prompts_fiel
     assert output.finished and output.ok and all(c.finished() for c in output.outputs)
     samples[1].error = "its logits were not finite"
     assert not RequestOutput.from_requests(samples).ok
+
+
+def test_a_request_refused_before_its_first_token_has_no_cumulative_logprob():
+    """No token: no sum (None), not a log-probability of 0 (probability 1); and no entries."""
+    request = with_logprobs(finished_request(tokens=3))
+    request.token_ids, request.logprobs, request.logprob_ranks = [], [], []
+    request.finish_reason, request.error = (
+        "error",
+        "needs 99 KV cache positions, over the budget of 8",
+    )
+    completion = CompletionOutput.from_request(request)
+    assert completion.cumulative_logprob is None and completion.logprobs == []
+    assert not completion.ok

@@ -144,6 +144,10 @@ def test_same_seed_same_stream_and_derived_seeds_differ():
         # max_new_tokens is the same field, refused in its name.
         ({"max_new_tokens": 0}, "max_tokens"),
         ({"max_tokens": 5, "max_new_tokens": 6}, "name one field"),
+        # max_tokens given as its default, or as a float or a bool equal to the other: still two values.
+        ({"max_tokens": 16, "max_new_tokens": 32}, "name one field"),
+        ({"max_tokens": 16.0, "max_new_tokens": 16}, "name one field"),
+        ({"max_tokens": True, "max_new_tokens": 1}, "name one field"),
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
         ({"top_k": -2}, "top_k"),

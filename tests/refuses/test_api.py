@@ -257,6 +257,9 @@ def test_generate_takes_no_logprobs_flag_logprobs_are_asked_for_in_sampling_para
         ({}, "no keys"),
         ({"prompt_token_ids": [1, "a"]}, "list holding non-integers"),
         ({"prompt": 5}, "got int"),
+        # Each key takes its own kind: text is never taken for ids, nor ids for text.
+        ({"prompt": [1, 2]}, r'\["prompt"\] must be a string, got list'),
+        ({"prompt_token_ids": "abc"}, r'\["prompt_token_ids"\] must be a list of token ids'),
     ],
 )
 def test_a_prompt_dict_vllm_would_not_take_is_a_type_error_naming_it(llm, prompt, message):

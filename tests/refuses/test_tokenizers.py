@@ -40,6 +40,8 @@ FIELDS = (
     "temperature",
     "top_k",
     "top_p",
+    "min_p",
+    "repetition_penalty",
     "max_new_tokens",
 )  # what minirt reads from generation_config.json
 STRUCTURE = (
@@ -395,6 +397,8 @@ GOOD = {  # values minirt can use (and Hugging Face would accept)
     "temperature": st.one_of(st.floats(0.05, 5.0), st.integers(1, 3)),
     "top_k": st.integers(0, 500),
     "top_p": st.floats(0.01, 1.0, exclude_min=False),
+    "min_p": st.floats(0.0, 1.0),
+    "repetition_penalty": st.floats(0.5, 2.0),
     "max_new_tokens": st.integers(1, 4096),
 }
 NOT_A_NUMBER = st.one_of(
@@ -420,6 +424,12 @@ BAD = {  # values it cannot: out of range, or of the wrong type
         st.just(float("nan")),
         NOT_A_NUMBER,
     ),
+    "min_p": st.one_of(
+        st.floats(max_value=-1e-9, min_value=-1e300),
+        st.floats(min_value=1.0001, **FINITE),
+        NOT_A_NUMBER,
+    ),
+    "repetition_penalty": st.one_of(st.floats(max_value=0.0, min_value=-1e300), NOT_A_NUMBER),
     "max_new_tokens": st.one_of(st.integers(max_value=0), st.floats(**FINITE), NOT_A_NUMBER),
 }
 DO_SAMPLE = st.sampled_from([None, True, False])  # None: the key is absent
@@ -573,6 +583,15 @@ def test_valid_generation_configs_give_hugging_faces_defaults(model, raw):
         assert got == want, (raw, got)
 
 
+def test_a_repetition_penalty_applies_to_greedy_decoding_too(model):
+    """transformers applies generation_config.json's repetition_penalty whatever do_sample says (its
+    RepetitionPenaltyLogitsProcessor is not a sampling warper), so a greedy default keeps it."""
+    write_generation_config(model, {"repetition_penalty": 1.3, "max_new_tokens": 8})
+    assert generation_defaults(model) == SamplingParams(
+        temperature=0.0, repetition_penalty=1.3, max_tokens=8
+    )
+
+
 def test_no_generation_config_is_greedy_with_16_tokens(model):
     """Hugging Face's reading (no do_sample: greedy) and vLLM's length (16 tokens)."""
     assert not (model / "generation_config.json").exists()
@@ -617,7 +636,9 @@ def test_sampling_defaults_agree_with_transformers_generation_config(model, raw)
     else:
         assert ours.greedy, (raw, ours)
     if raw.get("max_new_tokens") is not None:
-        assert ours.max_new_tokens == theirs.max_new_tokens
+        assert ours.max_tokens == theirs.max_new_tokens
+    if raw.get("repetition_penalty") is not None:
+        assert ours.repetition_penalty == theirs.repetition_penalty
 
 
 @pytest.mark.parametrize("field", ["temperature", "top_p"])

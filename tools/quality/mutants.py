@@ -2464,9 +2464,37 @@ MUTANTS = [
     Mutant(
         "max_new_tokens_alias_ignored",
         "minirt/engine/params.py",
-        '            object.__setattr__(self, "max_tokens", max_new_tokens)\n',
+        '                kwargs["max_tokens"] = max_new_tokens\n',
         "",
         "SamplingParams(max_new_tokens=5) runs to the default 16",
+    ),
+    Mutant(
+        "max_tokens_alias_conflict_by_equality",
+        "minirt/engine/params.py",
+        "if given is not None and not (is_int(given) and given == max_new_tokens):",
+        "if given is not None and given != max_new_tokens:",
+        "max_tokens=16.0 (or True) beside max_new_tokens=16 (or 1) is taken, the float dropped",
+    ),
+    Mutant(
+        "generation_config_repetition_penalty_ignored",
+        "minirt/llm.py",
+        '    "min_p",\n    "repetition_penalty",\n',
+        '    "min_p",\n',
+        "a model's generation_config.json repetition_penalty is dropped (transformers applies it)",
+    ),
+    Mutant(
+        "prompt_dict_text_taken_as_ids",
+        "minirt/llm.py",
+        '    if key == "prompt" and not isinstance(value, str):',
+        "    if False:",
+        '{"prompt": [1, 2]} is served as token ids',
+    ),
+    Mutant(
+        "cumulative_logprob_of_nothing_is_zero",
+        "minirt/engine/output.py",
+        "            if request.logprobs:\n                cumulative",
+        "            if True:\n                cumulative",
+        "a request refused before its first token reports a cumulative logprob of 0 (probability 1)",
     ),
     Mutant(
         "top_k_minus_one_kept",
@@ -2541,8 +2569,8 @@ MUTANTS = [
     Mutant(
         "generation_config_max_new_tokens_ignored",
         "minirt/llm.py",
-        '            for name in ("temperature", "top_k", "top_p", "max_new_tokens")',
-        '            for name in ("temperature", "top_k", "top_p")',
+        '    "repetition_penalty",\n    "max_new_tokens",\n)',
+        '    "repetition_penalty",\n)',
         "a model's generation_config.json max_new_tokens is not its default length",
     ),
     Mutant(

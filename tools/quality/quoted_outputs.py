@@ -18,11 +18,12 @@ Options go before the colon, space-separated:
                       the same bytes (no fenced block follows this kind of marker)
 
 A block that quotes no command says so with `<!-- not output: why -->` before it (a sketch of code, a map
-of files); any other unlabelled fenced block in these files is an error, so that no quote can go
-unchecked.
+of files); any other fenced block without a language (or marked `text` or `console`), the kind an
+output is quoted in, is an error, so that no quote can go unchecked. Blocks of code (`bash`,
+`python`, ...) are commands and examples, not outputs.
 
 Each command runs from a scratch folder holding links to the repository's examples/ and weights/, with no
-terminal (no progress bar, no colour), exactly as the marker writes it after a leading `python -m` or `minirt`
+terminal (no progress bar, no colour) and no GPU in sight (CUDA_VISIBLE_DEVICES empty), exactly as the marker writes it after a leading `python -m` or `minirt`
 is run with this interpreter. Lines that measure time (a summary's `speed`, `first token`, `wall time`) are
 compared with their numbers blanked; everything else must match, line for line (trailing spaces aside).
 
@@ -174,7 +175,15 @@ def run(command: str, extra: list[str] | None = None) -> subprocess.CompletedPro
     with tempfile.TemporaryDirectory(prefix="quoted-") as scratch:
         for name in ("examples", "weights"):
             os.symlink(ROOT / name, Path(scratch) / name)
-        env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "100", "PYTHONPATH": str(ROOT)}
+        # No GPU is seen, so that `--backend auto` picks NumPy as on the machine that made the
+        # quotes, whatever this one has.
+        env = {
+            **os.environ,
+            "NO_COLOR": "1",
+            "COLUMNS": "100",
+            "PYTHONPATH": str(ROOT),
+            "CUDA_VISIBLE_DEVICES": "",
+        }
         return subprocess.run(
             argv_of(command) + (extra or []),
             cwd=scratch,
@@ -208,6 +217,7 @@ def blanked(lines: list[str]) -> list[str]:
 
 
 def svg_is_current(quote: Quote) -> bool:
+    assert quote.svg is not None
     with tempfile.TemporaryDirectory(prefix="quoted-svg-") as scratch:
         drawn = Path(scratch) / "drawn.svg"
         result = run(quote.command, ["--svg", str(drawn)])
@@ -217,6 +227,7 @@ def svg_is_current(quote: Quote) -> bool:
 
 
 def write_svg(quote: Quote) -> None:
+    assert quote.svg is not None
     result = run(quote.command, ["--svg", str(ROOT / quote.svg)])
     if result.returncode != 0:
         raise SystemExit(f"{quote.where}: `{quote.command} --svg` exited {result.returncode}")
