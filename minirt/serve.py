@@ -58,8 +58,8 @@ endpoints: POST /v1/completions (stream: true for server-sent events), GET /v1/m
 GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize; the round-grid page
 at GET / (its feeds: GET /rounds/events, GET /rounds/recent, POST /rounds/exercise).
 A body over --max-body-bytes is refused with 413; with --max-queue requests already waiting,
-a completion is refused with 503 (retry later).  The README's "Serving over HTTP" has the fields
-and their defaults, the errors and the metrics.
+a completion is refused with 503 (retry later).  docs/serving.md ("The API") has every flag,
+field and default, endpoint, error and metric.
 """
 
 
