@@ -502,7 +502,8 @@ def test_top_logprobs_equal_transformers_log_softmax(tiny_lm):
         LLM(tiny_lm, backend="numpy").generate(
             [prompt],
             SamplingParams(max_tokens=8, temperature=1.0, seed=2, logprobs=5, ignore_eos=True),
-        )
+        ),
+        top_n=5,
     )[0]
     for step, alternatives in enumerate(out.top_logprobs):
         with torch.no_grad():
