@@ -102,7 +102,9 @@ def test_the_decode_floor_runs_and_fills_its_table():
         dict(os.environ),
     )
     lines = out.splitlines()
-    assert lines[0].startswith("BLAS: ") and "OPENBLAS_CORETYPE=unset" in lines[0]
+    # The machine first, then the BLAS it ran with.
+    assert lines[0] == blas_env.machine()
+    assert lines[1].startswith("BLAS: ") and "OPENBLAS_CORETYPE=unset" in lines[1]
     header = next(line for line in lines if line.startswith("| batch |"))
     rows = [line for line in lines if line.startswith(("| 1 |", "| 8 |", "| 32 |"))]
     assert len(rows) == 3
@@ -181,3 +183,32 @@ def test_every_bench_tool_re_executes_under_its_choice_before_it_times(tool):
     """The contract each tool keeps: it calls blas_env.run_under with its --blas-env choice (the
     tests above show what run_under does; this holds that every tool calls it)."""
     assert "blas_env.run_under(args.blas_env)" in (BENCH / tool).read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo (Linux)")
+def test_the_report_names_the_machine_as_lscpu_and_nproc_see_it():
+    """Every tool prints the machine beside the BLAS kernel: its CPU model, the cores it may use, its vector
+    extensions and caches, each held to lscpu and nproc (the independent readings)."""
+    import re
+    import shutil
+
+    if shutil.which("lscpu") is None or shutil.which("nproc") is None:
+        pytest.skip("needs lscpu and nproc")
+    lscpu = subprocess.run(
+        ["lscpu"], capture_output=True, text=True, check=True, env={"LC_ALL": "C"}
+    ).stdout
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    fields = {name.strip(): value.strip() for name, value in fields.items()}
+    described = blas_env.machine()
+    assert described.startswith(f"machine: {fields['Model name']} ")
+    cores = subprocess.run(["nproc"], capture_output=True, text=True, check=True).stdout.strip()
+    assert f", {cores} cores, " in described
+    for flag in ("avx2", "avx512f", "amx_tile"):
+        assert (f" {flag}" in described) == (flag in fields.get("Flags", "").split())
+    # lscpu: "L2 cache: 2 MiB (2 instances)"; the report gives one core's share.
+    l2 = re.match(r"([\d.]+) (KiB|MiB) \((\d+) instances?\)", fields["L2 cache"])
+    if l2:
+        kib = float(l2.group(1)) * (1024 if l2.group(2) == "MiB" else 1) / int(l2.group(3))
+        assert f"L2 {kib:.0f}K a core" in described
+    # And the tool's own report leads with it.
+    assert child([str(BENCH / "blas_env.py")], dict(os.environ)).splitlines()[0] == described

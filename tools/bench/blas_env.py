@@ -10,8 +10,11 @@ either one alone unset gave the fast GEMM).
 
 Each tool in tools/bench takes `--blas-env unset` (the default: the kernel NumPy picks) or `--blas-env
 keep` (the variables as this machine sets them), re-executes itself once under that environment before
-anything is timed (`run_under`), so that every process it starts inherits it, and prints `report()`,
-which says what threadpoolctl finds: the BLAS library, its version, kernel and threads.
+anything is timed (`run_under`), so that every process it starts inherits it, and prints `report()`:
+the machine (`machine()`: the CPU's model and vendor, the cores this process may use, its vector
+extensions and its L2 and L3 caches, since a figure holds for one kind of machine only; Intel Xeons
+and AMD EPYCs rank minirt and transformers differently) and what threadpoolctl finds: the BLAS
+library, its version, kernel and threads.
 
     python tools/bench/blas_env.py                      # the report under the kernel NumPy picks
     python tools/bench/blas_env.py --blas-env keep      # ... and under the machine's variables
@@ -70,8 +73,77 @@ def run_under(choice: str) -> None:
     os.execve(sys.executable, list(sys.orig_argv), wanted)
 
 
+# The vector extensions that decide a BLAS kernel's speed, as /proc/cpuinfo's flags name them.
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_info(text: str | None = None) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none, as on macOS)."""
+    if text is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields
+
+
+def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[int, str]:
+    """{level: size} of the first CPU's unified (or data) caches at levels 2 and 3, as sysfs writes
+    them ('1024K'); {} where sysfs has none."""
+    sizes: dict[int, str] = {}
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return sizes
+    for entry in entries:
+        folder = os.path.join(root, entry)
+        try:
+            with open(os.path.join(folder, "level"), encoding="ascii") as f:
+                level = int(f.read())
+            with open(os.path.join(folder, "type"), encoding="ascii") as f:
+                kind = f.read().strip()
+            with open(os.path.join(folder, "size"), encoding="ascii") as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if level >= 2 and kind in ("Unified", "Data"):
+            sizes[level] = size
+    return sizes
+
+
+def machine() -> str:
+    """One line: 'machine: AMD EPYC (AuthenticAMD), 2 cores, avx2 fma avx512f ..., L2 1024K a core,
+    L3 32768K'."""
+    import platform
+
+    info = cpu_info()
+    model = info.get("model name") or platform.processor() or platform.machine()
+    vendor = info.get("vendor_id")
+    named = f"{model} ({vendor})" if vendor else model
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 0
+    flags = set(info.get("flags", "").split())
+    vectors = " ".join(flag for flag in VECTOR_FLAGS if flag in flags) or "no AVX2"
+    caches = cache_sizes()
+    cache_text = ", ".join(
+        f"L{level} {size}{' a core' if level == 2 else ''}" for level, size in sorted(caches.items())
+    )
+    parts = [named, f"{cores} cores", vectors] + ([cache_text] if cache_text else [])
+    return "machine: " + ", ".join(parts)
+
+
 def report() -> str:
-    """One line: the BLAS that threadpoolctl finds in this process, and the two variables."""
+    """Two lines: the machine, then the BLAS that threadpoolctl finds in this process and the two
+    variables."""
     import numpy as np
 
     try:
@@ -89,7 +161,7 @@ def report() -> str:
     else:
         described = "; ".join(describe_library(info) for info in libraries)
     variables = ", ".join(f"{name}={os.environ.get(name, 'unset')}" for name in BLAS_VARIABLES)
-    return f"BLAS: {described} ({variables})"
+    return f"{machine()}\nBLAS: {described} ({variables})"
 
 
 def describe_library(info: dict) -> str:
