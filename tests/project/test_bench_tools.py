@@ -212,3 +212,29 @@ def test_the_report_names_the_machine_as_lscpu_and_nproc_see_it():
         assert f"L2 {kib:.0f}K a core" in described
     # And the tool's own report leads with it.
     assert child([str(BENCH / "blas_env.py")], dict(os.environ)).splitlines()[0] == described
+
+
+def test_the_round_profile_counts_every_operation_of_every_round():
+    """tools/bench/round_profile.py on the tiny fixture (2 layers): the machine and BLAS first; then each
+    operation's calls as the model makes them (4 weight products a layer a round, 2 layer norms a layer and
+    the final one, one head a round), and shares of the run that add up to 100%."""
+    out = child(
+        [str(BENCH / "round_profile.py"), "--model", str(ROOT / "tests/fixtures/base")],
+        dict(os.environ),
+    )
+    lines = out.splitlines()
+    assert lines[0] == blas_env.machine() and lines[1].startswith("BLAS: ")
+    rows = {}
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 6 and cells[1] in ("prefill", "decode", "both"):
+            rows[(cells[0], cells[1])] = cells
+    rounds = 32  # short-b8: 32 new tokens, round 1 the prefill
+    layers = 2
+    assert rows[("linear", "prefill")][3] == str(4 * layers)
+    assert rows[("linear", "decode")][3] == str(4 * layers * (rounds - 1))
+    assert rows[("layer_norm", "decode")][3] == str((2 * layers + 1) * (rounds - 1))
+    assert rows[("lm_head", "decode")][3] == str(rounds - 1)
+    assert rows[("the rest", "both")][3] == f"{rounds} rounds"
+    shares = [float(cells[2].rstrip("%")) for cells in rows.values()]
+    assert abs(sum(shares) - 100) < 0.5 and all(share >= 0 for share in shares)

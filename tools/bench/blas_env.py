@@ -135,7 +135,8 @@ def machine() -> str:
     vectors = " ".join(flag for flag in VECTOR_FLAGS if flag in flags) or "no AVX2"
     caches = cache_sizes()
     cache_text = ", ".join(
-        f"L{level} {size}{' a core' if level == 2 else ''}" for level, size in sorted(caches.items())
+        f"L{level} {size}{' a core' if level == 2 else ''}"
+        for level, size in sorted(caches.items())
     )
     parts = [named, f"{cores} cores", vectors] + ([cache_text] if cache_text else [])
     return "machine: " + ", ".join(parts)
