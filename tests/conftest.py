@@ -451,3 +451,20 @@ def completion_of(request, top_n: int | None = None) -> Completion:
     from minirt.engine.output import RequestOutput
 
     return completions([RequestOutput.from_requests([request])], top_n)[0]
+
+
+def run_script(source: str, folder: Path, name: str = "script.py"):
+    """`source` written to `folder / name` and run as a reader would run it: a fresh interpreter, from that
+    folder (not the repository), standard output and error captured."""
+    import subprocess
+
+    script = folder / name
+    script.write_text(source, encoding="utf-8")
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=folder,
+        check=False,
+    )

@@ -9,13 +9,11 @@ scoring pass for logprobs and ranks, and the quickstart's own printed lines."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_script
 from minirt import LLM, SamplingParams
 
 SHIPPED = ROOT / "weights" / "shakespeare-gpt2-tiny"
@@ -68,16 +66,7 @@ def raw_log_softmax(row: np.ndarray) -> np.ndarray:
 
 
 def test_the_quickstart_runs_as_pasted_and_prints_a_line_per_prompt(tmp_path):
-    script = tmp_path / "quickstart.py"
-    script.write_text(QUICKSTART)
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        check=False,
-    )
+    result = run_script(QUICKSTART, tmp_path, "quickstart.py")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 4

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
@@ -28,16 +27,7 @@ BLOCKS = [("docs/api.md", k, block) for k, block in enumerate(python_blocks("doc
 
 
 def run_block(block: str, tmp_path) -> subprocess.CompletedProcess:
-    script = tmp_path / "example.py"
-    script.write_text(block, encoding="utf-8")
-    return subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        check=False,
-    )
+    return run_script(block, tmp_path, "example.py")
 
 
 def test_the_blocks_are_found():
