@@ -227,7 +227,7 @@ def test_the_round_profile_counts_every_operation_of_every_round():
     rows = {}
     for line in lines:
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 6 and cells[1] in ("prefill", "decode", "both"):
+        if line.startswith("| ") and len(cells) == 8 and cells[1] in ("prefill", "decode", "both"):
             rows[(cells[0], cells[1])] = cells
     rounds = 32  # short-b8: 32 new tokens, round 1 the prefill
     layers = 2
@@ -238,3 +238,40 @@ def test_the_round_profile_counts_every_operation_of_every_round():
     assert rows[("the rest", "both")][3] == f"{rounds} rounds"
     shares = [float(cells[2].rstrip("%")) for cells in rows.values()]
     assert abs(sum(shares) - 100) < 0.5 and all(share >= 0 for share in shares)
+    # Page faults a call: a count, never negative; the weights' rate only where a weight is read.
+    assert all(float(cells[6]) >= 0 for key, cells in rows.items() if key[0] != "the rest")
+    for (name, phase), cells in rows.items():
+        assert (cells[7] != "") == (name in ("linear", "lm_head")), (name, phase, cells)
+
+
+def test_the_round_profile_counts_the_page_faults_of_fresh_memory_and_none_of_reused():
+    """round_profile's page-fault column: an operation that touches 4 MiB of freshly mapped memory, page
+    by page, is charged at least one fault a touched page (1024 of 4 KiB; where transparent huge pages
+    are "always", 2 of 2 MiB); one that rewrites memory already touched is charged none."""
+    import mmap
+
+    import round_profile
+
+    page = mmap.PAGESIZE
+    size = 4 * 2**20
+
+    def touch_fresh():
+        fresh = mmap.mmap(-1, size)
+        for offset in range(0, size, page):
+            fresh[offset] = 1
+        fresh.close()
+
+    kept = bytearray(size)
+
+    def touch_kept():
+        for offset in range(0, size, page):
+            kept[offset] = 2
+
+    clock = round_profile.Clock()
+    clock.wrap("fresh", touch_fresh)()
+    clock.wrap("kept", touch_kept)()
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    huge_pages_always = thp.exists() and "[always]" in thp.read_text()
+    smallest_fault = 2 * 2**20 if huge_pages_always else page
+    assert clock.page_faults[("fresh", "prefill")] >= size // smallest_fault
+    assert clock.page_faults[("kept", "prefill")] == 0

@@ -11,7 +11,12 @@ its calls and its time a call, the decode rounds apart from the prefill.
 Beside the weight products it times the same products alone, on the same shapes and the same weights,
 each repeated on hot weights (the first call of a repeat reads them from memory, the others from cache):
 so a call that takes much longer inside the run than alone is paying for something besides the product
-(weights streamed from memory, fresh temporaries, page faults, the BLAS's thread hand-off).
+(weights streamed from memory, fresh temporaries, page faults, the BLAS's thread hand-off). Two more
+columns tell those apart: the minor page faults a call (getrusage's ru_minflt around it: a fresh
+temporary the allocator had to map, touched page by page, which a lazily backed VM makes dear), and for
+the weight products and the head the rate their weights went through the call (the weight's bytes over
+the time a call): a rate near the machine's memory bandwidth says the call waits on weights streaming
+from memory, not on the product.
 
 The machine and the BLAS kernel are printed first (blas_env.report()); by default OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE are unset, as on a user's machine (`--blas-env keep`: as this machine sets them).
@@ -26,6 +31,7 @@ The random gpt2-124M is made once in --scratch (needs the `reference` extra: tra
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -58,22 +64,35 @@ class Clock:
     def __init__(self):
         self.seconds: dict[tuple[str, str], float] = defaultdict(float)
         self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.page_faults: dict[tuple[str, str], int] = defaultdict(int)
+        self.weight_bytes: dict[tuple[str, str], int] = defaultdict(int)
         self.phase = "prefill"
         self.products: dict[tuple[str, tuple[int, int, int]], object] = {}
 
     def wrap(self, name, function):
         def timed(*args, **kwargs):
+            faults_before = minor_page_faults()
             start = time.perf_counter()
             result = function(*args, **kwargs)
+            seconds = time.perf_counter() - start
             key = (name, self.phase)
-            self.seconds[key] += time.perf_counter() - start
+            self.seconds[key] += seconds
+            self.page_faults[key] += minor_page_faults() - faults_before
             self.calls[key] += 1
             if name == "linear":
                 x, fc = args[0], args[1]
                 self.products.setdefault((self.phase, (x.shape[0], *fc.weight.shape)), fc)
+                self.weight_bytes[key] += fc.weight.nbytes
+            elif name == "lm_head":
+                self.weight_bytes[key] += args[2].nbytes  # lm_head(xp, hidden, head_weight)
             return result
 
         return timed
+
+
+def minor_page_faults() -> int:
+    """This process's minor page faults so far: pages the kernel mapped on first touch."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def install(clock: Clock):
@@ -144,18 +163,23 @@ def profile(model_dir: str, workload: str, seed: int) -> tuple[Clock, float, int
 
 def table(clock: Clock, wall: float, rounds: int) -> str:
     lines = [
-        "| operation | phase | share of the run | calls | ms a call | the same product alone, hot: ms a call |",
-        "|---|---|---|---|---|---|",
+        "| operation | phase | share of the run | calls | ms a call | the same product alone, hot: ms a call"
+        " | page faults a call | weights through the call: GB/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     timed_total = 0.0
     for (name, phase), seconds in sorted(clock.seconds.items(), key=lambda item: -item[1]):
         calls = clock.calls[(name, phase)]
         timed_total += seconds
         alone = f"{bare_product_ms(clock, phase):.3f}" if name == "linear" else ""
+        faults = clock.page_faults[(name, phase)] / calls
+        weight_bytes = clock.weight_bytes[(name, phase)]
+        rate = f"{weight_bytes / seconds / 1e9:.1f}" if weight_bytes else ""
         lines.append(
-            f"| {name} | {phase} | {seconds / wall:.1%} | {calls} | {1e3 * seconds / calls:.3f} | {alone} |"
+            f"| {name} | {phase} | {seconds / wall:.1%} | {calls} | {1e3 * seconds / calls:.3f} | {alone}"
+            f" | {faults:.1f} | {rate} |"
         )
-    lines.append(f"| the rest | both | {(wall - timed_total) / wall:.1%} | {rounds} rounds | | |")
+    lines.append(f"| the rest | both | {(wall - timed_total) / wall:.1%} | {rounds} rounds | | | | |")
     lines.append(f"\nwall time {wall:.3f} s for {rounds} rounds")
     return "\n".join(lines)
 
