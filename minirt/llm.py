@@ -248,14 +248,18 @@ class LLM:
         kv_budget_tokens: int | None = None,
         prefix_cache: bool = False,
         chunked_prefill: bool = True,
+        batch_invariant: bool = False,
         **vllm_options,
     ):
         model = checked_arguments(model, seed, vllm_options)
+        if not isinstance(batch_invariant, bool):
+            raise TypeError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         # The note says what "auto" chose, for the user.
         chosen, backend_note = get_backend(backend)
         self.backend_note = backend_note
         checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-        self.model = build_model(checkpoint, chosen, resolve_dtype(dtype))
+        # Exact batch invariance probes the BLAS here, and refuses in one line if it cannot hold.
+        self.model = build_model(checkpoint, chosen, resolve_dtype(dtype), batch_invariant)
         config = self.model.config
         # None when the folder has no tokenizer (token-id prompts still work); a broken or
         # mismatched one is refused.

@@ -112,6 +112,8 @@ class ModelRunner:
         new_tokens = [self.new_tokens_of(r, plan) for r in active]
         # A row fed a chunk short of its prompt's end gives no token, so needs no logits.
         wants_logits = [plan.prefill_to.get(r, r.prompt_len) == r.prompt_len for r in active]
+        # A row not fed a part of its prompt feeds its last generated token.
+        decoding = [r not in plan.prefill_to for r in active]
         past_lens = kv_cache.lengths[slots]  # [B]
         return Batch(
             new_tokens,
@@ -119,6 +121,7 @@ class ModelRunner:
             slots=slots,
             past_lens=past_lens,
             wants_logits=wants_logits,
+            decoding=decoding,
         )
 
     def new_tokens_of(self, request: Request, plan: RoundPlan) -> list[int]:

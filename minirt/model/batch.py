@@ -178,6 +178,7 @@ class Batch:
         slots=None,
         past_lens=None,
         wants_logits: Sequence[bool] | None = None,
+        decoding: Sequence[bool] | None = None,
     ):
         B = len(token_lists)
         self.backend = backend
@@ -191,6 +192,12 @@ class Batch:
         else:
             self.slots = np.asarray(slots, np.int64).reshape(B)  # [B]
         check_slots(self.slots, self.past_lens)
+        # Which rows feed a generated token (not a prompt's): exact mode's attention takes such a
+        # query alone (minirt/model/invariant.py).  By default none does.
+        if decoding is None:
+            self.decoding = np.zeros(B, dtype=bool)  # [B]
+        else:
+            self.decoding = np.asarray(decoding, dtype=bool).reshape(B)  # [B]
         # Keys per row once this round's tokens are written.
         self.kv_lens = self.past_lens + self.new_lens  # [B]
         self.batch_size = B
@@ -221,6 +228,8 @@ class Batch:
         self.device = self.upload()
         # Each tile's KeyMask, made by the round's first layer and read by the others.
         self.tile_masks: dict[tuple[int, int, int, int], KeyMask] = {}
+        # Exact mode's masks, by what they are for (minirt/model/invariant.py).
+        self.exact_masks: dict[tuple[str, int], KeyMask] = {}
 
     def upload(self) -> DeviceArrays:
         """What the layers read on the backend, in one upload."""
@@ -262,6 +271,12 @@ class Batch:
             visible = attention_mask(xp, past_lens, kv_lens, end - first, n_keys, first)[0]
             self.tile_masks[tile] = key_mask(visible)
         return self.tile_masks[tile]
+
+    def exact_mask(self, key: tuple[str, int], make) -> KeyMask:
+        """Exact mode's mask `key`, made by `make()` the first time a round asks for it."""
+        if key not in self.exact_masks:
+            self.exact_masks[key] = make()
+        return self.exact_masks[key]
 
     def query_tiles(self, n_head: int, scratch_bytes: int):
         """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as

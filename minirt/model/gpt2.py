@@ -30,6 +30,13 @@ from .config import GPT2Config
 from .batch import Batch, check_token_ids
 from .fusion import Chains, elementwise_chains
 from .kv_cache import KVCache, LayerKV
+from .invariant import (
+    CANDIDATE_HEIGHTS,
+    HEAD_TILE_ROWS,
+    RowTiles,
+    attend_exactly,
+    probe_row_tiles,
+)
 from .layers import LayerNorm, Linear, attend, layer_norm, linear, lm_head, mlp
 
 
@@ -112,32 +119,52 @@ def embed(wte_t, wpe, token_ids, positions):
 
 
 def self_attention(
-    xp, chains: Chains, x, attn: Attention, config: GPT2Config, batch: Batch, kv: LayerKV | None
+    xp,
+    chains: Chains,
+    x,
+    attn: Attention,
+    config: GPT2Config,
+    batch: Batch,
+    kv: LayerKV | None,
+    tiles: RowTiles | None = None,
 ):
     """GPT-2's attention: the fused Q/K/V projection, split into heads, attention over the round
-    and the cache (`attend`), the heads side by side again, the output projection."""
+    and the cache (`attend`; with `tiles`, exact mode's `attend_exactly`), the heads side by side
+    again, the output projection."""
     N = x.shape[0]
     H = config.n_head
     D = config.head_dim
     C = config.n_embd
-    qkv = linear(x, attn.c_attn).reshape(N, 3, H, D)  # [N, 3, H, D]
+    qkv = linear(x, attn.c_attn, tiles).reshape(N, 3, H, D)  # [N, 3, H, D]
     q = qkv[:, 0]  # [N, H, D]
     k = qkv[:, 1]  # [N, H, D]
     v = qkv[:, 2]  # [N, H, D]
     scale = 1.0 / math.sqrt(D) if config.scale_attn_weights else 1.0
-    out = attend(xp, chains, q, k, v, batch, kv, scale)  # [N, H, D]
-    return linear(out.reshape(N, C), attn.c_proj)  # [N, C]
+    attention = attend if tiles is None else attend_exactly
+    out = attention(xp, chains, q, k, v, batch, kv, scale)  # [N, H, D]
+    return linear(out.reshape(N, C), attn.c_proj, tiles)  # [N, C]
 
 
 def transformer_block(
-    xp, chains: Chains, x, block: Block, config: GPT2Config, batch: Batch, kv: LayerKV | None
+    xp,
+    chains: Chains,
+    x,
+    block: Block,
+    config: GPT2Config,
+    batch: Batch,
+    kv: LayerKV | None,
+    tiles: RowTiles | None = None,
 ):
-    """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  `tiles`: exact batch
+    invariance's (minirt/model/invariant.py), or None."""
     eps = config.layer_norm_epsilon
     normed = layer_norm(xp, chains, x, block.ln_1, eps)  # [N, C]
-    x = x + self_attention(xp, chains, normed, block.attn, config, batch, kv)  # [N, C]
+    x = x + self_attention(xp, chains, normed, block.attn, config, batch, kv, tiles)  # [N, C]
     normed = layer_norm(xp, chains, x, block.ln_2, eps)  # [N, C]
-    return x + mlp(xp, chains, normed, block.mlp.c_fc, block.mlp.c_proj, config.gelu_form)  # [N, C]
+    mlp_out = mlp(
+        xp, chains, normed, block.mlp.c_fc, block.mlp.c_proj, config.gelu_form, tiles
+    )  # [N, C]
+    return x + mlp_out  # [N, C]
 
 
 class LoadedWeights(Protocol):
@@ -162,7 +189,9 @@ class LoadedWeights(Protocol):
 class GPT2:
     """GPT-2's weights on a backend, and the forward pass over one round."""
 
-    def __init__(self, checkpoint: LoadedWeights, backend: Backend, dtype):
+    def __init__(
+        self, checkpoint: LoadedWeights, backend: Backend, dtype, batch_invariant: bool = False
+    ):
         self.config = checkpoint.config
         self.folder = checkpoint.folder
         self.backend = backend
@@ -195,6 +224,27 @@ class GPT2:
         self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
         self.ln_f = LayerNorm(p["ln_f.weight"], p["ln_f.bias"])
+        # Exact batch invariance: the weight products in calls of fixed heights, which the BLAS
+        # is probed for here, on one weight of each shape (minirt/model/invariant.py).
+        self.batch_invariant = batch_invariant
+        self.tiles: RowTiles | None = None
+        self.head_tiles: RowTiles | None = None
+        if batch_invariant:
+            block = self.blocks[0]
+            one_of_each_shape = {
+                weight.shape: (weight, max(CANDIDATE_HEIGHTS))
+                for weight in (
+                    block.attn.c_attn.weight,
+                    block.attn.c_proj.weight,
+                    block.mlp.c_fc.weight,
+                    block.mlp.c_proj.weight,
+                )
+            }
+            # The head's calls are kept to HEAD_TILE_ROWS rows: taller ones would only speed up
+            # scoring every position, and would cost the probe a second or more.
+            one_of_each_shape[("head",)] = (self.head_weight, HEAD_TILE_ROWS)
+            self.tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()))
+            self.head_tiles = self.tiles.capped(HEAD_TILE_ROWS)
 
     @property
     def n_params(self) -> int:
@@ -235,7 +285,7 @@ class GPT2:
             x = embed(self.wte_t, self.wpe, device.token_ids, device.positions)  # [N, C]
             for i, block in enumerate(self.blocks):
                 kv = None if kv_cache is None else kv_cache.layer(i)
-                x = transformer_block(xp, self.chains, x, block, c, batch, kv)  # [N, C]
+                x = transformer_block(xp, self.chains, x, block, c, batch, kv, self.tiles)
             x = layer_norm(xp, self.chains, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
             if kv_cache is not None:
                 kv_cache.advance(batch)
@@ -245,7 +295,7 @@ class GPT2:
                     x = x[device.last_index]  # [M, C]
             elif at.size != batch.n_tokens or not np.array_equal(at, np.arange(batch.n_tokens)):
                 x = x[self.backend.asarray(at)]  # [M, C]
-            return lm_head(xp, x, self.head_weight)  # [M, V] fp32
+            return lm_head(xp, x, self.head_weight, self.head_tiles)  # [M, V] fp32
 
     def check_round(self, batch: Batch) -> None:
         """Refuse (InputError) a round whose token ids or positions the model has no row for."""

@@ -74,10 +74,11 @@ def layer_norm(xp, chains: Chains, x, ln: LayerNorm, eps: float):
     return centered.astype(x.dtype, copy=False)  # [N, C]
 
 
-def linear(x, fc: Linear):
+def linear(x, fc: Linear, tiles=None):
     """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second
-    [N, out] array)."""
-    out = x @ fc.weight  # [N, out]
+    [N, out] array).  With `tiles` (exact batch invariance, minirt/model/invariant.py's
+    RowTiles) the product runs in calls of fixed heights."""
+    out = x @ fc.weight if tiles is None else tiles.product(x, fc.weight)  # [N, out]
     out += fc.bias  # [N, out]
     return out
 
@@ -170,30 +171,35 @@ def per_query_head(xp, keys, n_head: int):
     return xp.repeat(keys, n_head // n_kv_head, axis=-3)  # [..., H, L, D]
 
 
-def mlp(xp, chains: Chains, x, up: Linear, down: Linear, gelu_form: str):
+def mlp(xp, chains: Chains, x, up: Linear, down: Linear, gelu_form: str, tiles=None):
     """down(GELU(up(x))): expand to n_inner, GELU, project back, a tile of tokens at a time: each
     hidden [tokens, I] array stays within MLP_SCRATCH_BYTES (GELU makes a second one; in a CPU's
     cache its passes are cheap), however long."""
-    # Tokens per tile.
+    # Tokens per tile (in exact mode, a height its products are called with: one call a tile).
     rows = max(1, MLP_SCRATCH_BYTES // (up.weight.shape[1] * x.itemsize))
+    if tiles is not None:
+        rows = tiles.tallest_within(rows)
     if x.shape[0] <= rows:
         # One tile (every decode step): no copy into an output array.
-        hidden = gelu(chains, linear(x, up), gelu_form)  # [N, I]
-        return linear(hidden, down)  # [N, C]
+        hidden = gelu(chains, linear(x, up, tiles), gelu_form)  # [N, I]
+        return linear(hidden, down, tiles)  # [N, C]
     out = xp.empty_like(x)  # [N, C]
     for first in range(0, x.shape[0], rows):
-        hidden = gelu(chains, linear(x[first : first + rows], up), gelu_form)  # [rows, I]
-        out[first : first + rows] = linear(hidden, down)  # [rows, C]
+        hidden = gelu(chains, linear(x[first : first + rows], up, tiles), gelu_form)  # [rows, I]
+        out[first : first + rows] = linear(hidden, down, tiles)  # [rows, C]
     return out
 
 
-def lm_head(xp, hidden, head_weight):
+def lm_head(xp, hidden, head_weight, tiles=None):
     """Hidden states -> fp32 logits, 1024 rows at a time into one array (scoring 8 x 1024 ran 15%
     faster so).  The [C, V] head stays fp32 for fp16 compute too: fp16 resolves logits of tens to
-    ~0.03, enough to flip a pick."""
+    ~0.03, enough to flip a pick.  With `tiles`, in calls of fixed heights (as `linear`)."""
     hidden = hidden.astype(np.float32, copy=False)  # [M, C] fp32
     logits = xp.empty((len(hidden), head_weight.shape[1]), np.float32)  # [M, V] fp32
     for first in range(0, len(hidden), 1024):
         rows = slice(first, first + 1024)
-        xp.matmul(hidden[rows], head_weight, out=logits[rows])  # [rows, V]
+        if tiles is None:
+            xp.matmul(hidden[rows], head_weight, out=logits[rows])  # [rows, V]
+        else:
+            logits[rows] = tiles.product(hidden[rows], head_weight)  # [rows, V]
     return logits  # [M, V] fp32

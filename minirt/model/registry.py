@@ -71,7 +71,10 @@ def family_of(config: ModelConfig) -> ModelFamily:
     return FAMILIES[config.model_type]
 
 
-def build_model(checkpoint: Any, backend: Backend, dtype) -> Model:
+def build_model(
+    checkpoint: Any, backend: Backend, dtype, batch_invariant: bool = False
+) -> Model:
     """The model of a loaded checkpoint (minirt/loading's `Checkpoint`), on a backend: its
-    family's class."""
-    return family_of(checkpoint.config).model_class(checkpoint, backend, dtype)
+    family's class (`batch_invariant`: exact batch invariance, minirt/model/invariant.py)."""
+    model_class = family_of(checkpoint.config).model_class
+    return model_class(checkpoint, backend, dtype, batch_invariant=batch_invariant)
