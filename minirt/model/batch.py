@@ -150,6 +150,20 @@ def last_token_index(new_lens: np.ndarray, wants_logits: Sequence[bool] | None) 
     return (np.cumsum(new_lens) - 1)[(new_lens > 0) & wanted]  # [M]
 
 
+def row_counts(counts, default: np.ndarray) -> np.ndarray:
+    """A count a row [B] as int64, shaped as `default`, which it is when not given."""
+    if counts is None:
+        return default  # [B]
+    return np.asarray(counts, np.int64).reshape(default.shape)  # [B]
+
+
+def row_flags(flags: Sequence[bool] | None, batch_size: int) -> np.ndarray:
+    """A flag a row [B] as a boolean array; all False when not given."""
+    if flags is None:
+        return np.zeros(batch_size, dtype=bool)  # [B]
+    return np.asarray(flags, dtype=bool).reshape(batch_size)  # [B]
+
+
 def uploaded_once(backend: Backend, host_arrays: dict[str, np.ndarray]) -> DeviceArrays:
     """The round's integer arrays (all int64), end to end in one host array, moved to the backend
     in one upload and cut into views there: one host-to-device copy per round, not one per
@@ -183,21 +197,13 @@ class Batch:
         B = len(token_lists)
         self.backend = backend
         self.new_lens = np.array([len(tokens) for tokens in token_lists], dtype=np.int64)  # [B]
-        if past_lens is None:
-            self.past_lens = np.zeros(B, np.int64)  # [B]
-        else:
-            self.past_lens = np.asarray(past_lens, np.int64).reshape(B)  # [B]
-        if slots is None:
-            self.slots = np.arange(B, dtype=np.int64)  # [B]
-        else:
-            self.slots = np.asarray(slots, np.int64).reshape(B)  # [B]
+        # By default nothing in any slot, and row b in slot b.
+        self.past_lens = row_counts(past_lens, np.zeros(B, np.int64))  # [B]
+        self.slots = row_counts(slots, np.arange(B, dtype=np.int64))  # [B]
         check_slots(self.slots, self.past_lens)
         # Which rows feed a generated token (not a prompt's): exact mode's attention takes such a
         # query alone (minirt/model/invariant.py).  By default none does.
-        if decoding is None:
-            self.decoding = np.zeros(B, dtype=bool)  # [B]
-        else:
-            self.decoding = np.asarray(decoding, dtype=bool).reshape(B)  # [B]
+        self.decoding = row_flags(decoding, B)  # [B]
         # Keys per row once this round's tokens are written.
         self.kv_lens = self.past_lens + self.new_lens  # [B]
         self.batch_size = B
@@ -226,10 +232,9 @@ class Batch:
             [t for tokens in token_lists for t in tokens], dtype=np.int64
         )  # [N]
         self.device = self.upload()
-        # Each tile's KeyMask, made by the round's first layer and read by the others.
-        self.tile_masks: dict[tuple[int, int, int, int], KeyMask] = {}
-        # Exact mode's masks, by what they are for (minirt/model/invariant.py).
-        self.exact_masks: dict[tuple[str, int], KeyMask] = {}
+        # Each prompt tile's KeyMask (and exact mode's, minirt/model/invariant.py), by what it is
+        # for: made by the round's first layer and read by the others.
+        self.masks: dict[tuple, KeyMask] = {}
 
     def upload(self) -> DeviceArrays:
         """What the layers read on the backend, in one upload."""
@@ -262,21 +267,22 @@ class Batch:
     def mask_tile(self, row: int, first: int, end: int, n_keys: int) -> KeyMask:
         """One row's mask [1, end - first, n_keys]: its queries first..end-1 against its keys
         0..n_keys-1; made once a round, whatever the number of layers."""
-        tile = (row, first, end, n_keys)
-        if tile not in self.tile_masks:
+
+        def make() -> KeyMask:
             one = slice(row, row + 1)
             past_lens = self.device.past_lens[one]  # [1]
             kv_lens = self.device.kv_lens[one]  # [1]
             xp = self.backend.xp
             visible = attention_mask(xp, past_lens, kv_lens, end - first, n_keys, first)[0]
-            self.tile_masks[tile] = key_mask(visible)
-        return self.tile_masks[tile]
+            return key_mask(visible)
 
-    def exact_mask(self, key: tuple[str, int], make) -> KeyMask:
-        """Exact mode's mask `key`, made by `make()` the first time a round asks for it."""
-        if key not in self.exact_masks:
-            self.exact_masks[key] = make()
-        return self.exact_masks[key]
+        return self.cached_mask(("tile", row, first, end, n_keys), make)
+
+    def cached_mask(self, key: tuple, make) -> KeyMask:
+        """The round's mask `key`, made by `make()` the first time a layer asks for it."""
+        if key not in self.masks:
+            self.masks[key] = make()
+        return self.masks[key]
 
     def query_tiles(self, n_head: int, scratch_bytes: int):
         """(row, first, end, n_keys) for each tile of a row's new tokens (queries first..end-1): as

@@ -158,9 +158,9 @@ def transformer_block(
     """Pre-norm residual block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).  `tiles`: exact batch
     invariance's (minirt/model/invariant.py), or None."""
     eps = config.layer_norm_epsilon
-    normed = layer_norm(xp, chains, x, block.ln_1, eps)  # [N, C]
+    normed = layer_norm(xp, chains, x, block.ln_1, eps, tiles)  # [N, C]
     x = x + self_attention(xp, chains, normed, block.attn, config, batch, kv, tiles)  # [N, C]
-    normed = layer_norm(xp, chains, x, block.ln_2, eps)  # [N, C]
+    normed = layer_norm(xp, chains, x, block.ln_2, eps, tiles)  # [N, C]
     mlp_out = mlp(
         xp, chains, normed, block.mlp.c_fc, block.mlp.c_proj, config.gelu_form, tiles
     )  # [N, C]
@@ -225,26 +225,31 @@ class GPT2:
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
         self.ln_f = LayerNorm(p["ln_f.weight"], p["ln_f.bias"])
         # Exact batch invariance: the weight products in calls of fixed heights, which the BLAS
-        # is probed for here, on one weight of each shape (minirt/model/invariant.py).
+        # is probed for here (minirt/model/invariant.py).
         self.batch_invariant = batch_invariant
         self.tiles: RowTiles | None = None
         self.head_tiles: RowTiles | None = None
         if batch_invariant:
-            block = self.blocks[0]
-            one_of_each_shape = {
-                weight.shape: (weight, max(CANDIDATE_HEIGHTS))
-                for weight in (
-                    block.attn.c_attn.weight,
-                    block.attn.c_proj.weight,
-                    block.mlp.c_fc.weight,
-                    block.mlp.c_proj.weight,
-                )
-            }
-            # The head's calls are kept to HEAD_TILE_ROWS rows: taller ones would only speed up
-            # scoring every position, and would cost the probe a second or more.
-            one_of_each_shape[("head",)] = (self.head_weight, HEAD_TILE_ROWS)
-            self.tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()))
-            self.head_tiles = self.tiles.capped(HEAD_TILE_ROWS)
+            self.tiles, self.head_tiles = self.probed_tiles()
+
+    def probed_tiles(self) -> tuple[RowTiles, RowTiles]:
+        """Exact mode's heights for the blocks' weight products and for the head: those at which
+        the BLAS gives a row the same bits wherever it sits, probed on one weight of each shape.
+        The head's calls are kept to HEAD_TILE_ROWS rows: taller ones would only speed up scoring
+        every position, and would cost the probe a second or more."""
+        block = self.blocks[0]
+        one_of_each_shape = {
+            weight.shape: (weight, max(CANDIDATE_HEIGHTS))
+            for weight in (
+                block.attn.c_attn.weight,
+                block.attn.c_proj.weight,
+                block.mlp.c_fc.weight,
+                block.mlp.c_proj.weight,
+            )
+        }
+        one_of_each_shape[("head",)] = (self.head_weight, HEAD_TILE_ROWS)
+        tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()))
+        return tiles, tiles.capped(HEAD_TILE_ROWS)
 
     @property
     def n_params(self) -> int:
@@ -286,7 +291,8 @@ class GPT2:
             for i, block in enumerate(self.blocks):
                 kv = None if kv_cache is None else kv_cache.layer(i)
                 x = transformer_block(xp, self.chains, x, block, c, batch, kv, self.tiles)
-            x = layer_norm(xp, self.chains, x, self.ln_f, c.layer_norm_epsilon)  # [N, C]
+            eps = c.layer_norm_epsilon
+            x = layer_norm(xp, self.chains, x, self.ln_f, eps, self.tiles)  # [N, C]
             if kv_cache is not None:
                 kv_cache.advance(batch)
             if at is None:

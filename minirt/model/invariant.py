@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,26 @@ class RowTiles:
             padded = xp.zeros((height, x.shape[1]), dtype=x.dtype)  # [height, C]
             padded[: n_rows - first] = x[first:]
             out[first:] = (padded @ weight)[: n_rows - first]  # [N - first, out]
+        return out
+
+    def rowwise(self, x, function):
+        """function(rows) [h, ...] -> [h, ...] of x [N, ...] applied a call of these heights at a
+        time (the last padded with zero rows): for arithmetic on each row alone, such as layer
+        norm's sums, whose order a GPU's reduction kernel may pick by the array's whole shape."""
+        xp = self.xp
+        n_rows = x.shape[0]
+        out = None
+        for first, height in self.cuts(n_rows):
+            end = first + height
+            if end <= n_rows:
+                result = function(x[first:end])  # [height, ...]
+            else:
+                padded = xp.zeros((height, *x.shape[1:]), dtype=x.dtype)
+                padded[: n_rows - first] = x[first:]
+                result = function(padded)[: n_rows - first]  # [N - first, ...]
+            if out is None:
+                out = xp.empty((n_rows, *result.shape[1:]), dtype=result.dtype)
+            out[first : first + len(result)] = result
         return out
 
 
@@ -202,7 +223,7 @@ def probe_row_tiles(xp, weights: list[tuple[Any, int]], heights=CANDIDATE_HEIGHT
 def host_product(xp, rows: np.ndarray, weight) -> np.ndarray:
     """rows [M, C] (host fp32) @ weight [C, out] on the weight's backend and in its dtype, back on
     the host."""
-    product = xp.asarray(rows).astype(weight.dtype) @ weight  # [M, out]
+    product = xp.matmul(xp.asarray(rows).astype(weight.dtype), weight)  # [M, out]
     return xp.asnumpy(product) if hasattr(xp, "asnumpy") else product
 
 
@@ -246,10 +267,11 @@ def attend_alone(xp, chains, query, keys, values, batch, scale: float):
     n_head = query.shape[1]
     keys = per_query_head(xp, keys, n_head)  # [H, L, D]
     values = per_query_head(xp, values, n_head)  # [H, L, D]
-    mask = batch.exact_mask(("alone", keys.shape[-2]), lambda: alone_mask(xp, keys.shape[-2]))
-    return softmax_attention(
-        xp, chains, query.transpose(1, 0, 2), keys, values, mask, scale
-    )[:, 0]  # [H, D]
+    n_keys = keys.shape[-2]
+    mask = batch.cached_mask(("alone", n_keys), partial(alone_mask, xp, n_keys))
+    return softmax_attention(xp, chains, query.transpose(1, 0, 2), keys, values, mask, scale)[
+        :, 0
+    ]  # [H, D]
 
 
 def attend_in_aligned_blocks(xp, chains, queries, past_len: int, keys, values, batch, scale):
@@ -282,7 +304,7 @@ def attend_in_aligned_blocks(xp, chains, queries, past_len: int, keys, values, b
         block_queries[:, first - block_start : end - block_start] = queries[
             first - past_len : end - past_len
         ].transpose(1, 0, 2)  # [H, QUERY_BLOCK, D]
-        mask = batch.exact_mask(("block", block), lambda: block_mask(xp, block))
+        mask = batch.cached_mask(("block", block), partial(block_mask, xp, block))
         tile = softmax_attention(
             xp,
             chains,

@@ -62,8 +62,12 @@ class LayerNorm:
 # ------------------------------------------------------------------ the layers
 
 
-def layer_norm(xp, chains: Chains, x, ln: LayerNorm, eps: float):
-    """Normalise each token's features to mean 0, variance 1, then scale and shift."""
+def layer_norm(xp, chains: Chains, x, ln: LayerNorm, eps: float, tiles=None):
+    """Normalise each token's features to mean 0, variance 1, then scale and shift.  With `tiles`
+    (exact batch invariance), a call of fixed height at a time, so that a GPU's reduction kernel
+    sees the same shape whatever the batch."""
+    if tiles is not None:
+        return tiles.rowwise(x, lambda rows: layer_norm(xp, chains, rows, ln, eps))
     # The statistics in fp32.
     x32 = x.astype(xp.float32, copy=False)  # [N, C]
     n = x.shape[-1]

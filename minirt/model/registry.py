@@ -25,7 +25,7 @@ from .interface import Model, ModelConfig
 @dataclass(frozen=True)
 class ModelFamily:
     """One family: how its config is read, which tensors its checkpoints hold, and the class
-    that runs it (built as `model_class(checkpoint, backend, dtype)`)."""
+    that runs it (built as `model_class(checkpoint, backend, dtype, batch_invariant=...)`)."""
 
     model_type: str
     # The Hugging Face class its checkpoints are saved from, for messages.
@@ -35,7 +35,7 @@ class ModelFamily:
     # Every learned tensor's canonical name, and the shape the config implies.
     expected_shapes: Callable[[Any], dict[str, tuple[int, ...]]]
     # (a loaded checkpoint, a backend, the compute dtype) -> the model.
-    model_class: Callable[[Any, Backend, Any], Model]
+    model_class: Callable[..., Model]
 
 
 FAMILIES = {
@@ -71,9 +71,7 @@ def family_of(config: ModelConfig) -> ModelFamily:
     return FAMILIES[config.model_type]
 
 
-def build_model(
-    checkpoint: Any, backend: Backend, dtype, batch_invariant: bool = False
-) -> Model:
+def build_model(checkpoint: Any, backend: Backend, dtype, batch_invariant: bool = False) -> Model:
     """The model of a loaded checkpoint (minirt/loading's `Checkpoint`), on a backend: its
     family's class (`batch_invariant`: exact batch invariance, minirt/model/invariant.py)."""
     model_class = family_of(checkpoint.config).model_class

@@ -101,10 +101,10 @@ def test_a_sync_inside_forward_is_reported(monkeypatch):
     # GPT-2's blocks call the shared layer norm by this name.
     real_layer_norm = gpt2.layer_norm
 
-    def syncing_layer_norm(xp, chains, x, ln, eps):
+    def syncing_layer_norm(xp, chains, x, ln, eps, tiles=None):
         if int(x.sum()) > 10**9:
             raise AssertionError("unreachable")
-        return real_layer_norm(xp, chains, x, ln, eps)
+        return real_layer_norm(xp, chains, x, ln, eps, tiles)
 
     monkeypatch.setattr(gpt2, "layer_norm", syncing_layer_norm)
     model.logits([[1, 2, 3]])

@@ -19,6 +19,12 @@ What CuPy does silently and NumPy does not, it reports as a `Finding` (and does 
   * inside `fuse`, an operation that cannot be fused (a reduction, an index, a matmul, a sync);
   * a device sync inside a region that must have none (`no_syncs`, such as `GPT2.forward`).
 
+What a GPU library computes in an order it picks by shape, it logs (`logging_shapes()` collects a
+`ShapedCall` each, with the operands' shapes and the place in minirt): a matmul (cuBLAS chooses its
+algorithm, tiles and split of the sum by (M, N, K)) and a reduction that adds (sum, mean, ... :
+CuPy's reduction kernels lay their threads out by the whole array's shape).  Exact batch
+invariance needs every such call's shape to be fixed by the row it serves, or probed.
+
 What it counts, in `Counts` (`counting()` collects them over a stretch of code):
   * operations: kernels and library calls, as CuPy launches them: an elementwise operation or a
     reduction is one, a view (slicing, reshape, transpose) none, a fused function one, a batched
@@ -106,6 +112,21 @@ class Counts:
     by_name: Counter = field(default_factory=Counter)
 
 
+@dataclass(frozen=True)
+class ShapedCall:
+    """One call whose numbers a GPU library computes in an order it picks by shape."""
+
+    # "matmul", or the reduction's name ("sum", "mean", ...).
+    kind: str
+    # The operands' shapes (a matmul's two; a reduction's input and its axis).
+    shapes: tuple
+    where: str
+
+
+# Reductions that add (max, min, any and all give the same answer in any order).
+ADDING_REDUCTIONS = {"sum", "mean", "prod", "cumsum", "cumprod", "var", "std", "dot", "einsum"}
+
+
 def caller_location() -> str:
     """The innermost frame of minirt's own code (else of the test) that led here."""
     frames = traceback.extract_stack()
@@ -131,6 +152,8 @@ class StrictCuPy:
         self.fusing: str | None = None
         # Labels of the regions that must not sync (`no_syncs`).
         self.sync_free: list[str] = []
+        # Shape logs collecting right now (`logging_shapes` nests).
+        self.shape_logs: list[list[ShapedCall]] = []
         self.ndarray = StrictArray
         self.cuda = StrictCuda(self)
         self.__name__ = "strict_cupy"
@@ -165,6 +188,24 @@ class StrictCuPy:
             yield
         finally:
             self.sync_free.pop()
+
+    @contextmanager
+    def logging_shapes(self) -> Iterator[list[ShapedCall]]:
+        """Collect a `ShapedCall` for each matmul and adding reduction over the body."""
+        log: list[ShapedCall] = []
+        self.shape_logs.append(log)
+        try:
+            yield log
+        finally:
+            self.shape_logs.remove(log)
+
+    def shaped(self, kind: str, shapes: tuple) -> None:
+        """Log a call whose order of arithmetic a GPU library picks by shape."""
+        if not self.shape_logs:
+            return
+        call = ShapedCall(kind, shapes, caller_location())
+        for log in self.shape_logs:
+            log.append(call)
 
     def operation(self, name: str, fusable: bool = False) -> None:
         """One device operation; inside a fused function, part of its one kernel instead."""
@@ -356,6 +397,9 @@ class StrictFunction:
             return matmul(owner, *args, **kwargs)
         numbers = owner.device_numbers(args, f"cupy.{name}")
         keyword_numbers = {k: owner.device_numbers(v, f"cupy.{name}") for k, v in kwargs.items()}
+        if name in ADDING_REDUCTIONS:
+            shapes = tuple(getattr(n, "shape", n) for n in numbers)
+            owner.shaped(name, (*shapes, kwargs.get("axis")))
         out = kwargs.get("out")
         if name in ALLOCATING or name in VIEWS:
             if owner.fusing is not None:
@@ -393,6 +437,7 @@ def matmul(owner: StrictCuPy, a, b, out=None, **kwargs):
     left = owner.device_numbers(a, "cupy.matmul")
     right = owner.device_numbers(b, "cupy.matmul")
     owner.operation("matmul")
+    owner.shaped("matmul", (left.shape, right.shape))
     ndim = max(left.ndim, right.ndim)
     result_dtype = np.promote_types(left.dtype, right.dtype)
     if ndim > 2:
@@ -583,6 +628,9 @@ class StrictArray:
             keyword_numbers = {
                 k: owner.device_numbers(v, f"ndarray.{name}") for k, v in kwargs.items()
             }
+            if name in ADDING_REDUCTIONS:
+                axis = kwargs.get("axis", numbers[0] if numbers else None)
+                owner.shaped(name, (self.numbers.shape, axis))
             result = getattr(self.numbers, name)(*numbers, **keyword_numbers)
             # A view (squeeze, ravel of a contiguous array, view) launches nothing.
             is_view = isinstance(result, np.ndarray) and np.may_share_memory(result, self.numbers)
@@ -778,4 +826,4 @@ def strict_backend(stand_in: StrictCuPy | None = None):
     return Backend("cupy", stand_in if stand_in is not None else StrictCuPy())
 
 
-__all__ = ["Counts", "Finding", "StrictArray", "StrictCuPy", "strict_backend"]
+__all__ = ["Counts", "Finding", "ShapedCall", "StrictArray", "StrictCuPy", "strict_backend"]

@@ -258,8 +258,10 @@ def matrix(args) -> None:
     print("\nthe timed processes' " + " | ".join(sorted(blas_lines)))
 
 
-def linear_transposed(x, fc):
-    """A weight GEMM on a weight copied to [out, in]: `weight @ x.T`, viewed back as [N, out]."""
+def linear_transposed(x, fc, tiles=None):
+    """A weight GEMM on a weight copied to [out, in]: `weight @ x.T`, viewed back as [N, out] (the
+    default mode's: no exact batch invariance's `tiles`)."""
+    assert tiles is None
     out = (fc.weight @ x.T).T  # [N, out]
     out += fc.bias
     return out

@@ -87,7 +87,7 @@ def measure(model_dir: str, workload: str, repeats: int, seed: int) -> dict:
     prompts = prompts_of(workload, sides["default"].model.config.vocab_size, seed)
     seconds: dict[str, list[float]] = {side: [] for side in sides}
     tokens = {}
-    for side, llm in sides.items():
+    for llm in sides.values():
         timed_run(llm, prompts, new_tokens)  # warm-up
     for repeat in range(repeats):
         # Alternate which side goes first.
@@ -120,9 +120,7 @@ def main() -> int:
     )
     parser.add_argument("--model", help="checkpoint folder (default: a random gpt2-124M)")
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/gpt2-124m-random"))
-    parser.add_argument(
-        "--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS)
-    )
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=5, help="timed runs a side (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     blas_env.add_blas_env_argument(parser)
@@ -151,8 +149,10 @@ def main() -> int:
             f"| {spread(result['ratios'])}x | {'yes' if result['tokens_agree'] else 'no'} |",
             flush=True,
         )
-    print(f"\nexact mode's weight products ran in calls of {heights} rows; "
-          f"medians (min-max) of {args.repeats} alternating runs a side")
+    print(
+        f"\nexact mode's weight products ran in calls of {heights} rows; "
+        f"medians (min-max) of {args.repeats} alternating runs a side"
+    )
     return 0
 
 

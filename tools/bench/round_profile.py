@@ -179,7 +179,9 @@ def table(clock: Clock, wall: float, rounds: int) -> str:
             f"| {name} | {phase} | {seconds / wall:.1%} | {calls} | {1e3 * seconds / calls:.3f} | {alone}"
             f" | {faults:.1f} | {rate} |"
         )
-    lines.append(f"| the rest | both | {(wall - timed_total) / wall:.1%} | {rounds} rounds | | | | |")
+    lines.append(
+        f"| the rest | both | {(wall - timed_total) / wall:.1%} | {rounds} rounds | | | | |"
+    )
     lines.append(f"\nwall time {wall:.3f} s for {rounds} rounds")
     return "\n".join(lines)
 

@@ -205,8 +205,8 @@ MUTANTS = [
     Mutant(
         "mlp_tile_skips_the_rest",
         "minirt/model/layers.py",
-        "out[first : first + rows] = linear(hidden, down)  # [rows, C]",
-        "out[first : first + rows] = linear(hidden, down)  # [rows, C]\n        break",
+        "out[first : first + rows] = linear(hidden, down, tiles)  # [rows, C]",
+        "out[first : first + rows] = linear(hidden, down, tiles)  # [rows, C]\n        break",
         "only the first MLP tile is computed",
     ),
     Mutant(
@@ -510,7 +510,7 @@ MUTANTS = [
     Mutant(
         "tile_masks_rebuilt_by_every_layer",
         "minirt/model/batch.py",
-        "if tile not in self.tile_masks:",
+        "if key not in self.masks:",
         "if True:",
         "each layer builds each prompt tile's mask again",
     ),

@@ -1,0 +1,191 @@
+"""Exact batch invariance, end to end: with `LLM(batch_invariant=True)` a request's logits are
+bitwise those of its run alone, whatever its batch, its row, the policy, the chunking, the prefix
+cache and when it arrived; greedy and seeded.  The default mode is shown not to promise it (the
+same check finds its logits moved), so the check can fail.
+
+The property is checked under the BLAS kernel this process runs (CI forces Haswell's), and once
+more in a subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (the kernel a user's
+NumPy picks) and one with a single BLAS thread.
+
+Each request's logits are read where the engine hands them to the sampler (ModelRunner's
+pick_tokens), through the public path: LLM, its engine's add_request and step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT
+
+import minirt
+from minirt import SamplingParams
+from minirt.engine.runner import ModelRunner
+
+SHIPPED = ROOT / "weights" / "shakespeare-gpt2-tiny"
+
+
+@contextmanager
+def logits_seen():
+    """{request index: [logits row bytes, one per token]} of every request the engine samples
+    for, while the block runs."""
+    seen: dict[int, list[bytes]] = {}
+    original = ModelRunner.pick_tokens
+
+    def pick_tokens(self, active, logits, round_number):
+        producing = [request for request in active if request.prompt_done]
+        host = self.model.backend.to_numpy(logits)
+        for request, row in zip(producing, host, strict=True):
+            seen.setdefault(request.index, []).append(row.tobytes())
+        return original(self, active, logits, round_number)
+
+    ModelRunner.pick_tokens = pick_tokens
+    try:
+        yield seen
+    finally:
+        ModelRunner.pick_tokens = original
+
+
+def serve(llm, prompts, params, arrivals) -> tuple[dict[int, list[bytes]], dict[int, list[int]]]:
+    """Each request's logits and tokens, the requests entering the engine at their arrival steps
+    (request i before step arrivals[i])."""
+    engine = llm.engine
+    requests = llm.make_requests([{"prompt_token_ids": p} for p in prompts], params)
+    engine.start_run()
+    step = 0
+    with logits_seen() as seen:
+        while step <= max(arrivals) or engine.has_unfinished():
+            for request, arrival in zip(requests, arrivals, strict=True):
+                if arrival == step:
+                    engine.add_request(request)
+            if engine.has_unfinished():
+                engine.step()
+            step += 1
+    assert all(request.error is None for request in requests)
+    return seen, {request.index: list(request.token_ids) for request in requests}
+
+
+def alone(exact_llm, prompt, params) -> tuple[list[bytes], list[int]]:
+    seen, tokens = serve(exact_llm, [prompt], [params], [0])
+    return seen[0], tokens[0]
+
+
+@st.composite
+def compositions(draw):
+    """A batch: prompts (some sharing a prefix, for the cache), each's sampling (greedy, or
+    seeded at temperature 1 with top-p), its arrival step, and the engine's settings."""
+    rng_seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(rng_seed)
+    n = draw(st.integers(1, 6))
+    shared = rng.integers(0, 4096, size=draw(st.integers(0, 40))).tolist()
+    prompts = []
+    for _ in range(n):
+        own = rng.integers(0, 4096, size=draw(st.integers(1, 50))).tolist()
+        prompts.append((shared if draw(st.booleans()) else []) + own)
+    params = [
+        SamplingParams(max_tokens=draw(st.integers(1, 10)), temperature=0.0, ignore_eos=True)
+        if draw(st.booleans())
+        else SamplingParams(
+            max_tokens=draw(st.integers(1, 10)),
+            temperature=1.0,
+            top_p=0.9,
+            seed=draw(st.integers(0, 1000)),
+            ignore_eos=True,
+        )
+        for _ in range(n)
+    ]
+    arrivals = [draw(st.integers(0, 6)) for _ in range(n)]
+    policy = draw(st.sampled_from(["static", "continuous"]))
+    engine = {
+        "policy": policy,
+        "batch_size": draw(st.integers(1, 8)),
+        "prefix_cache": draw(st.booleans()),
+    }
+    if policy == "continuous":
+        # From chunks of 16 prompt tokens a round to none at all.
+        engine["round_token_budget"] = draw(st.sampled_from([16, 24, 64, 512]))
+    return prompts, params, arrivals, engine
+
+
+@pytest.fixture(scope="module")
+def exact_alone():
+    return minirt.LLM(SHIPPED, backend="numpy", batch_size=1, batch_invariant=True)
+
+
+@settings(
+    max_examples=int(os.environ.get("MINIRT_INVARIANCE_EXAMPLES", "12")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(compositions())
+def test_exact_mode_gives_every_request_its_solo_logits_bitwise(exact_alone, composition):
+    prompts, params, arrivals, engine = composition
+    llm = minirt.LLM(SHIPPED, backend="numpy", batch_invariant=True, **engine)
+    seen, tokens = serve(llm, prompts, params, arrivals)
+    for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
+        solo_logits, solo_tokens = alone(exact_alone, prompt, sampling)
+        assert tokens[i] == solo_tokens, (i, engine)
+        assert seen[i] == solo_logits, (i, engine)
+
+
+def test_the_default_mode_moves_logits_with_the_batch_so_the_check_has_teeth():
+    """The same check on the default mode finds a request's logits moved by its peers: alone, a
+    decode step's products are GEMVs of one row; beside 3 peers, a GEMM's."""
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 4096, size=12 + 5 * i).tolist() for i in range(4)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    solo_llm = minirt.LLM(SHIPPED, backend="numpy", batch_size=1)
+    solo, _ = serve(solo_llm, prompts[:1], [params], [0])
+    batched, _ = serve(minirt.LLM(SHIPPED, backend="numpy"), prompts, [params] * 4, [0] * 4)
+    assert len(solo[0]) == len(batched[0]) == 6
+    assert solo[0] != batched[0]
+    # And exact mode, on the same batch, does not move them.
+    exact_solo, _ = serve(
+        minirt.LLM(SHIPPED, backend="numpy", batch_size=1, batch_invariant=True),
+        prompts[:1],
+        [params],
+        [0],
+    )
+    exact_batched, _ = serve(
+        minirt.LLM(SHIPPED, backend="numpy", batch_invariant=True), prompts, [params] * 4, [0] * 4
+    )
+    assert exact_solo[0] == exact_batched[0]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["the kernel NumPy picks (both OPENBLAS_ variables unset)", "one BLAS thread"],
+)
+def test_exact_mode_holds_under_the_users_kernel_and_one_thread(setting):
+    """The property test again, in a fresh process (OpenBLAS reads its variables once, at load)."""
+    env = dict(os.environ)
+    if setting.startswith("the kernel"):
+        env.pop("OPENBLAS_CORETYPE", None)
+        env.pop("OPENBLAS_L2_SIZE", None)
+    else:
+        env["OPENBLAS_NUM_THREADS"] = "1"
+    env["MINIRT_INVARIANCE_EXAMPLES"] = "6"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"{__file__}::test_exact_mode_gives_every_request_its_solo_logits_bitwise",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 passed" in result.stdout
