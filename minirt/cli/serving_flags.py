@@ -1,6 +1,6 @@
 """The flags that say how requests are computed and batched, for every command that serves them
 (`generate` and `serve`): --backend, --dtype, --policy, --batch-size, --max-round-tokens,
---kv-budget, --prefix-cache and --no-chunked-prefill.
+--kv-budget, --prefix-cache, --no-chunked-prefill and --batch-invariant.
 
 Owns: `add_serving_flags` (the one definition of those flags, each command giving its own default
 policy), `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens) and
@@ -73,6 +73,14 @@ def add_serving_flags(p, default_policy: str) -> None:
         help="continuous: feed each prompt whole in its first round (one over "
         "--max-round-tokens is refused) instead of in chunks beside the decoding rows",
     )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="exact batch invariance: each request's logits, and so its tokens, bitwise the same "
+        "alone or in any batch, row, chunking or cache (the BLAS is probed at load, and refused "
+        "if it cannot keep it); decode at batch 1 costs about 2x, at 8 or more under 10%% "
+        "(docs/batch-invariance.md)",
+    )
 
 
 def kv_budget_arguments(text: str) -> tuple[float | None, int | None]:
@@ -102,4 +110,5 @@ def llm_from_flags(args, folder: Path) -> LLM:
         round_token_budget=args.max_round_tokens,
         prefix_cache=args.prefix_cache,
         chunked_prefill=args.chunked_prefill,
+        batch_invariant=args.batch_invariant,
     )

@@ -579,3 +579,49 @@ def test_a_kv_budget_in_a_fraction_of_a_mib_runs_as_its_positions_counted_by_han
     assert [r["rounds_waited"] for r in records] == [0, 0, 0, 13, None]
     assert "over the budget of 39" in records[4]["error"]
     assert "held 1 group below 4 rows (rows: 3)" in err
+
+
+def test_batch_invariant_flag_gives_each_prompt_its_solo_logprobs(tmp_path, capsys):
+    """`--batch-invariant`: five prompts batched three at a time, continuous, chunked, cached, get
+    the tokens and logprobs (to the bit, as JSON carries them) they get served one at a time."""
+    prompts = ["ROMEO:\nI", "JULIET:\nO Romeo, Romeo", "ROMEO:\nI dreamt", "To be", "All:\nSpeak"]
+    prompts_file = tmp_path / "p.txt"
+    # The .txt format's "\\n" is a newline within a prompt.
+    prompts_file.write_text("\n".join(p.replace("\n", "\\n") for p in prompts) + "\n")
+    common = ["--prompts", str(prompts_file), "--batch-invariant", "--backend", "numpy"]
+    common += ["--logprobs", "--max-tokens", "6", "--temperature", "1.0", "--seed", "5"]
+    runs = {
+        "together": ["--batch-size", "3", "--policy", "continuous", "--max-round-tokens", "8"]
+        + ["--prefix-cache"],
+        "alone": ["--batch-size", "1"],
+    }
+    records = {}
+    for name, flags in runs.items():
+        out_file = tmp_path / f"{name}.jsonl"
+        code, _out, err = run([*common, *flags, "--output", str(out_file)], capsys)
+        assert code == EXIT_OK, err
+        records[name] = read_records(out_file)
+    for together, alone in zip(records["together"], records["alone"], strict=True):
+        assert together["token_ids"] == alone["token_ids"]
+        assert together["logprobs"] == alone["logprobs"]
+    # One prompt a group alone; together, the continuous pool held several at once.
+    assert len({r["group"] for r in records["alone"]}) == len(prompts)
+    assert min(r["first_round"] for r in records["together"][1:]) <= 1
+
+
+def test_batch_invariant_on_a_blas_that_cannot_keep_it_is_one_line(capsys, monkeypatch):
+    import numpy as np
+
+    real = np.matmul
+
+    def matmul(a, b, *args, **kwargs):
+        result = real(a, b, *args, **kwargs)
+        if result.ndim == 2 and result.shape[0] == 8:
+            result[0] = np.nextafter(result[0], np.inf)
+        return result
+
+    monkeypatch.setattr(np, "matmul", matmul)
+    code, out, err = run(["--prompt", "ROMEO:", "--batch-invariant", "--backend", "numpy"], capsys)
+    assert code == EXIT_USAGE and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "exact batch invariance is not available on" in err
