@@ -45,7 +45,8 @@ def alone_offline(i: int) -> tuple[list[int], list[float]]:
     )
     (output,) = llm.generate([b["prompt"]], params)
     completion = output.outputs[0]
-    chosen = [step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids)]
+    steps = zip(completion.logprobs, completion.token_ids, strict=True)
+    chosen = [step[token].logprob for step, token in steps]
     return completion.token_ids, chosen
 
 
