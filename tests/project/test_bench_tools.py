@@ -9,6 +9,7 @@ environment; each check runs in a child.
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -275,3 +276,54 @@ def test_the_round_profile_counts_the_page_faults_of_fresh_memory_and_none_of_re
     smallest_fault = 2 * 2**20 if huge_pages_always else page
     assert clock.page_faults[("fresh", "prefill")] >= size // smallest_fault
     assert clock.page_faults[("kept", "prefill")] == 0
+
+
+def test_changed_tokens_compares_by_hand():
+    """changed_tokens.compare on made-up runs: vectors equal by bytes, requests by their tokens."""
+    import changed_tokens
+
+    solo = ({0: [b"a", b"b"], 1: [b"c"]}, {0: [5, 6], 1: [7]})
+    together = ({0: [b"a", b"x"], 1: [b"c"]}, {0: [5, 6], 1: [8]})
+    assert changed_tokens.compare(solo, together) == (2, 3, 1)
+    assert changed_tokens.compare(solo, solo) == (3, 3, 0)
+
+
+def test_changed_tokens_finds_nothing_changed_in_exact_mode():
+    """The tool end to end on a few requests: in exact mode every batching leaves every logit vector
+    as it was alone (the property tests/engine/test_exact_batch_invariance.py proves), and the table
+    has a row a batching."""
+    out = child(
+        [str(BENCH / "changed_tokens.py"), "--requests", "4", "--modes", "exact"], dict(os.environ)
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| exact |")]
+    assert [row.split("|")[2].strip() for row in rows] == [
+        "static-8",
+        "static-32",
+        "continuous-8",
+        "continuous-16-chunked",
+        "prefix-cache",
+    ]
+    for row in rows:
+        equal, requests = row.split("|")[3:5]
+        vectors = re.match(r" (\d+) of (\d+) \(100\.0%\) ", equal)
+        assert vectors and vectors.group(1) == vectors.group(2)
+        assert requests.strip() == "0 of 4 (0.0%)"
+
+
+def test_invariance_cost_runs_and_fills_its_table():
+    out = child(
+        [
+            str(BENCH / "invariance_cost.py"),
+            "--model",
+            str(ROOT / "tests/fixtures/base"),
+            "--repeats",
+            "1",
+            "--workloads",
+            "decode-b1",
+            "decode-b8",
+        ],
+        dict(os.environ),
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| decode-")]
+    assert len(rows) == 2 and all(row.rstrip().endswith("| yes |") for row in rows)
+    assert "exact mode's weight products ran in calls of (" in out
