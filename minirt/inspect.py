@@ -33,6 +33,7 @@ EXAMPLES = """examples:
   python -m minirt.inspect tests/fixtures/base --ids 5,6,7 --ids 9
   python -m minirt.inspect gpt2 --prompt "The capital of France is" --top-k 5
   python -m minirt.inspect /path/to/gpt2-folder --dtype float16
+  python -m minirt.inspect --prompt "ROMEO:" --batch-invariance   # alone against batched, both modes
 
 MODEL is a folder with config.json and model.safetensors (or sharded weights),
 or a hub id (gpt2, openai-community/gpt2-medium, ...) already in the local
@@ -104,6 +105,13 @@ def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentPar
     parser.add_argument(
         "--dtype", default="float32", help="compute dtype: float32 (default), float16 or float64"
     )
+    parser.add_argument(
+        "--batch-invariance",
+        action="store_true",
+        help="also score each prompt alone and as row 3 of a padded batch of 8, in the default "
+        "mode and in exact mode (batch_invariant=True), and say how many of its next-token "
+        "logits moved, and by how much (docs/batch-invariance.md)",
+    )
     add_version_flag(parser)
     return parser
 
@@ -174,6 +182,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m minirt.inspect") 
         prompts += [(repr(text), llm.tokenizer.encode(text)) for text in args.prompt]
     if prompts:
         show_next_tokens(llm, prompts, args.top_k)
+    if args.batch_invariance:
+        if not prompts:
+            raise MinirtError("--batch-invariance needs a prompt: give --prompt TEXT or --ids IDS")
+        exact = LLM(checkpoint, backend=args.backend, dtype=args.dtype, batch_invariant=True)
+        show_batch_invariance({"default": llm, "exact": exact}, prompts)
     return EXIT_OK
 
 
@@ -245,6 +258,45 @@ def show_next_tokens(llm: LLM, prompts: list[tuple[str, list[int]]], top_k: int)
                 f"  {token:32s} logprob {logprobs[token_id]:8.3f}   "
                 f"p {np.exp(logprobs[token_id]):6.1%}"
             )
+
+
+# The batch a prompt is scored in for --batch-invariance: 8 rows, it at row 3.
+BATCH_ROWS = 8
+ITS_ROW = 3
+
+
+def show_batch_invariance(llms: dict[str, LLM], prompts: list[tuple[str, list[int]]]) -> None:
+    """For each prompt and each mode: its next-token logits scored alone, then as row ITS_ROW of a
+    padded batch of BATCH_ROWS (the other rows random prompts, seeded), and how many of them moved
+    bitwise, by up to how much."""
+    first = next(iter(llms.values()))
+    vocab_size = first.model.config.vocab_size
+    rng = np.random.default_rng(0)
+    peers = [
+        rng.integers(0, vocab_size, size=int(rng.integers(3, 41))).tolist()
+        for _ in range(BATCH_ROWS - 1)
+    ]
+    print(
+        f"\nbatch invariance: each prompt's next-token logits scored alone, then as row {ITS_ROW} "
+        f"of a padded batch of {BATCH_ROWS} (the others random prompts of 3-40 tokens)"
+    )
+    for label, ids in prompts:
+        sequence = first.prompt_ids(ids)
+        last = len(sequence) - 1
+        batch = [*peers[:ITS_ROW], sequence, *peers[ITS_ROW:]]
+        cells = []
+        for mode, llm in llms.items():
+            alone = llm.model.logits([sequence])[0, last]  # [V]
+            batched = llm.model.logits(batch)[ITS_ROW, last]  # [V]
+            moved = alone.view(np.uint32) != batched.view(np.uint32)  # [V] bitwise
+            if moved.any():
+                largest = float(np.max(np.abs(alone - batched)))
+                cells.append(
+                    f"{mode}: {int(moved.sum())} of {vocab_size} moved, by up to {largest:.1e}"
+                )
+            else:
+                cells.append(f"{mode}: none of {vocab_size} moved")
+        print(f"  prompt {label}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":

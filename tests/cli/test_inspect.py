@@ -1,5 +1,6 @@
 """`python -m minirt.inspect`: the top tokens it prints, its one-line errors, and the module run as a command."""
 
+import re
 import subprocess
 import sys
 
@@ -33,6 +34,7 @@ def test_inspect_reports_the_reference_top_token(capsys):
         ([str(FIXTURES / "base"), "--dtype", "int8"], "unknown dtype"),
         ([str(FIXTURES / "base"), "--prompt", "hi"], "needs a tokenizer"),
         ([str(FIXTURES / "base"), "--top-k", "0"], "--top-k"),
+        ([str(FIXTURES / "base"), "--batch-invariance"], "--batch-invariance needs a prompt"),
     ],
 )
 def test_inspect_errors_are_one_line(capsys, argv, fragment):
@@ -86,3 +88,17 @@ def test_inspect_refuses_the_model_given_twice_in_one_line(tiny_lm, capsys):
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and err.count("\n") == 1
     assert "the model is given twice" in err and "--model" in err
+
+
+def test_batch_invariance_shows_both_modes_side_by_side(capsys):
+    """--batch-invariance: a line a prompt, both modes on it; exact mode's logits never move (the
+    default mode's may or may not, by kernel: its cell is one of two forms)."""
+    argv = ["--ids", "5,6", "--ids", "7", "--batch-invariance", str(FIXTURES / "base")]
+    assert run_command(inspect_main, argv) == EXIT_OK
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  prompt ")]
+    assert len(lines) == 2
+    assert all(line.endswith("exact: none of 128 moved") for line in lines)
+    assert all(
+        re.search(r"default: (none of 128 moved|\d+ of 128 moved, by up to )", line)
+        for line in lines
+    )
