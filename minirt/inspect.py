@@ -33,7 +33,7 @@ EXAMPLES = """examples:
   python -m minirt.inspect tests/fixtures/base --ids 5,6,7 --ids 9
   python -m minirt.inspect gpt2 --prompt "The capital of France is" --top-k 5
   python -m minirt.inspect /path/to/gpt2-folder --dtype float16
-  python -m minirt.inspect --prompt "ROMEO:" --batch-invariance   # alone against batched, both modes
+  python -m minirt.inspect --prompt "ROMEO:" --batch-invariance   # alone vs batched, both modes
 
 MODEL is a folder with config.json and model.safetensors (or sharded weights),
 or a hub id (gpt2, openai-community/gpt2-medium, ...) already in the local
