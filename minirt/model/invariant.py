@@ -232,46 +232,62 @@ def host_product(xp, rows: np.ndarray, weight) -> np.ndarray:
 
 def attend_exactly(xp, chains, q, k, v, batch, kv, scale: float):
     """Attention of one round as exact mode computes it, packed [N, H, D] queries and [N, G, D]
-    keys and values in, [N, H, D] out: this round's keys into the cache (if any), then each row
-    alone: a generated token's query against exactly its own keys (`attend_alone`), a prompt's
-    queries in blocks aligned to their positions (`attend_in_aligned_blocks`).  Nothing a
-    query's numbers pass through depends on the other rows, on where the round's chunk began,
-    or on how many keys the row's neighbours hold."""
+    keys and values in, [N, H, D] out: this round's keys into the cache (if any), then a prompt's
+    queries in blocks aligned to their positions (`attend_in_aligned_blocks`), a row at a time,
+    and each generated token's query against exactly its own keys (`attend_alone`), the rows
+    whose histories are equally long in one call.  Nothing a query's numbers pass through
+    depends on the other rows, on where the round's chunk began, or on how many keys the row's
+    neighbours hold."""
     if kv is not None:
         kv.write(k, v)
     out = xp.empty_like(q)  # [N, H, D]
+    # Generated tokens' rows by the keys they see.
+    decoding_by_length: dict[int, list[int]] = {}
     for row in range(batch.batch_size):
         new_len = int(batch.new_lens[row])
         if new_len == 0:
             continue
-        start = int(batch.first_index[row])
         past_len = int(batch.past_lens[row])
+        if batch.decoding[row]:
+            # A generated token is decoded with its KV cache.
+            assert kv is not None and new_len == 1
+            decoding_by_length.setdefault(past_len + 1, []).append(row)
+            continue
+        start = int(batch.first_index[row])
         if kv is not None:
             keys, values = kv.read_row(int(batch.slots[row]), past_len + new_len)  # [G, L, D]
         else:
             keys = k[start : start + new_len].transpose(1, 0, 2)  # [G, L, D]
             values = v[start : start + new_len].transpose(1, 0, 2)  # [G, L, D]
-        queries = q[start : start + new_len]  # [n, H, D]
-        if batch.decoding[row]:
-            out[start] = attend_alone(xp, chains, queries, keys, values, batch, scale)
-        else:
-            out[start : start + new_len] = attend_in_aligned_blocks(
-                xp, chains, queries, past_len, keys, values, batch, scale
-            )  # [n, H, D]
+        out[start : start + new_len] = attend_in_aligned_blocks(
+            xp, chains, q[start : start + new_len], past_len, keys, values, batch, scale
+        )  # [n, H, D]
+    for n_keys, rows in decoding_by_length.items():
+        # NumPy's matmul calls the BLAS once a matrix of a stack, and reduces each row alone, so
+        # a stack of rows gives each the bits it gets alone (and saves a decode round of 32
+        # rows about a tenth).  A GPU's batched GEMM and reductions choose their algorithm by the
+        # stack's height too: there each row goes alone.
+        groups = [rows] if xp.__name__ == "numpy" else [[row] for row in rows]
+        for group in groups:
+            starts = [int(batch.first_index[row]) for row in group]
+            keys, values = kv.read_rows([int(batch.slots[row]) for row in group], n_keys)
+            out[starts] = attend_alone(xp, chains, q[starts], keys, values, batch, scale)
     return out
 
 
-def attend_alone(xp, chains, query, keys, values, batch, scale: float):
-    """One generated token's query [1, H, D] against its row's L keys and values [G, L, D], all
-    of which it sees: one call of shape [H, 1, D] @ [H, D, L], L its own; [H, D] out."""
-    n_head = query.shape[1]
-    keys = per_query_head(xp, keys, n_head)  # [H, L, D]
-    values = per_query_head(xp, values, n_head)  # [H, L, D]
+def attend_alone(xp, chains, queries, keys, values, batch, scale: float):
+    """Generated tokens' queries [n, H, D], each against its own row's L keys and values
+    [n, G, L, D], all of which it sees: for each row and head one call of shape [1, D] @ [D, L]
+    (NumPy's matmul calls the BLAS once a matrix of the stack, so n does not change a row's
+    call), the softmax's sums each over one row's L; [n, H, D] out."""
+    n_head = queries.shape[1]
+    keys = per_query_head(xp, keys, n_head)  # [n, H, L, D]
+    values = per_query_head(xp, values, n_head)  # [n, H, L, D]
     n_keys = keys.shape[-2]
     mask = batch.cached_mask(("alone", n_keys), partial(alone_mask, xp, n_keys))
-    return softmax_attention(xp, chains, query.transpose(1, 0, 2), keys, values, mask, scale)[
-        :, 0
-    ]  # [H, D]
+    return softmax_attention(xp, chains, queries[:, :, None, :], keys, values, mask, scale)[
+        :, :, 0
+    ]  # [n, H, D]
 
 
 def attend_in_aligned_blocks(xp, chains, queries, past_len: int, keys, values, batch, scale):
@@ -329,5 +345,5 @@ def block_mask(xp, block: int):
 
 
 def alone_mask(xp, n_keys: int):
-    """The KeyMask of one query that sees all n_keys keys [1, 1, n_keys]."""
-    return key_mask(xp.ones((1, 1, n_keys), dtype=bool))
+    """The KeyMask of queries that each see all n_keys keys [1, 1, 1, n_keys]."""
+    return key_mask(xp.ones((1, 1, 1, n_keys), dtype=bool))

@@ -166,6 +166,17 @@ class LayerKV:
         """The first n_keys keys and values [G, n_keys, D] of one slot: views, no copy."""
         return self.keys[slot, :, :n_keys], self.values[slot, :, :n_keys]
 
+    def read_rows(self, slots: list[int], n_keys: int):
+        """The first n_keys keys and values [n, G, n_keys, D] of these slots: a view when they
+        are one slot or consecutive ones, else a gather."""
+        first = slots[0]
+        if slots == list(range(first, first + len(slots))):
+            end = first + len(slots)
+            return self.keys[first:end, :, :n_keys], self.values[first:end, :, :n_keys]
+        # A host index: one upload, as a decode step's gather of the round's slots.
+        index = np.asarray(slots, dtype=np.int64)  # [n]
+        return self.keys[index, :, :n_keys], self.values[index, :, :n_keys]
+
     def read(self, batch: Batch):
         """Keys and values [B, G, L, D] of the round's rows: a view when their slots are contiguous,
         else a gather."""

@@ -78,16 +78,21 @@ def alone(exact_llm, prompt, params) -> tuple[list[bytes], list[int]]:
 
 @st.composite
 def compositions(draw):
-    """A batch: prompts (some sharing a prefix, for the cache), each's sampling (greedy, or
-    seeded at temperature 1 with top-p), its arrival step, and the engine's settings."""
+    """A batch: prompts (some sharing a prefix, for the cache; or all of one length), each's
+    sampling (greedy, or seeded at temperature 1 with top-p), its arrival step, and the engine's
+    settings."""
     rng_seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(rng_seed)
     n = draw(st.integers(1, 6))
     shared = rng.integers(0, 4096, size=draw(st.integers(0, 40))).tolist()
+    # Sometimes every prompt as long as the others: their decode steps then share one call.
+    same_length = draw(st.integers(1, 50)) if draw(st.booleans()) else None
     prompts = []
     for _ in range(n):
-        own = rng.integers(0, 4096, size=draw(st.integers(1, 50))).tolist()
-        prompts.append((shared if draw(st.booleans()) else []) + own)
+        length = same_length or draw(st.integers(1, 50))
+        own = rng.integers(0, 4096, size=length).tolist()
+        with_prefix = same_length is None and draw(st.booleans())
+        prompts.append((shared if with_prefix else []) + own)
     params = [
         SamplingParams(max_tokens=draw(st.integers(1, 10)), temperature=0.0, ignore_eos=True)
         if draw(st.booleans())

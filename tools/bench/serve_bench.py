@@ -37,6 +37,7 @@ The servers, each with --threads threads (2) and 8 rows:
     chunked      as minirt, with --max-round-tokens --chunk-tokens (256): a long prompt is fed in chunks
                  beside the decoding rows
     unchunked    as minirt, with --no-chunked-prefill: each prompt is fed whole in one round
+    invariant    as minirt, with --batch-invariant (exact batch invariance): what it costs under load
 
 Long prompts beside decoding rows (chunked prefill): --long-prompts N more requests of --long-prompt-len
 tokens (1000) and --long-max-tokens new tokens (4), arriving as their own Poisson process at --long-rate
@@ -85,7 +86,7 @@ import blas_env
 from llama_cpp import ensure_model, source_dir
 
 REPO = Path(__file__).resolve().parent.parent.parent
-SIDES = ("minirt", "llama", "static", "watched", "baseline", "chunked", "unchunked")
+SIDES = ("minirt", "llama", "static", "watched", "baseline", "chunked", "unchunked", "invariant")
 # The sides run when --sides is not given.
 DEFAULT_SIDES = ("minirt", "llama", "static")
 ROWS = 8
@@ -164,6 +165,8 @@ def start_server(side: str, args, port: int) -> subprocess.Popen:
             command += ["--max-round-tokens", str(args.chunk_tokens)]
         if side == "unchunked":
             command += ["--no-chunked-prefill"]
+        if side == "invariant":
+            command += ["--batch-invariant"]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
     tree = REPO
     if side == "baseline":
@@ -374,7 +377,7 @@ def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
         lines.append(
             f"minirt / llama-server: throughput {throughput:.2f}x (target >= 0.9), p99 TTFT {ttft:.2f}x (target <= 1)"
         )
-    for side in ("watched", "baseline"):
+    for side in ("watched", "baseline", "invariant"):
         if "minirt" in runs and side in runs:
             # Per repeat (the sides ran back to back), then the median and range of those ratios.
             parts = []
