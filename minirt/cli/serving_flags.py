@@ -3,8 +3,9 @@
 --kv-budget, --prefix-cache, --no-chunked-prefill and --batch-invariant.
 
 Owns: `add_serving_flags` (the one definition of those flags, each command giving its own default
-policy), `kv_budget_arguments` (--kv-budget as what `LLM` takes: MiB, or a number of tokens) and
-`llm_from_flags` (the one place a command builds its `LLM` from them).
+policy: `add_compute_flags` and `add_batching_flags`), `kv_budget_arguments` (--kv-budget as
+what `LLM` takes: MiB, or a number of tokens) and `llm_from_flags` (the one place a command
+builds its `LLM` from them).
 
 Must not know: what a command does with them.
 """
@@ -27,6 +28,12 @@ POLICY_HELP = {
 
 def add_serving_flags(p, default_policy: str) -> None:
     """How the requests are computed and batched."""
+    add_compute_flags(p)
+    add_batching_flags(p, default_policy)
+
+
+def add_compute_flags(p) -> None:
+    """How a round's numbers are computed: the backend, the dtype, exact batch invariance."""
     p.add_argument(
         "--backend",
         choices=BACKEND_NAMES,
@@ -36,6 +43,20 @@ def add_serving_flags(p, default_policy: str) -> None:
     p.add_argument(
         "--dtype", default="float32", help="compute dtype: float32 (default), float16, float64"
     )
+    p.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="exact batch invariance: each request's logits, and so its tokens, bitwise the same "
+        "alone or in any batch, row, chunking or cache (the BLAS is probed at load, and refused "
+        "if it cannot keep it); a decode step alone costs about 2.2-2.5x, from 8 rows on about "
+        "nothing "
+        "(docs/batch-invariance.md)",
+    )
+
+
+def add_batching_flags(p, default_policy: str) -> None:
+    """How requests share rounds: the policy, the rows, the round's and the KV cache's budgets,
+    the prefix cache and chunked prefill."""
     p.add_argument(
         "--policy", choices=POLICIES, default=default_policy, help=POLICY_HELP[default_policy]
     )
@@ -72,14 +93,6 @@ def add_serving_flags(p, default_policy: str) -> None:
         action="store_false",
         help="continuous: feed each prompt whole in its first round (one over "
         "--max-round-tokens is refused) instead of in chunks beside the decoding rows",
-    )
-    p.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="exact batch invariance: each request's logits, and so its tokens, bitwise the same "
-        "alone or in any batch, row, chunking or cache (the BLAS is probed at load, and refused "
-        "if it cannot keep it); decode at batch 1 costs about 2x, at 8 or more under 10%% "
-        "(docs/batch-invariance.md)",
     )
 
 
