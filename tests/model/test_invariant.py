@@ -166,3 +166,48 @@ def test_exact_mode_computes_the_same_numbers_up_to_rounding():
         [p["prompt_token_ids"] for p in prompts]
     )
     assert relative_error(scored, reference) < 1e-5
+
+
+def test_an_mlp_tile_in_exact_mode_is_one_call_of_a_probed_height(monkeypatch):
+    """The MLP's tiles (MLP_SCRATCH_BYTES of hidden activations) are cut to a height of the plan,
+    so that each is one product call: on 5,000 rows of the shipped model (a tile of 2,730 rows by
+    scratch, 2,048 by height), every call but the last tile's is 2,048 rows."""
+    from minirt.model.layers import mlp
+
+    llm = minirt.LLM(SHIPPED, backend="numpy", batch_invariant=True)
+    heights = []
+    real = RowTiles.product
+
+    def recording(self, x, weight):
+        heights.append(x.shape[0])
+        return real(self, x, weight)
+
+    monkeypatch.setattr(RowTiles, "product", recording)
+    tiles = RowTiles(np, CANDIDATE_HEIGHTS)
+    block = llm.model.blocks[0]
+    x = np.random.default_rng(0).standard_normal((5000, 192)).astype(np.float32)
+    chains = llm.model.chains
+    mlp(np, chains, x, block.mlp.c_fc, block.mlp.c_proj, "tanh", tiles)
+    # Two products a tile: 2048, 2048, then the 904 left.
+    assert heights == [2048, 2048, 2048, 2048, 904, 904]
+
+
+def test_a_generated_token_attends_alone_and_a_prompt_in_blocks(monkeypatch):
+    """Exact mode's decode rounds send generated tokens to `attend_alone` (one call per length),
+    never through the prompt's blocks of 64 queries (right too, but 64 times the work)."""
+    calls = {"alone": 0, "blocks": 0}
+    for name, key in (("attend_alone", "alone"), ("attend_in_aligned_blocks", "blocks")):
+        real = getattr(invariant, name)
+
+        def counted(*args, _real=real, _key=key, **kwargs):
+            calls[_key] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(invariant, name, counted)
+    llm = minirt.LLM(SHIPPED, backend="numpy", batch_invariant=True)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9, 10]}], params)
+    layers = llm.model.config.n_layer
+    # Prefill: each prompt's one block, every layer.  Then 3 decode rounds, the two rows (equally
+    # long) in one call a layer.
+    assert calls == {"blocks": 2 * layers, "alone": 3 * layers}

@@ -2587,6 +2587,77 @@ MUTANTS = [
         "    known = set(FIELD_NAMES)\n",
         'a JSONL line\'s "max_new_tokens" fails its line as an unknown field',
     ),
+    # ---- exact batch invariance (#40)
+    Mutant(
+        "exact_last_call_at_the_tallest_height",
+        "minirt/model/invariant.py",
+        "            cuts.append((first, self.heights[-1]))",
+        "            cuts.append((first, self.heights[0]))",
+        "the padded last call of a weight product is 2048 rows tall: 8 decode rows cost a prefill",
+    ),
+    Mutant(
+        "exact_probe_asks_the_head_every_height",
+        "minirt/model/invariant.py",
+        "            if height > most_rows and height != shortest:\n                continue\n",
+        "",
+        "the probe calls the head with 2048 rows: seconds more at every load",
+    ),
+    Mutant(
+        "exact_block_mask_hides_the_diagonal",
+        "minirt/model/invariant.py",
+        "(key_positions[None, :] <= query_positions[:, None])",
+        "(key_positions[None, :] < query_positions[:, None])",
+        "in exact mode a prompt's query does not see its own key: consistent, and wrong",
+    ),
+    Mutant(
+        "exact_block_keys_end_at_the_chunk",
+        "minirt/model/invariant.py",
+        "        n_keys = block_start + QUERY_BLOCK\n",
+        "        n_keys = min(block_start + QUERY_BLOCK, end_position)\n",
+        "a prompt block's keys end where the round's chunk ends, so chunking changes the call",
+    ),
+    Mutant(
+        "exact_decode_rows_stacked_on_a_gpu",
+        "minirt/model/invariant.py",
+        'groups = [rows] if xp.__name__ == "numpy" else [[row] for row in rows]',
+        "groups = [rows]",
+        "on a GPU, decode rows of one length share a batched call whose algorithm the batch picks",
+    ),
+    Mutant(
+        "exact_layer_norm_untiled",
+        "minirt/model/gpt2.py",
+        "    normed = layer_norm(xp, chains, x, block.ln_1, eps, tiles)  # [N, C]",
+        "    normed = layer_norm(xp, chains, x, block.ln_1, eps)  # [N, C]",
+        "layer norm's sums over the whole round's rows: a GPU's reduction picks its layout by N",
+    ),
+    Mutant(
+        "exact_head_untiled",
+        "minirt/model/gpt2.py",
+        "            return lm_head(xp, x, self.head_weight, self.head_tiles)  # [M, V] fp32",
+        "            return lm_head(xp, x, self.head_weight)  # [M, V] fp32",
+        "in exact mode the head is one call of the round's rows: a GEMV alone, a GEMM batched",
+    ),
+    Mutant(
+        "exact_flag_not_passed_to_the_llm",
+        "minirt/cli/serving_flags.py",
+        "        batch_invariant=args.batch_invariant,\n",
+        "",
+        "--batch-invariant is accepted and ignored",
+    ),
+    Mutant(
+        "exact_mlp_tile_not_a_height",
+        "minirt/model/layers.py",
+        "        rows = tiles.tallest_within(rows)\n",
+        "        pass\n",
+        "in exact mode an MLP tile of 682 rows is cut into 8 calls: prefill 20% slower",
+    ),
+    Mutant(
+        "exact_decoding_rows_not_flagged",
+        "minirt/engine/runner.py",
+        "        decoding = [r not in plan.prefill_to for r in active]",
+        "        decoding = [False for r in active]",
+        "generated tokens go through prompt blocks of 64 queries: exact decode far slower",
+    ),
 ]
 
 
