@@ -194,3 +194,20 @@ def test_exact_mode_holds_under_the_users_kernel_and_one_thread(setting):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "1 passed" in result.stdout
+
+
+def test_exact_mode_holds_in_float16():
+    """fp16 compute goes through the same calls (NumPy's fp16 products are its own loops, probed
+    as any BLAS): three prompts, continuous and chunked, each bitwise its fp16 run alone."""
+    model = ROOT / "tests" / "fixtures" / "base"
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 128, size=n).tolist() for n in (5, 17, 30)]
+    params = [
+        SamplingParams(max_tokens=6, temperature=1.0, seed=i, ignore_eos=True) for i in range(3)
+    ]
+    settings = {"backend": "numpy", "dtype": "float16", "batch_invariant": True}
+    llm = minirt.LLM(model, policy="continuous", round_token_budget=16, **settings)
+    seen, tokens = serve(llm, prompts, params, [0, 0, 1])
+    solo_llm = minirt.LLM(model, batch_size=1, **settings)
+    for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
+        assert alone(solo_llm, prompt, sampling) == (seen[i], tokens[i])
