@@ -267,7 +267,7 @@ def attend_exactly(xp, chains, q, k, v, batch, kv, scale: float):
         # a stack of rows gives each the bits it gets alone (and saves a decode round of 32
         # rows about a tenth).  A GPU's batched GEMM and reductions choose their algorithm by the
         # stack's height too: there each row goes alone.
-        groups = [rows] if xp.__name__ == "numpy" else [[row] for row in rows]
+        groups = [rows] if xp is np else [[row] for row in rows]
         for group in groups:
             starts = [int(batch.first_index[row]) for row in group]
             keys, values = kv.read_rows([int(batch.slots[row]) for row in group], n_keys)

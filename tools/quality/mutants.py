@@ -2619,7 +2619,7 @@ MUTANTS = [
     Mutant(
         "exact_decode_rows_stacked_on_a_gpu",
         "minirt/model/invariant.py",
-        'groups = [rows] if xp.__name__ == "numpy" else [[row] for row in rows]',
+        "groups = [rows] if xp is np else [[row] for row in rows]",
         "groups = [rows]",
         "on a GPU, decode rows of one length share a batched call whose algorithm the batch picks",
     ),
