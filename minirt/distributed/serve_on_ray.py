@@ -242,6 +242,7 @@ def records_dataset(args, model_folder: Path, source, cpus: int):
         "kv_budget_tokens": args.kv_budget_tokens,
         "prefix_cache": args.prefix_cache,
         "chunked_prefill": args.chunked_prefill,
+        "batch_invariant": args.batch_invariant,
     }
     if args.kv_budget_mib is not None:
         llm_kwargs["kv_budget_mib"] = args.kv_budget_mib

@@ -491,3 +491,30 @@ def test_a_dataset_row_of_the_wrong_type_fails_alone_and_a_row_without_an_index_
     got, _ = distributed.generate_dataset(no_index, str(tiny_lm), seed=9)
     with pytest.raises(MinirtError, match="index must be an integer >= 0"):
         list(distributed.worker_errors_as_one_line(got.iter_rows()))
+
+
+def test_every_serving_flag_reaches_the_workers_llm(monkeypatch):
+    """`generate --ray` builds each worker's LLM from the same flags as one process: --prefix-cache,
+    --no-chunked-prefill and --batch-invariant among them, none dropped on the way."""
+    from minirt.generate import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "--prompt",
+            "x",
+            "--ray",
+            "auto",
+            "--prefix-cache",
+            "--no-chunked-prefill",
+            "--batch-invariant",
+        ]
+    )
+    args.kv_budget_mib, args.kv_budget_tokens = None, None
+    args.overrides = {}
+    args.format = "txt"
+    captured = {}
+    monkeypatch.setattr(scale_out, "generate_dataset", lambda *a, **kw: captured.update(kw))
+    scale_out.records_dataset(args, Path("model"), source=[], cpus=1)
+    assert captured["prefix_cache"] is True
+    assert captured["chunked_prefill"] is False
+    assert captured["batch_invariant"] is True

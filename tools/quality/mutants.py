@@ -2658,6 +2658,13 @@ MUTANTS = [
         "        decoding = [False for r in active]",
         "generated tokens go through prompt blocks of 64 queries: exact decode far slower",
     ),
+    Mutant(
+        "exact_flag_dropped_on_ray",
+        "minirt/distributed/serve_on_ray.py",
+        '        "batch_invariant": args.batch_invariant,\n',
+        "",
+        "generate --ray --batch-invariant: the workers run the default mode",
+    ),
 ]
 
 
