@@ -62,14 +62,17 @@ from .request_maker import RequestMaker
 
 
 def load_model(
-    model: str | Path | Checkpoint, backend: str = "auto", dtype: str = "float32"
+    model: str | Path | Checkpoint,
+    backend: str = "auto",
+    dtype: str = "float32",
+    batch_invariant: bool = False,
 ) -> Model:
     """Load a checkpoint (a folder, a hub id in the local cache, or a loaded Checkpoint) onto a
     backend, as the model class its config.json's model_type names
-    (minirt/model/registry.py)."""
+    (minirt/model/registry.py); `batch_invariant` as `LLM` takes it."""
     chosen, _note = get_backend(backend)
     checkpoint = model if isinstance(model, Checkpoint) else load_checkpoint(model)
-    return build_model(checkpoint, chosen, resolve_dtype(dtype))
+    return build_model(checkpoint, chosen, resolve_dtype(dtype), batch_invariant)
 
 
 # What minirt reads of a generation_config.json, in its own names (max_new_tokens is max_tokens).

@@ -31,10 +31,10 @@ from .batch import Batch, check_token_ids
 from .fusion import Chains, elementwise_chains
 from .kv_cache import KVCache, LayerKV
 from .invariant import (
-    CANDIDATE_HEIGHTS,
     HEAD_TILE_ROWS,
     RowTiles,
     attend_exactly,
+    candidate_heights,
     probe_row_tiles,
 )
 from .layers import LayerNorm, Linear, attend, layer_norm, linear, lm_head, mlp
@@ -238,8 +238,9 @@ class GPT2:
         The head's calls are kept to HEAD_TILE_ROWS rows: taller ones would only speed up scoring
         every position, and would cost the probe a second or more."""
         block = self.blocks[0]
+        heights = candidate_heights(self.xp, self.dtype)
         one_of_each_shape = {
-            weight.shape: (weight, max(CANDIDATE_HEIGHTS))
+            weight.shape: (weight, max(heights))
             for weight in (
                 block.attn.c_attn.weight,
                 block.attn.c_proj.weight,
@@ -248,7 +249,7 @@ class GPT2:
             )
         }
         one_of_each_shape[("head",)] = (self.head_weight, HEAD_TILE_ROWS)
-        tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()))
+        tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()), heights)
         return tiles, tiles.capped(HEAD_TILE_ROWS)
 
     @property

@@ -31,7 +31,9 @@ What exact mode does instead:
     the queries at positions b * QUERY_BLOCK ...), each against keys 0 .. (b + 1) * QUERY_BLOCK,
     those past the query masked: the call's shape and the query's place in it are fixed by its
     position, however the prompt was chunked, cached or batched;
-  * a generated token's query goes alone, against exactly its own keys.
+  * a generated token's query goes alone, against exactly its own keys (on NumPy, beside the
+    rows whose histories are as long, in one stacked call that gives each row its own);
+  * layer norm goes in calls of ROWWISE_ROWS rows, always: one shape for a GPU's reductions.
 
 Must not know: requests, sampling, scheduling, files.
 """
@@ -55,6 +57,15 @@ from .layers import per_query_head, softmax_attention
 # with SkylakeX, a prompt's product in calls of 2048 rows ran 3% slower than in one call of 4096,
 # in calls of 512, 13%.
 CANDIDATE_HEIGHTS = (2048, 1024, 512, 256, 128, 64, 32, 16, 8)
+
+# The rows of each call of row-wise arithmetic in exact mode (layer norm): one height, so that a
+# GPU's reduction sees one shape; 64 rows cost a decode step's layer norms nothing measurable and
+# a prefill of 4,096 tokens 64 calls a norm.
+ROWWISE_ROWS = 64
+
+# The heights for products NumPy computes in its own loops, not the BLAS (float16): those loops
+# run no faster in taller calls, and a probe of 2048 fp16 rows would take a minute.
+LOOP_HEIGHTS = (64, 32, 16, 8)
 
 # The tallest call of the head [C, V] (a decode step's head has a row a request).
 HEAD_TILE_ROWS = 256
@@ -103,40 +114,55 @@ class RowTiles:
 
     def product(self, x, weight):
         """x [N, C] @ weight [C, out] as calls of this plan's heights alone: each row's result
-        the same whichever rows share its call."""
+        the same whichever rows share its call.  Every call is alike, as the probe makes it:
+        `matmul(rows, weight, out=...)`, rows and out contiguous runs of rows; the last call's
+        rows padded with zeros in a buffer of their own, its output in the spare rows of `out`."""
         xp = self.xp
-        n_rows = x.shape[0]
-        out = xp.empty((n_rows, weight.shape[1]), dtype=xp.result_type(x, weight))  # [N, out]
-        for first, height in self.cuts(n_rows):
+        n_rows, n_in = x.shape
+        cuts = self.cuts(n_rows)
+        padded_rows = cuts[-1][0] + cuts[-1][1] if cuts else 0
+        out = xp.empty((padded_rows, weight.shape[1]), dtype=xp.result_type(x, weight))
+        for first, height in cuts:
             end = first + height
-            if end <= n_rows:
-                xp.matmul(x[first:end], weight, out=out[first:end])  # [height, out]
-                continue
-            # The last rows, padded with zeros to the shortest height.
-            padded = xp.zeros((height, x.shape[1]), dtype=x.dtype)  # [height, C]
-            padded[: n_rows - first] = x[first:]
-            out[first:] = (padded @ weight)[: n_rows - first]  # [N - first, out]
-        return out
+            rows = x[first:end]  # [height, C]
+            if end > n_rows:
+                # The last rows, padded with zeros to the shortest height.
+                rows = xp.zeros((height, n_in), dtype=x.dtype)  # [height, C]
+                rows[: n_rows - first] = x[first:]
+            xp.matmul(rows, weight, out=out[first:end])  # [height, out]
+        return out[:n_rows]  # [N, out]
 
     def rowwise(self, x, function):
-        """function(rows) [h, ...] -> [h, ...] of x [N, ...] applied a call of these heights at a
-        time (the last padded with zero rows): for arithmetic on each row alone, such as layer
-        norm's sums, whose order a GPU's reduction kernel may pick by the array's whole shape."""
+        """function(rows) [h, ...] -> [h, ...] of x [N, ...], ROWWISE_ROWS rows a call (the last
+        padded with zero rows): for arithmetic on each row alone, such as layer norm's sums,
+        whose order a GPU's reduction kernel may pick by the array's whole shape.  One height,
+        so that the shape never changes with the batch (the probe checks products, not these)."""
         xp = self.xp
         n_rows = x.shape[0]
         out = None
-        for first, height in self.cuts(n_rows):
-            end = first + height
+        for first in range(0, n_rows, ROWWISE_ROWS):
+            end = first + ROWWISE_ROWS
             if end <= n_rows:
-                result = function(x[first:end])  # [height, ...]
+                result = function(x[first:end])  # [ROWWISE_ROWS, ...]
             else:
-                padded = xp.zeros((height, *x.shape[1:]), dtype=x.dtype)
+                padded = xp.zeros((ROWWISE_ROWS, *x.shape[1:]), dtype=x.dtype)
                 padded[: n_rows - first] = x[first:]
                 result = function(padded)[: n_rows - first]  # [N - first, ...]
             if out is None:
                 out = xp.empty((n_rows, *result.shape[1:]), dtype=result.dtype)
             out[first : first + len(result)] = result
+        if out is None:
+            # No rows at all: what the function gives for none.
+            return function(x)
         return out
+
+
+def candidate_heights(xp, dtype) -> tuple[int, ...]:
+    """The heights exact mode may call a product of `dtype` with: every candidate where the BLAS
+    computes it, LOOP_HEIGHTS where NumPy's own loops do (any dtype but float32 and float64)."""
+    if xp is np and np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return LOOP_HEIGHTS
+    return CANDIDATE_HEIGHTS
 
 
 def describe_blas() -> str:
@@ -222,8 +248,9 @@ def probe_row_tiles(xp, weights: list[tuple[Any, int]], heights=CANDIDATE_HEIGHT
 
 def host_product(xp, rows: np.ndarray, weight) -> np.ndarray:
     """rows [M, C] (host fp32) @ weight [C, out] on the weight's backend and in its dtype, back on
-    the host."""
-    product = xp.matmul(xp.asarray(rows).astype(weight.dtype), weight)  # [M, out]
+    the host: one call of M rows, made as `RowTiles.product` makes every call."""
+    call = RowTiles(xp, (len(rows),))
+    product = call.product(xp.asarray(rows).astype(weight.dtype), weight)  # [M, out]
     return xp.asnumpy(product) if hasattr(xp, "asnumpy") else product
 
 

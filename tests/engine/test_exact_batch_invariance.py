@@ -211,3 +211,31 @@ def test_exact_mode_holds_in_float16():
     solo_llm = minirt.LLM(model, batch_size=1, **settings)
     for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
         assert alone(solo_llm, prompt, sampling) == (seen[i], tokens[i])
+
+
+def test_long_prompts_near_the_context_end_in_a_wide_chunked_cached_batch(exact_alone):
+    """Beyond what the property test draws: 12 requests at once (decode products in more than one
+    call), prompts of 60-220 tokens (attention blocks 0-3), some sharing a 70-token prefix, run to
+    within a few positions of the shipped model's 256, chunked 64 tokens a round, cached."""
+    rng = np.random.default_rng(9)
+    shared = rng.integers(0, 4096, size=70).tolist()
+    prompts = []
+    for i in range(12):
+        own = rng.integers(0, 4096, size=int(rng.integers(60, 150))).tolist()
+        prompts.append(shared + own if i % 3 == 0 else own)
+    params = [
+        SamplingParams(max_tokens=256 - len(p) - 2, temperature=1.0, seed=i, ignore_eos=True)
+        for i, p in enumerate(prompts)
+    ]
+    llm = minirt.LLM(
+        SHIPPED,
+        backend="numpy",
+        batch_invariant=True,
+        policy="continuous",
+        batch_size=12,
+        round_token_budget=64,
+        prefix_cache=True,
+    )
+    seen, tokens = serve(llm, prompts, params, [0] * 6 + [3] * 6)
+    for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
+        assert alone(exact_alone, prompt, sampling) == (seen[i], tokens[i]), i

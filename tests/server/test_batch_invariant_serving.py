@@ -36,8 +36,9 @@ def body(i: int) -> dict:
     return {"prompt": PROMPTS[i], "max_tokens": 8, "logprobs": 3, **sampling}
 
 
-def alone_offline(i: int) -> tuple[list[int], list[float]]:
-    """The request served alone, offline, in exact mode: its tokens and their logprobs."""
+def alone_offline(i: int) -> tuple[list[int], list[float], list[dict[int, float]]]:
+    """The request served alone, offline, in exact mode: its tokens, their logprobs, and each
+    step's {token id: logprob} (the chosen token and the top 3)."""
     llm = LLM(batch_size=1, batch_invariant=True)
     b = body(i)
     params = SamplingParams(
@@ -47,7 +48,11 @@ def alone_offline(i: int) -> tuple[list[int], list[float]]:
     completion = output.outputs[0]
     steps = zip(completion.logprobs, completion.token_ids, strict=True)
     chosen = [step[token].logprob for step, token in steps]
-    return completion.token_ids, chosen
+    top = [
+        {token: logprob.logprob for token, logprob in step.items()}
+        for step in completion.logprobs
+    ]
+    return completion.token_ids, chosen, top
 
 
 @pytest.mark.parametrize("policy", ["continuous", "static"])
@@ -66,9 +71,12 @@ def test_requests_sent_together_get_their_solo_logprobs_bitwise(policy):
             answers = list(pool.map(send, range(len(PROMPTS))))
         assert server.stop() == 0
     for i, answer in enumerate(answers):
-        tokens, logprobs = alone_offline(i)
+        tokens, logprobs, top = alone_offline(i)
         choice = answer.choices[0]
         assert choice.logprobs.token_logprobs == logprobs, (policy, i)
+        # The chosen token and the top 3 at each step too, keyed by their text on the wire.
+        wire_top = [sorted(step.values()) for step in choice.logprobs.top_logprobs]
+        assert wire_top == [sorted(step.values()) for step in top], (policy, i)
         assert choice.model_extra["minirt"]["token_ids"] == tokens, (policy, i)
 
 
