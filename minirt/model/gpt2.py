@@ -249,7 +249,14 @@ class GPT2:
             )
         }
         one_of_each_shape[("head",)] = (self.head_weight, HEAD_TILE_ROWS)
-        tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()), heights)
+        # Layer norm runs in calls of the same heights; its rows are checked too.
+        eps = self.config.layer_norm_epsilon
+
+        def norm(rows):
+            return layer_norm(self.xp, self.chains, rows, block.ln_1, eps)
+
+        row_functions = [("layer norm", self.config.n_embd, norm)]
+        tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()), heights, row_functions)
         return tiles, tiles.capped(HEAD_TILE_ROWS)
 
     @property

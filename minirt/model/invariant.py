@@ -33,7 +33,8 @@ What exact mode does instead:
     position, however the prompt was chunked, cached or batched;
   * a generated token's query goes alone, against exactly its own keys (on NumPy, beside the
     rows whose histories are as long, in one stacked call that gives each row its own);
-  * layer norm goes in calls of ROWWISE_ROWS rows, always: one shape for a GPU's reductions.
+  * layer norm goes in calls of the same heights, probed the same way (for a GPU's reductions,
+    which lay their threads out by the array's shape).
 
 Must not know: requests, sampling, scheduling, files.
 """
@@ -57,11 +58,6 @@ from .layers import per_query_head, softmax_attention
 # with SkylakeX, a prompt's product in calls of 2048 rows ran 3% slower than in one call of 4096,
 # in calls of 512, 13%.
 CANDIDATE_HEIGHTS = (2048, 1024, 512, 256, 128, 64, 32, 16, 8)
-
-# The rows of each call of row-wise arithmetic in exact mode (layer norm): one height, so that a
-# GPU's reduction sees one shape; 64 rows cost a decode step's layer norms nothing measurable and
-# a prefill of 4,096 tokens 64 calls a norm.
-ROWWISE_ROWS = 64
 
 # The heights for products NumPy computes in its own loops, not the BLAS (float16): those loops
 # run no faster in taller calls, and a probe of 2048 fp16 rows would take a minute.
@@ -133,19 +129,19 @@ class RowTiles:
         return out[:n_rows]  # [N, out]
 
     def rowwise(self, x, function):
-        """function(rows) [h, ...] -> [h, ...] of x [N, ...], ROWWISE_ROWS rows a call (the last
+        """function(rows) [h, ...] -> [h, ...] of x [N, ...] in calls of these heights (the last
         padded with zero rows): for arithmetic on each row alone, such as layer norm's sums,
-        whose order a GPU's reduction kernel may pick by the array's whole shape.  One height,
-        so that the shape never changes with the batch (the probe checks products, not these)."""
+        whose order a GPU's reduction kernel may pick by the array's whole shape (the probe
+        checks these calls too)."""
         xp = self.xp
         n_rows = x.shape[0]
         out = None
-        for first in range(0, n_rows, ROWWISE_ROWS):
-            end = first + ROWWISE_ROWS
+        for first, height in self.cuts(n_rows):
+            end = first + height
             if end <= n_rows:
-                result = function(x[first:end])  # [ROWWISE_ROWS, ...]
+                result = function(x[first:end])  # [height, ...]
             else:
-                padded = xp.zeros((ROWWISE_ROWS, *x.shape[1:]), dtype=x.dtype)
+                padded = xp.zeros((height, *x.shape[1:]), dtype=x.dtype)
                 padded[: n_rows - first] = x[first:]
                 result = function(padded)[: n_rows - first]  # [N - first, ...]
             if out is None:
@@ -200,53 +196,77 @@ def openblas_kernel() -> str | None:
     return None
 
 
-def probe_row_tiles(xp, weights: list[tuple[Any, int]], heights=CANDIDATE_HEIGHTS) -> RowTiles:
+def probe_row_tiles(
+    xp, weights: list[tuple[Any, int]], heights=CANDIDATE_HEIGHTS, row_functions=()
+) -> RowTiles:
     """The heights, among `heights`, at which this BLAS gives a row of a product with each weight
     the same bits wherever the row sits in the call and whatever shares the call, and the same bits
     as at the shortest height.  `weights` holds (weight, the most rows a call of it gets) for one
     weight of each shape, the model's own (a height past a weight's most rows is not asked of it).
+    `row_functions` holds (what, features, function) for arithmetic done a row at a time in calls
+    of the same heights (layer norm), checked the same way.
 
     Two calls a height and weight: one random row at every even place, zeros at the odd ones
     (what padding puts there); then the same row at every odd place, random rows at the even ones.
     The shortest height must pass: else a BatchInvarianceError naming the BLAS, its kernel and
-    the product."""
+    the call."""
     rng = np.random.default_rng(0)
-    shortest = heights[-1]
+    checks = [
+        (f"@ [{w.shape[0]}, {w.shape[1]}]", w.shape[0], most, partial(host_product, xp, weight=w))
+        for w, most in weights
+    ]
+    checks += [
+        (what, n_in, max(heights), partial(host_rowwise, xp, function=function))
+        for what, n_in, function in row_functions
+    ]
     passing = set(heights)
-    for weight, most_rows in weights:
-        n_in, n_out = weight.shape
-        row = rng.standard_normal(n_in).astype(np.float32)  # [C]
-        reference = None
-        for height in sorted(heights):
-            if height > most_rows and height != shortest:
-                continue
-            places = np.arange(height)
-            even = np.zeros((height, n_in), np.float32)  # [height, C]
-            even[places % 2 == 0] = row
-            odd = rng.standard_normal((height, n_in)).astype(np.float32)  # [height, C]
-            odd[places % 2 == 1] = row
-            results = np.concatenate(
-                [
-                    host_product(xp, even, weight)[places % 2 == 0],
-                    host_product(xp, odd, weight)[places % 2 == 1],
-                ]
-            )  # [height, out]
-            if reference is None:
-                reference = results[0]
-            if all(np.array_equal(result, reference) for result in results):
-                continue
-            passing.discard(height)
-            if height == shortest:
-                raise BatchInvarianceError(
-                    f"exact batch invariance is not available on {describe_blas()}: a row's "
-                    f"result of [{height}, {n_in}] @ [{n_in}, {n_out}] changes with its place "
-                    "in the call or with the rows beside it; run without batch invariance "
-                    "(docs/batch-invariance.md says why)"
-                )
+    for what, n_in, most_rows, compute in checks:
+        asked = {height for height in heights if height <= most_rows or height == heights[-1]}
+        agreeing = agreeing_heights(rng, compute, n_in, heights, most_rows, what)
+        passing -= asked - agreeing
     return RowTiles(xp, tuple(height for height in heights if height in passing))
 
 
-def host_product(xp, rows: np.ndarray, weight) -> np.ndarray:
+def agreeing_heights(rng, compute, n_in: int, heights, most_rows: int, what: str) -> set[int]:
+    """The heights (up to most_rows, and the shortest always) at which `compute` (host rows
+    [h, n_in] -> host results [h, ...]) gives one random row, at every place, beside zeros or
+    random rows, the bits it gives at the shortest height; a BatchInvarianceError if the
+    shortest itself does not agree with itself."""
+    shortest = heights[-1]
+    row = rng.standard_normal(n_in).astype(np.float32)  # [C]
+    reference = None
+    agreeing = set()
+    for height in sorted(heights):
+        if height > most_rows and height != shortest:
+            continue
+        places = np.arange(height)
+        even = np.zeros((height, n_in), np.float32)  # [height, C]
+        even[places % 2 == 0] = row
+        odd = rng.standard_normal((height, n_in)).astype(np.float32)  # [height, C]
+        odd[places % 2 == 1] = row
+        results = np.concatenate(
+            [compute(even)[places % 2 == 0], compute(odd)[places % 2 == 1]]
+        )  # [height, ...]
+        if reference is None:
+            reference = results[0]
+        if all(np.array_equal(result, reference) for result in results):
+            agreeing.add(height)
+        elif height == shortest:
+            raise BatchInvarianceError(
+                f"exact batch invariance is not available on {describe_blas()}: a row's result "
+                f"of [{height}, {n_in}] {what} changes with its place in the call or with the "
+                "rows beside it; run without batch invariance (docs/batch-invariance.md says why)"
+            )
+    return agreeing
+
+
+def host_rowwise(xp, rows: np.ndarray, function) -> np.ndarray:
+    """function(rows) for host fp32 rows [M, C], on the backend, back on the host."""
+    result = function(xp.asarray(rows))  # [M, ...]
+    return xp.asnumpy(result) if hasattr(xp, "asnumpy") else result
+
+
+def host_product(xp, rows: np.ndarray, weight=None) -> np.ndarray:
     """rows [M, C] (host fp32) @ weight [C, out] on the weight's backend and in its dtype, back on
     the host: one call of M rows, made as `RowTiles.product` makes every call."""
     call = RowTiles(xp, (len(rows),))

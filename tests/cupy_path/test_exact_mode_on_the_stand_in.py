@@ -1,9 +1,9 @@
 """Exact batch invariance on the CuPy path, through the strict stand-in: the same numbers as the
 NumPy backend's exact mode, and a report of every call whose order of arithmetic a GPU library
 picks by shape (a matmul: cuBLAS; an adding reduction: CuPy's reduction kernels) and whose shape
-changes with the batch.  In exact mode the only such calls are the weight products, in calls of
-the heights the probe checked on that very library at load; in the default mode they are
-everywhere, which is what the report is for."""
+changes with the batch.  In exact mode the only such calls are the weight products and layer
+norm, in calls of the heights the probe checked on that very library at load; in the default
+mode they are everywhere, which is what the report is for."""
 
 from __future__ import annotations
 
@@ -74,15 +74,13 @@ def test_in_exact_mode_only_the_probed_weight_products_change_shape_with_the_bat
     stand_in, monkeypatch
 ):
     """With every height in play (whatever this machine's kernel passes: the heights a row's batch
-    picks are then sure to differ), the products are the one place whose shapes follow the batch;
-    layer norm's calls are of one height."""
+    picks are then sure to differ), the places whose shapes follow the batch are the two the probe
+    checks at load: the weight products and layer norm, in calls of the probed heights."""
     import minirt.model.gpt2 as gpt2
     from minirt.model.invariant import CANDIDATE_HEIGHTS, RowTiles
 
-    monkeypatch.setattr(
-        gpt2, "probe_row_tiles", lambda xp, weights, heights: RowTiles(xp, CANDIDATE_HEIGHTS)
-    )
-    assert batch_shaped_calls(stand_in, batch_invariant=True) == {"product"}
+    monkeypatch.setattr(gpt2, "probe_row_tiles", lambda xp, *_: RowTiles(xp, CANDIDATE_HEIGHTS))
+    assert batch_shaped_calls(stand_in, batch_invariant=True) == {"product", "layer_norm"}
 
 
 def test_in_the_default_mode_the_report_names_every_batch_shaped_call(stand_in):

@@ -211,3 +211,27 @@ def test_a_generated_token_attends_alone_and_a_prompt_in_blocks(monkeypatch):
     # Prefill: each prompt's one block, every layer.  Then 3 decode rounds, the two rows (equally
     # long) in one call a layer.
     assert calls == {"blocks": 2 * layers, "alone": 3 * layers}
+
+
+def test_the_probe_checks_row_wise_functions_too():
+    """A row-wise function (layer norm's place) whose row 0 moves in calls of more than 16 rows loses
+    those heights; one whose row 0 moves at 8 rows is refused, named."""
+    weight = np.ones((4, 3), np.float32)
+
+    def moving_when(condition):
+        def function(rows):
+            out = rows * 2.0
+            if condition(len(rows)):
+                out[0] = np.nextafter(out[0], np.inf)
+            return out
+
+        return function
+
+    tiles = probe_row_tiles(
+        np, [(weight, 64)], (64, 32, 16, 8), [("norm", 4, moving_when(lambda m: m > 16))]
+    )
+    assert tiles.heights == (16, 8)
+    with pytest.raises(BatchInvarianceError, match=r"\[8, 4\] norm changes with its place"):
+        probe_row_tiles(
+            np, [(weight, 64)], (64, 32, 16, 8), [("norm", 4, moving_when(lambda m: m == 8))]
+        )

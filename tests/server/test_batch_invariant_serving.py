@@ -49,8 +49,7 @@ def alone_offline(i: int) -> tuple[list[int], list[float], list[dict[int, float]
     steps = zip(completion.logprobs, completion.token_ids, strict=True)
     chosen = [step[token].logprob for step, token in steps]
     top = [
-        {token: logprob.logprob for token, logprob in step.items()}
-        for step in completion.logprobs
+        {token: logprob.logprob for token, logprob in step.items()} for step in completion.logprobs
     ]
     return completion.token_ids, chosen, top
 
