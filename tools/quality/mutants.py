@@ -2598,7 +2598,7 @@ MUTANTS = [
     Mutant(
         "exact_probe_asks_the_head_every_height",
         "minirt/model/invariant.py",
-        "            if height > most_rows and height != shortest:\n                continue\n",
+        "        if height > most_rows and height != shortest:\n            continue\n",
         "",
         "the probe calls the head with 2048 rows: seconds more at every load",
     ),
