@@ -45,10 +45,10 @@ def test_the_stand_in_logs_matmuls_and_adding_reductions_only(stand_in):
     ]
 
 
-def batch_shaped_calls(xp: StrictCuPy, batch_invariant: bool) -> set[str]:
+def batch_shaped_calls(xp: StrictCuPy, batch_invariant: bool, heights=None) -> set[str]:
     """The functions in minirt whose logged calls changed shape between a request served beside
     one peer and beside three (every prompt 20 tokens, so that a row's own calls are the same
-    shapes in both)."""
+    shapes in both).  With `heights`, each of those calls must also be one of that many rows."""
     llm = minirt.LLM(SHIPPED, backend="cupy", batch_size=8, batch_invariant=batch_invariant)
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -63,6 +63,11 @@ def batch_shaped_calls(xp: StrictCuPy, batch_invariant: bool) -> set[str]:
         return by_place
 
     one_peer, three_peers = shapes(1), shapes(3)
+    if heights is not None:
+        for place in set(one_peer) | set(three_peers):
+            if one_peer.get(place) != three_peers.get(place):
+                for _kind, call_shapes in one_peer.get(place, set()) | three_peers[place]:
+                    assert call_shapes[0][0] in heights, (place, call_shapes)
     return {
         place.split(" in ")[-1]
         for place in set(one_peer) | set(three_peers)
@@ -75,12 +80,13 @@ def test_in_exact_mode_only_the_probed_weight_products_change_shape_with_the_bat
 ):
     """With every height in play (whatever this machine's kernel passes: the heights a row's batch
     picks are then sure to differ), the places whose shapes follow the batch are the two the probe
-    checks at load: the weight products and layer norm, in calls of the probed heights."""
+    checks at load: the weight products and layer norm, each call of them one of the heights."""
     import minirt.model.gpt2 as gpt2
     from minirt.model.invariant import CANDIDATE_HEIGHTS, RowTiles
 
     monkeypatch.setattr(gpt2, "probe_row_tiles", lambda xp, *_: RowTiles(xp, CANDIDATE_HEIGHTS))
-    assert batch_shaped_calls(stand_in, batch_invariant=True) == {"product", "layer_norm"}
+    shaped = batch_shaped_calls(stand_in, batch_invariant=True, heights=CANDIDATE_HEIGHTS)
+    assert shaped == {"product", "layer_norm"}
 
 
 def test_in_the_default_mode_the_report_names_every_batch_shaped_call(stand_in):
