@@ -8,14 +8,14 @@ more in a subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (the kern
 NumPy picks) and one with a single BLAS thread.
 
 Each request's logits are read where the engine hands them to the sampler (ModelRunner's
-pick_tokens), through the public path: LLM, its engine's add_request and step."""
+pick_tokens, by tools/bench/changed_tokens.py's `logits_seen`), through the public path: LLM, its
+engine's add_request and step."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -26,30 +26,11 @@ from conftest import ROOT
 
 import minirt
 from minirt import SamplingParams
-from minirt.engine.runner import ModelRunner
+
+sys.path.insert(0, str(ROOT / "tools" / "bench"))
+from changed_tokens import logits_seen  # the one reader of a run's logits
 
 SHIPPED = ROOT / "weights" / "shakespeare-gpt2-tiny"
-
-
-@contextmanager
-def logits_seen():
-    """{request index: [logits row bytes, one per token]} of every request the engine samples
-    for, while the block runs."""
-    seen: dict[int, list[bytes]] = {}
-    original = ModelRunner.pick_tokens
-
-    def pick_tokens(self, active, logits, round_number):
-        producing = [request for request in active if request.prompt_done]
-        host = self.model.backend.to_numpy(logits)
-        for request, row in zip(producing, host, strict=True):
-            seen.setdefault(request.index, []).append(row.tobytes())
-        return original(self, active, logits, round_number)
-
-    ModelRunner.pick_tokens = pick_tokens
-    try:
-        yield seen
-    finally:
-        ModelRunner.pick_tokens = original
 
 
 def serve(llm, prompts, params, arrivals) -> tuple[dict[int, list[bytes]], dict[int, list[int]]]:
