@@ -23,9 +23,8 @@ What exact mode does instead:
 
   * a weight product runs in calls of fixed heights (`RowTiles`: powers of two from 8 to 2048 rows,
     those at which the BLAS gives a row the same result as at 8), the last one padded with zero
-    rows.
-    A row's result then depends on the call's shape, which is one of a few fixed ones, and on
-    its place in that call: the probe checks at load that the place does not matter, on the
+    rows.  A row's result then depends on the call's shape, which is one of a few fixed ones, and
+    on its place in that call: the probe checks at load that the place does not matter, on the
     model's own weights, and refuses to run if it does;
   * a prompt's queries go in blocks of QUERY_BLOCK aligned to absolute positions (block b holds
     the queries at positions b * QUERY_BLOCK ...), each against keys 0 .. (b + 1) * QUERY_BLOCK,
