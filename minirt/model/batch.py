@@ -19,6 +19,9 @@ per-row number here:
     `mask_tile`);
   * kv_lens = past_lens + new_lens, from which the mask "causal AND key-is-real" is built.
 
+A row may also say it is `decoding`: its one new token is a generated one, not part of a prompt.
+Only exact batch invariance (minirt/model/invariant.py) reads it, to attend that query alone.
+
 Shape letters are those of minirt/model/layers.py: B rows, T new tokens per row (padded), N real
 tokens, L key positions attended (max(kv_lens)), H heads.
 
