@@ -44,6 +44,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from .chat_template import ChatTemplate, load_chat_template
 from .engine.client import EngineClient
 from .engine.engine import DEFAULT_KV_BUDGET_MIB, DEFAULT_ROUND_TOKENS, Engine, StepOutput
 from .engine.output import RequestOutput, TokenEvent
@@ -270,6 +271,8 @@ class LLM:
             checkpoint.folder, config.eos_token_id, config.bos_token_id, config.vocab_size
         )
         self.defaults = generation_defaults(checkpoint.folder)
+        # The model's chat template (None without one), compiled once: `chat` renders with it.
+        self.chat_template = load_chat_template(checkpoint.folder)
         # Text and parameters into requests of token ids (the engine never sees text going in).
         self.request_maker = RequestMaker.for_model(config, self.tokenizer, run_seed=seed)
         self.engine = Engine(
@@ -435,6 +438,87 @@ class LLM:
                         reported.add(request.index)
                         on_final(RequestOutput.from_requests(prompt_samples, self.tokenizer))
         return [RequestOutput.from_requests(samples[i], self.tokenizer) for i in sorted(samples)]
+
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict | None = None,
+        tools: list | None = None,
+        on_final: Callable[[RequestOutput], None] | None = None,
+        on_token: Callable[[TokenEvent], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Answer conversations (vLLM's `LLM.chat`): each rendered with the model's chat template
+        (or `chat_template`, a template of the caller's), encoded with no special tokens added
+        (the template writes them), and served as `generate` serves prompts: one
+        `RequestOutput` per conversation, in input order, its `prompt` the rendered text.
+
+        `messages`: one conversation (a list of {"role", "content"} dicts) or a list of them.
+        `add_generation_prompt`: end with the template's opening of the assistant's turn.
+        `chat_template_kwargs`: more variables for the template; `tools`: its `tools`.
+        `sampling_params`, `on_final`, `on_token`: as `generate` takes them.  A conversation the
+        template refuses (or a model with no template) is a RequestError, before anything
+        runs."""
+        self.engine.refuse_reentry("LLM.chat")
+        conversations = conversations_of(messages)
+        template = self.template_for(chat_template)
+        prompts = []
+        for number, conversation in enumerate(conversations):
+            where = f"conversation {number}: " if len(conversations) > 1 else ""
+            try:
+                text = template.render(
+                    conversation, add_generation_prompt, tools, extra=chat_template_kwargs
+                )
+                prompts.append({"prompt_token_ids": self.chat_prompt_ids(text)})
+            except RequestError as exc:
+                raise RequestError(f"{where}{exc}", exc.field) from None
+        return self.generate(prompts, sampling_params, on_final=on_final, on_token=on_token)
+
+    def template_for(self, chat_template: str | None = None) -> ChatTemplate:
+        """The template a chat renders with: the caller's own, else the model's; a model with
+        none (and no template given) is a RequestError saying so."""
+        if chat_template is not None:
+            if not isinstance(chat_template, str):
+                shown = type(chat_template).__name__
+                raise TypeError(f"chat_template must be a template's text, got {shown}")
+            if self.chat_template is None:
+                return ChatTemplate(chat_template, "the chat_template argument")
+            return self.chat_template.with_source(chat_template)
+        if self.chat_template is None:
+            raise RequestError(
+                "this model has no chat template (its folder has no chat_template.jinja and no "
+                "chat_template in tokenizer_config.json), so there is no chat; give the text to "
+                "generate, or pass chat_template="
+            )
+        return self.chat_template
+
+    def chat_prompt_ids(self, text: str) -> list[int]:
+        """A rendered conversation's token ids: encoded with no special tokens added (the
+        template wrote them); refused by its length first when no encoding could fit it."""
+        if self.tokenizer is None:
+            raise RequestError("chat needs a tokenizer, and this model has none")
+        self.request_maker.refuse_too_long_to_encode(text)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def conversations_of(messages) -> list:
+    """One conversation (a list of message dicts) as a list of one; a list of conversations as
+    it is; anything else a TypeError (each conversation's messages are checked as rendered)."""
+    if (
+        isinstance(messages, (list, tuple))
+        and messages
+        and all(isinstance(item, (list, tuple)) for item in messages)
+    ):
+        return list(messages)
+    if isinstance(messages, (list, tuple)):
+        return [messages]
+    raise TypeError(
+        f"messages must be a conversation (a list of messages) or a list of them, got "
+        f"{type(messages).__name__}"
+    )
 
 
 @contextmanager

@@ -3,7 +3,8 @@
 Owns: `build_app`, the ASGI application, and `ServerSettings`, what it is configured with.
 
     POST /v1/completions       a completion (OpenAI's shape), whole or streamed (`stream`)
-    POST /v1/chat/completions  400: GPT-2 has no chat template
+    POST /v1/chat/completions  a chat completion, whole or streamed (minirt/server/chat.py); 400
+                               for a model with no chat template
     GET  /v1/models            the one model served
     GET  /health               200 while the server runs (never behind the API key)
     GET  /metrics              Prometheus metrics (minirt/server/metrics.py)
@@ -20,7 +21,8 @@ as a 400/503 by handover.py), then the choice's tokens and final records, which 
 or as server-sent events (minirt/server/responses.py).  A model check's refusal names its field
 as a value (`FieldError.field`), never by its wording.  While it waits, a watcher listens for
 the client leaving: a client gone, mid-stream or still queued, has its completion aborted, which
-frees its rows and KV slots before the next round.
+frees its rows and KV slots before the next round.  From the hand-over on, a chat completion
+goes the same way: minirt/server/completion_flow.py is that way, for both routes.
 
 Every error, ours or the framework's (an unknown path, a wrong method), is OpenAI's error
 object; a fault of the server is a 500 with one line, its traceback in the server's log only.
@@ -43,21 +45,23 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..llm import LLM
 from ..errors import InputError, RequestError
 from .api_errors import APIError, error_body
 from .bodies import read_body
-from ..engine.client import Accepted, EngineClient, Finished, Refused, Token
+from ..engine.client import EngineClient, Finished
 from ..engine.request import TOO_MANY_CHOICES, Refusal
+from .chat import ChatCompletions
+from .completion_flow import CompletionFlow
 from .handover import ChoiceSpec, Completion, Handover, refusal_error
 from .http_rules import HostRule
 from .metrics import ServerMetrics
@@ -77,21 +81,7 @@ from .protocol import (
     sampling_fields,
     sampling_params,
 )
-from .responses import (
-    DONE,
-    Logprobs,
-    choice_body,
-    completion_body,
-    finish_chunk,
-    header,
-    sse,
-    token_chunk,
-    usage_chunk,
-)
-
-# How long a stream whose choice failed waits for its other choices' final records, once
-# aborted (they come back from the engine's next iteration, at most a round away).
-REST_OF_TIMEOUT_S = 30.0
+from .responses import CompletionChunks, Logprobs, choice_body, completion_body, header
 
 # A body larger than this is refused with 413 (`--max-body-bytes`).
 DEFAULT_MAX_BODY_BYTES = 2 * 2**20
@@ -130,10 +120,11 @@ def build_app(
     rounds are published to."""
     handover = Handover(client, llm.request_maker)
     api = CompletionsAPI(llm, client, handover, metrics, settings)
+    chat = ChatCompletions(api)
     rounds = RoundsPage(llm, client, handover, feed, settings)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat.create, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics_text, methods=["GET"]),
@@ -236,6 +227,8 @@ class CompletionsAPI:
         self.metrics = metrics
         self.settings = settings
         self.created = int(time.time())
+        # The way every completion goes once its choices are made (chat's too).
+        self.flow = CompletionFlow(handover)
 
     async def body_of(self, request: Request, model_class):
         raw = await read_body(request, self.settings.max_body_bytes)
@@ -261,10 +254,7 @@ class CompletionsAPI:
         assert isinstance(body, CompletionRequest)
         refuse_unsupported(body)
         # Counted before any prompt is tokenized: a body of 100,000 prompts is refused by its size.
-        choices = prompt_count(body) * body.n
-        if choices > self.client.max_queue:
-            refusal = Refusal(TOO_MANY_CHOICES, "n", needed=choices, limit=self.client.max_queue)
-            raise refusal_error(refusal)
+        self.refuse_too_many_choices(prompt_count(body) * body.n)
         if body.stream and body.echo and body.logprobs is not None:
             message = "echo with logprobs is not streamed; ask for it with stream: false"
             raise APIError(400, message, param="echo")
@@ -273,24 +263,29 @@ class CompletionsAPI:
         prompted = await asyncio.to_thread(self.prompted, body)
         completion_id = f"cmpl-{uuid.uuid4().hex}"
         completion = Completion(completion_id, prompted.choices, received)
-        self.handover.submit(completion)
-        answer = await completion.events.get()
-        if isinstance(answer, Refused):
-            raise refusal_error(answer.refusal)
-        assert isinstance(answer, Accepted)
-        watcher = asyncio.create_task(self.watch_disconnect(request, completion_id))
+        watcher = await self.flow.start(request, completion)
         head = header(completion_id, int(time.time()), self.settings.model_name)
         if body.stream:
-            events = self.stream(completion, body, prompted, head, watcher)
-            # Nothing between here and the client may hold the events back.
-            no_buffering = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            return StreamingResponse(events, media_type="text/event-stream", headers=no_buffering)
-        try:
-            finals = await self.collect(completion)
-        finally:
-            watcher.cancel()
+            options = body.stream_options
+            shape = CompletionChunks(
+                head,
+                prompted.texts,
+                [len(ids) for ids in prompted.ids],
+                body.n,
+                body.echo,
+                self.stream_logprobs(body, prompted, len(completion.choices)),
+                include_usage=options is not None and options.include_usage,
+            )
+            return self.flow.streamed(completion, shape, watcher)
+        finals = await self.flow.finals(completion, watcher)
         # Off the event loop: a reply of 128 choices with their logprobs takes a second to build.
         return await asyncio.to_thread(self.whole, finals, body, prompted, head)
+
+    def refuse_too_many_choices(self, choices: int) -> None:
+        """A completion of more choices than the queue could ever hold, refused at once."""
+        if choices > self.client.max_queue:
+            refusal = Refusal(TOO_MANY_CHOICES, "n", needed=choices, limit=self.client.max_queue)
+            raise refusal_error(refusal)
 
     def prompted(self, body: CompletionRequest) -> Prompted:
         """Each prompt's ids and SamplingParams, checked against the model; n choices each."""
@@ -326,30 +321,8 @@ class CompletionsAPI:
             return ""
         return tokenizer.decode(prompt)
 
-    async def watch_disconnect(self, request: Request, completion_id: str) -> None:
-        """Abort the completion once its client has gone (the body is read: the next message
-        can only be the disconnect)."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                self.handover.abort(completion_id)
-                return
-
-    async def collect(self, completion: Completion) -> list[Finished]:
-        """Every choice's final record, in choice order."""
-        finals: dict[int, Finished] = {}
-        while len(finals) < len(completion.choices):
-            event = await completion.events.get()
-            if isinstance(event, Finished):
-                finals[event.choice] = event
-        return [finals[k] for k in range(len(completion.choices))]
-
     def whole(self, finals: list[Finished], body, prompted: Prompted, head: dict) -> Response:
-        """The whole completion; a choice that failed makes it an error (500, or 503 when
-        the server shut down before it finished)."""
-        for final in finals:
-            if final.output.finish_reason in ("error", "abort"):
-                raise choice_failure(final)
+        """The whole completion, of its choices' final records (none failed)."""
         choices = []
         for final in finals:
             prompt = final.choice // body.n
@@ -358,76 +331,6 @@ class CompletionsAPI:
             choices.append(choice_body(final, text, ids, body.echo, self.llm.tokenizer))
         lengths = [len(ids) for ids in prompted.ids]
         return JSONResponse(completion_body(head, choices, lengths, finals))
-
-    async def stream(self, completion, body, prompted: Prompted, head: dict, watcher):
-        """The completion as server-sent events: each token's final text (with its logprobs
-        when asked), each choice's finish, the usage when asked, then [DONE].  A choice that
-        fails ends the stream with an error event; a client that leaves aborts it."""
-        finals: dict[int, Finished] = {}
-        options = body.stream_options
-        include_usage = options is not None and options.include_usage
-        if include_usage:
-            # OpenAI: with include_usage, every chunk has a usage, null until the last.
-            head = {**head, "usage": None}
-        try:
-            for chunk in echoed(completion, body, prompted, head):
-                yield chunk
-            logprobs = self.stream_logprobs(body, prompted, len(completion.choices))
-            while len(finals) < len(completion.choices):
-                event = await completion.events.get()
-                if isinstance(event, Token):
-                    # A token whose text is held back sends nothing, unless its logprobs.
-                    if event.text or logprobs[event.choice] is not None:
-                        yield sse(token_chunk(head, event, logprobs[event.choice]))
-                    continue
-                assert isinstance(event, Finished)
-                finals[event.choice] = event
-                if event.output.finish_reason in ("error", "abort"):
-                    async for chunk in self.ended_by(event, completion, finals, head):
-                        yield chunk
-                    return
-                yield sse(finish_chunk(head, event))
-            if include_usage:
-                lengths = [len(ids) for ids in prompted.ids]
-                ordered = [finals[k] for k in sorted(finals)]
-                yield sse(usage_chunk(head, lengths, ordered))
-            yield DONE
-        finally:
-            watcher.cancel()
-            if len(finals) < len(completion.choices):
-                # Left early (the client went, or a choice failed): the rest stop too.
-                self.handover.abort(completion.id)
-
-    async def ended_by(self, failure: Finished, completion, finals: dict, head: dict):
-        """A stream's end when one of its choices failed (or was aborted): its error, then each
-        choice still running, aborted and told (so that none is left without a finish_reason or
-        an error), then [DONE]."""
-        yield sse(choice_failure(failure).body())
-        self.handover.abort(completion.id)
-        async for final in self.rest_of(completion, finals, failure.choice):
-            if final.output.finish_reason in ("error", "abort"):
-                yield sse(choice_failure(final).body())
-            else:
-                yield sse(finish_chunk(head, final))
-        yield DONE
-
-    async def rest_of(self, completion: Completion, finals: dict[int, Finished], failed: int):
-        """The final record of each choice not yet final, once its completion is aborted (each
-        comes back from the engine's next iteration); tokens still on their way are dropped.
-        A choice aborted because another failed says so."""
-        while len(finals) < len(completion.choices):
-            try:
-                event = await asyncio.wait_for(completion.events.get(), REST_OF_TIMEOUT_S)
-            except TimeoutError:
-                return
-            if not isinstance(event, Finished):
-                continue
-            finals[event.choice] = event
-            output = event.output
-            if output.finish_reason == "abort" and output.error is None:
-                message = f"stopped because choice {failed} of this completion failed"
-                event = Finished(event.choice, replace(output, error=message), "", event.logprobs)
-            yield event
 
     def stream_logprobs(self, body, prompted: Prompted, n_choices: int) -> list:
         """Each choice's logprobs builder, or None each when logprobs were not asked for."""
@@ -439,13 +342,6 @@ class CompletionsAPI:
             start = len(prompted.texts[choice // body.n]) if body.echo else 0
             builders.append(Logprobs(tokenizer, start))
         return builders
-
-    async def chat_completions(self, request: Request) -> Response:
-        message = (
-            "GPT-2 has no chat template, so there are no chat completions; "
-            "send the text to POST /v1/completions"
-        )
-        raise APIError(400, message)
 
     # ------------------------------------------------------------------ the rest
 
@@ -503,22 +399,3 @@ class CompletionsAPI:
         if self.llm.tokenizer is None:
             raise APIError(400, "this model has no tokenizer; send token ids")
         return self.llm.tokenizer
-
-
-def echoed(completion: Completion, body, prompted: Prompted, head: dict):
-    """With echo, each choice's prompt first, as a chunk of its own."""
-    if not body.echo:
-        return
-    for choice in range(len(completion.choices)):
-        text = prompted.texts[choice // body.n]
-        chunk = {"index": choice, "text": text, "logprobs": None, "finish_reason": None}
-        yield sse({**head, "choices": [chunk]})
-
-
-def choice_failure(final: Finished) -> APIError:
-    """The error a failed or aborted choice is answered with."""
-    if final.output.finish_reason == "abort":
-        message = final.output.error or "the completion was aborted"
-        return APIError(503, f"choice {final.choice}: {message}", code="aborted")
-    message = final.output.error or "it failed"
-    return APIError(500, f"choice {final.choice} failed: {message}", code="request_failed")

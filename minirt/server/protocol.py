@@ -1,11 +1,14 @@
 """What a client may send, checked: the request bodies of the HTTP API, as pydantic models.
 
 Owns: `CompletionRequest` (the body of `POST /v1/completions`, OpenAI's fields and vLLM's extras),
-`TokenizeRequest`, `DetokenizeRequest` and `ExerciseRequest` (the round-grid page's exercise);
+`ChatCompletionRequest` (the body of `POST /v1/chat/completions`: its messages are checked as
+the template sees them, minirt/chat_template.py), `TokenizeRequest`, `DetokenizeRequest` and
+`ExerciseRequest` (the round-grid page's exercise);
 `parse_body`, which turns raw bytes into one of them or an `APIError` naming the field;
 `prompts_of`, the prompts a completion asks for; and
-`sampling_params`, a prompt's `SamplingParams` from the body, with OpenAI's defaults where it is
-silent and every refusal naming its field as the API spells it.
+`sampling_params`, a prompt's `SamplingParams` from the body (`sampling_fields`, or
+`chat_sampling_fields`), with OpenAI's defaults where it is silent and every refusal naming its
+field as the API spells it.
 
 Types are strict: "5" is not 5, and true is not 1.  A field minirt does not know, or knows but
 does not support (`suffix`, `best_of` > 1, `min_tokens` > 0), is a 400 naming it, never ignored.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -122,15 +126,7 @@ class CompletionRequest(Body):
         """The bounds a field's length alone breaks, counted on the parsed JSON before pydantic
         looks at one item (its work grows with them: half a million prompts took it half a
         second, on the event loop).  A field of the wrong type is left to pydantic."""
-        stop = body.get("stop")
-        if isinstance(stop, list):
-            refuse_too_many_stops(len(stop))
-        logit_bias = body.get("logit_bias")
-        if isinstance(logit_bias, dict):
-            refuse_too_many_biases(len(logit_bias))
-        stop_token_ids = body.get("stop_token_ids")
-        if isinstance(stop_token_ids, list):
-            refuse_too_many_stop_ids(len(stop_token_ids))
+        refuse_long_lists(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, list) or not prompt:
             return
@@ -144,6 +140,57 @@ class CompletionRequest(Body):
         for ids in id_lists:
             if len(ids) > limits.most_ids:
                 raise APIError(400, prompt_too_long(len(ids), limits.most_ids), "prompt")
+
+
+class ChatCompletionRequest(Body):
+    """`POST /v1/chat/completions`: OpenAI's fields, then vLLM's extras (None: the default).
+    Its messages are checked as the template sees them (minirt/chat_template.py), where each
+    error names the message and field."""
+
+    messages: list[Any]
+    # OpenAI's chat sets no default: as many as the context holds.
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extras.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @classmethod
+    def refuse_by_count(cls, body: dict, limits: ItemLimits) -> None:
+        refuse_long_lists(body)
+
+
+def refuse_long_lists(body: dict) -> None:
+    """The bounds of a generating body's lists (stop, logit_bias, stop_token_ids), counted on
+    the parsed JSON before pydantic looks at one item."""
+    stop = body.get("stop")
+    if isinstance(stop, list):
+        refuse_too_many_stops(len(stop))
+    logit_bias = body.get("logit_bias")
+    if isinstance(logit_bias, dict):
+        refuse_too_many_biases(len(logit_bias))
+    stop_token_ids = body.get("stop_token_ids")
+    if isinstance(stop_token_ids, list):
+        refuse_too_many_stop_ids(len(stop_token_ids))
 
 
 class TokenizeRequest(Body):
@@ -293,19 +340,36 @@ def refuse_unsupported(body: CompletionRequest) -> None:
     if body.best_of is not None and body.best_of != 1:
         message = f"best_of must be 1 or left out (no best-of search here), got {body.best_of}"
         raise APIError(400, message + "; for more samples ask for n", "best_of")
+    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
+        message = f"logprobs must be from 0 to {MAX_LOGPROBS}, got {body.logprobs}"
+        raise APIError(400, message, "logprobs")
+    refuse_unsupported_alike(body)
+
+
+def refuse_unsupported_chat(body: ChatCompletionRequest) -> None:
+    """A chat body's fields minirt cannot honour, and OpenAI's bounds."""
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
+        message = f"top_logprobs must be from 0 to {MAX_LOGPROBS}, got {body.top_logprobs}"
+        raise APIError(400, message, "top_logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        message = "top_logprobs needs logprobs: true (OpenAI's rule)"
+        raise APIError(400, message, "top_logprobs")
+    refuse_unsupported_alike(body)
+
+
+def refuse_unsupported_alike(body: CompletionRequest | ChatCompletionRequest) -> None:
+    """What completions and chat refuse alike: min_tokens, n out of OpenAI's bounds,
+    stream_options without a stream, and the bounds of a field's size."""
     if body.min_tokens != 0:
         raise APIError(400, "min_tokens is not supported; use ignore_eos", "min_tokens")
     if not 1 <= body.n <= MAX_N:
         raise APIError(400, f"n must be from 1 to {MAX_N}, got {body.n}", "n")
-    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
-        message = f"logprobs must be from 0 to {MAX_LOGPROBS}, got {body.logprobs}"
-        raise APIError(400, message, "logprobs")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
     refuse_oversized(body)
 
 
-def refuse_oversized(body: CompletionRequest) -> None:
+def refuse_oversized(body: CompletionRequest | ChatCompletionRequest) -> None:
     """The bounds that a field's size alone breaks, checked by counting, before any work per item
     (each of these is paid for every round, on the engine's thread).  parse_body counts the lists
     before pydantic does; this holds for a body made otherwise too."""
@@ -369,20 +433,52 @@ def prompt_count(body: CompletionRequest) -> int:
 
 def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) -> dict:
     """The body's settings in SamplingParams' names, OpenAI's defaults where it is silent."""
-    if body.max_tokens is None:
-        # As long as the context allows.
-        max_tokens = max(1, n_positions - prompt_len)
+    max_tokens = checked_max_tokens(body.max_tokens, "max_tokens", prompt_len, n_positions)
+    # echo with logprobs: the prompt's tokens get theirs too.
+    prompt_logprobs = 0 if body.echo and body.logprobs is not None else None
+    return shared_fields(body, max_tokens, body.logprobs, prompt_logprobs)
+
+
+def chat_sampling_fields(body: ChatCompletionRequest, prompt_len: int, n_positions: int) -> dict:
+    """A chat body's settings in SamplingParams' names (`chat_api_names` says how the API spells
+    them): max_completion_tokens, else max_tokens; top_logprobs alternatives with logprobs."""
+    if body.max_completion_tokens is not None:
+        asked = checked_max_tokens(
+            body.max_completion_tokens, "max_completion_tokens", prompt_len, n_positions
+        )
     else:
-        max_tokens = body.max_tokens
-        if max_tokens >= 1 and prompt_len + max_tokens > n_positions:
-            # vLLM's answer too: a request that cannot be served as asked is refused, not cut.
-            message = (
-                f"this model's context is {n_positions} tokens, and this asks for "
-                f"{prompt_len} of prompt and {max_tokens} new; lower max_tokens to at most "
-                f"{max(0, n_positions - prompt_len)}, or send null for as many as the context "
-                "holds"
-            )
-            raise APIError(400, message, "max_tokens")
+        asked = checked_max_tokens(body.max_tokens, "max_tokens", prompt_len, n_positions)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return shared_fields(body, asked, logprobs, None)
+
+
+def chat_api_names(body: ChatCompletionRequest) -> dict[str, str]:
+    """The chat API's names of SamplingParams' fields, for its refusals."""
+    if body.max_completion_tokens is not None:
+        return {"max_tokens": "max_completion_tokens", "logprobs": "top_logprobs"}
+    return {"logprobs": "top_logprobs"}
+
+
+def checked_max_tokens(max_tokens: int | None, name: str, prompt_len: int, n_positions: int):
+    """The tokens to generate: `max_tokens` (the API's `name`), or as many as the context
+    allows when None; more than the context holds beside the prompt is refused."""
+    if max_tokens is None:
+        # As long as the context allows.
+        return max(1, n_positions - prompt_len)
+    if max_tokens >= 1 and prompt_len + max_tokens > n_positions:
+        # vLLM's answer too: a request that cannot be served as asked is refused, not cut.
+        message = (
+            f"this model's context is {n_positions} tokens, and this asks for "
+            f"{prompt_len} of prompt and {max_tokens} new; lower {name} to at most "
+            f"{max(0, n_positions - prompt_len)}, or send null for as many as the context "
+            "holds"
+        )
+        raise APIError(400, message, name)
+    return max_tokens
+
+
+def shared_fields(body, max_tokens: int, logprobs: int | None, prompt_logprobs) -> dict:
+    """The settings completions and chat spell alike, OpenAI's defaults where it is silent."""
     fields = {
         "max_tokens": max_tokens,
         "temperature": DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
@@ -398,21 +494,22 @@ def sampling_fields(body: CompletionRequest, prompt_len: int, n_positions: int) 
         "frequency_penalty": body.frequency_penalty or 0.0,
         "repetition_penalty": 1.0 if body.repetition_penalty is None else body.repetition_penalty,
         "logit_bias": body.logit_bias,
-        "logprobs": body.logprobs,
-        # echo with logprobs: the prompt's tokens get theirs too.
-        "prompt_logprobs": 0 if body.echo and body.logprobs is not None else None,
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
         "n": body.n,
     }
     assert set(fields) <= set(FIELD_NAMES)
     return fields
 
 
-def sampling_params(fields: dict) -> SamplingParams:
-    """SamplingParams of these fields; a refusal names the field as the API spells it."""
+def sampling_params(fields: dict, api_names: dict[str, str] | None = None) -> SamplingParams:
+    """SamplingParams of these fields; a refusal names the field as the API spells it
+    (`api_names`: a route's own spellings, default completions')."""
+    names = API_NAMES if api_names is None else api_names
     refused = first_refused_field(SamplingParams(), fields)
     if refused is not None:
         name, rule = refused
-        api_name = API_NAMES.get(name, name)
+        api_name = names.get(name, name)
         shown = json.dumps(fields[name])
         message = f"{rule.replace(name, api_name, 1)}, got {shown}"
         raise APIError(400, message, param=api_name)
@@ -421,5 +518,5 @@ def sampling_params(fields: dict) -> SamplingParams:
     except RequestError as exc:
         # Refusals of two fields together (none today): the field that opens the message.
         named = str(exc).split(" ")[0]
-        param = API_NAMES.get(named, named if named in fields else None)
+        param = names.get(named, named if named in fields else None)
         raise APIError(400, str(exc), param=param) from None

@@ -1,11 +1,12 @@
 """What a client gets back: completions in OpenAI's shapes, whole or as server-sent events.
 
 Owns: the JSON of a completion (`completion_body`), of each streamed chunk (`token_chunk`,
-`finish_chunk`, `usage_chunk`), OpenAI's `logprobs` object (`Logprobs`: tokens, token_logprobs,
+`finish_chunk`, `usage_chunk`, and `CompletionChunks`, which words a stream's chunks for
+minirt/server/completion_flow.py), OpenAI's `logprobs` object (`Logprobs`: tokens, token_logprobs,
 top_logprobs, text_offset), the `usage` count, minirt's own per-choice fields under "minirt"
 (`batching_fields`: the static group, the first and last round, the rounds waited, the token
-ids), and the
-server-sent event framing (`sse`, `DONE`).
+ids; chat's answers use them too, minirt/server/chat_responses.py), and the server-sent event
+framing (`sse`, `DONE`).
 
 A token's string is the token decoded alone (a piece of a character shows as U+FFFD; without a
 tokenizer, vLLM's "token_id:N"); its text_offset is where its text starts in the choice's text
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 from ..loading.tokenizer import Tokenizer
 from ..engine.client import Finished, Token
@@ -162,6 +164,50 @@ def finish_chunk(head: dict, final: Finished) -> dict:
 
 def usage_chunk(head: dict, prompt_lengths: list[int], finals: list[Finished]) -> dict:
     return {**head, "choices": [], "usage": usage(prompt_lengths, finals)}
+
+
+@dataclass
+class CompletionChunks:
+    """A completion's streamed chunks (completion_flow.py's `ChunkShape`): with echo, each
+    choice's prompt first; each token's final text, with its logprobs when asked (a token whose
+    text is held back sends nothing, unless its logprobs); the usage when asked, in which case
+    every chunk has a `usage`, null until the last (OpenAI's)."""
+
+    head: dict
+    # Each prompt's text (echoed) and length; choice i is prompt i // n's.
+    prompt_texts: list[str]
+    prompt_lengths: list[int]
+    n: int
+    echo: bool
+    # Each choice's Logprobs builder, or None each when logprobs were not asked for.
+    logprobs: list[Logprobs | None]
+    include_usage: bool
+
+    def __post_init__(self):
+        if self.include_usage:
+            self.head = {**self.head, "usage": None}
+
+    def opening(self):
+        if not self.echo:
+            return
+        for choice in range(len(self.logprobs)):
+            text = self.prompt_texts[choice // self.n]
+            chunk = {"index": choice, "text": text, "logprobs": None, "finish_reason": None}
+            yield {**self.head, "choices": [chunk]}
+
+    def token(self, event: Token) -> dict | None:
+        logprobs = self.logprobs[event.choice]
+        if event.text or logprobs is not None:
+            return token_chunk(self.head, event, logprobs)
+        return None
+
+    def finish(self, final: Finished) -> dict:
+        return finish_chunk(self.head, final)
+
+    def usage(self, finals: list[Finished]) -> dict | None:
+        if not self.include_usage:
+            return None
+        return usage_chunk(self.head, self.prompt_lengths, finals)
 
 
 def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, tokenizer) -> dict:

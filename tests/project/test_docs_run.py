@@ -31,8 +31,10 @@ def run_block(block: str, tmp_path) -> subprocess.CompletedProcess:
 
 
 def test_the_blocks_are_found():
-    """The pattern has teeth: api.md holds five examples, and README's first is the vLLM-shaped one."""
-    assert len(BLOCKS) == 6
+    """The pattern has teeth: api.md holds six examples (its chat one too), and README's first is the
+    vLLM-shaped one."""
+    assert len(BLOCKS) == 7
+    assert any("llm.chat(" in block for _, _, block in BLOCKS)
     assert "out.outputs[0]" in BLOCKS[-1][2]
 
 

@@ -7,15 +7,17 @@ The folders, from the bottom up (each may import the ones before it, never the o
     loading/       checkpoint, safetensors header, tokenizer, JSON    errors, model
     engine/        params, sampler, request, scheduler, the loop      errors, model (token ids in, never text)
     request_maker.py  prompts and parameters into requests            errors, model, loading, engine
-    llm.py         the Python API                                     errors, model, loading, engine, request_maker
+    chat_template.py  a model's chat template (jinja2 only here)      errors, loading (and model, below it)
+    llm.py         the Python API                                     errors, model, loading, engine, request_maker,
+                                                                      chat_template
     cli/           what the commands share                            all of the above
     distributed/   Ray Data (ray only in distributed/ray_data.py)     all of the above and cli
     server/        `minirt serve` (its web stack only there)          all of the above but distributed
     the commands   generate, evaluate, rounds, inspect, serve, __main__  anything (server/: serve alone)
 
 Third-party imports: numpy, safetensors and tokenizers anywhere; cupy only in model/backend.py (and the
-tests); ray only in distributed/ray_data.py; the web stack only in server/.  Functions are at most 50 lines
-and lines at most 100 characters; `ruff format --check` holds the rest of the layout (tests/project/test_lint.py).
+tests); ray only in distributed/ray_data.py; the web stack only in server/; jinja2 only in chat_template.py.
+Functions are at most 50 lines and lines at most 100 characters; `ruff format --check` holds the rest of the layout (tests/project/test_lint.py).
 """
 
 import ast
@@ -30,6 +32,8 @@ PACKAGE = ROOT / "minirt"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 COMMANDS = {"generate", "evaluate", "rounds", "inspect", "serve", "__main__"}
 
+# The Python API and every part below it.
+THE_API = {"errors", "model", "loading", "engine", "request_maker", "chat_template", "llm"}
 # What each part of minirt may import from minirt (by its top-level part: a folder or a module).
 MAY_IMPORT = {
     "errors": set(),
@@ -38,12 +42,14 @@ MAY_IMPORT = {
     # The engine takes token ids and a detokenizer object: it never reads a tokenizer's files.
     "engine": {"errors", "model"},
     "request_maker": {"errors", "model", "loading", "engine"},
-    "llm": {"errors", "model", "loading", "engine", "request_maker"},
+    # A model's chat template, rendered: it knows files and text, never requests or the engine.
+    "chat_template": {"errors", "model", "loading"},
+    "llm": {"errors", "model", "loading", "engine", "request_maker", "chat_template"},
     # __init__: the version.
-    "cli": {"errors", "model", "loading", "engine", "request_maker", "llm", "__init__"},
-    "distributed": {"errors", "model", "loading", "engine", "request_maker", "llm", "cli"},
-    "server": {"errors", "model", "loading", "engine", "request_maker", "llm", "cli"},
-    "__init__": {"errors", "model", "loading", "engine", "request_maker", "llm"},
+    "cli": THE_API | {"__init__"},
+    "distributed": THE_API | {"cli"},
+    "server": THE_API | {"cli"},
+    "__init__": THE_API,
 }
 EVERYWHERE = {"numpy", "safetensors", "tokenizers"}
 ONLY_IN = {  # a third-party package, and the only files (relative to minirt/) or folders that may import it
@@ -55,6 +61,7 @@ ONLY_IN = {  # a third-party package, and the only files (relative to minirt/) o
     "uvicorn": ("server/",),
     "pydantic": ("server/",),
     "prometheus_client": ("server/",),
+    "jinja2": ("chat_template.py",),
 }
 
 

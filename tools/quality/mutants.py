@@ -1342,7 +1342,7 @@ MUTANTS = [
     ),
     Mutant(
         "server_ignores_a_waiting_clients_disconnect",
-        "minirt/server/app.py",
+        "minirt/server/completion_flow.py",
         '            if message["type"] == "http.disconnect":\n                self.handover.abort(completion_id)',
         '            if message["type"] == "http.disconnect":\n                pass',
         "a client that leaves while its completion waits or runs unstreamed is still computed",
@@ -1426,7 +1426,7 @@ MUTANTS = [
     ),
     Mutant(
         "server_failed_choice_answered_200",
-        "minirt/server/app.py",
+        "minirt/server/completion_flow.py",
         '            if final.output.finish_reason in ("error", "abort"):\n                raise choice_failure(final)',
         '            if final.output.finish_reason in ("abort",):\n                raise choice_failure(final)',
         "a completion whose logits went NaN is answered 200 as if it had finished",
@@ -1454,9 +1454,9 @@ MUTANTS = [
     ),
     Mutant(
         "server_stream_cuts_at_a_finished_choice",
-        "minirt/server/app.py",
-        "                yield sse(finish_chunk(head, event))",
-        "                yield sse(finish_chunk(head, event))\n                break",
+        "minirt/server/completion_flow.py",
+        "                yield sse(shape.finish(event))",
+        "                yield sse(shape.finish(event))\n                break",
         "with n > 1, a stream ends when its first choice does",
     ),
     # ---- the round grid: the engine's records, the feed, the page, the batch window and the delay
@@ -2182,7 +2182,7 @@ MUTANTS = [
     ),
     Mutant(
         "failed_stream_leaves_the_rest_unreported",
-        "minirt/server/app.py",
+        "minirt/server/completion_flow.py",
         "        self.handover.abort(completion.id)\n        async for final in self.rest_of(",
         "        self.handover.abort(completion.id)\n        yield DONE\n        return\n        async for final in self.rest_of(",
         "when one choice of a stream fails, the stream ends: the others get neither a finish_reason nor an error",
@@ -2219,7 +2219,7 @@ MUTANTS = [
     ),
     Mutant(
         "cut_whole_completion_a_500",
-        "minirt/server/app.py",
+        "minirt/server/completion_flow.py",
         'return APIError(503, f"choice {final.choice}: {message}", code="aborted")',
         'return APIError(500, f"choice {final.choice}: {message}", code="aborted")',
         "a whole completion cut by the shutdown is a 500, as if the server had failed",
@@ -2664,6 +2664,42 @@ MUTANTS = [
         '        "batch_invariant": args.batch_invariant,\n',
         "",
         "generate --ray --batch-invariant: the workers run the default mode",
+    ),
+    # ---- chat (#41): the template, its encoding, the chat route's stream
+    Mutant(
+        "chat_prompt_gets_a_second_bos",
+        "minirt/llm.py",
+        "return self.tokenizer.encode(text, add_special_tokens=False)",
+        "return self.tokenizer.encode(text)",
+        "a rendered conversation is encoded with the tokenizer's BOS in front of the template's own",
+    ),
+    Mutant(
+        "chat_tojson_escapes_non_ascii",
+        "minirt/chat_template.py",
+        "value, ensure_ascii=ensure_ascii, indent=indent",
+        "value, ensure_ascii=True, indent=indent",
+        "tojson writes é as \\u00e9, not as transformers does",
+    ),
+    Mutant(
+        "chat_jinja_file_ignored",
+        "minirt/chat_template.py",
+        "if jinja_path.exists() or broken_link(jinja_path):",
+        "if False:",
+        "chat_template.jinja (how transformers saves a template now) is never read",
+    ),
+    Mutant(
+        "chat_parts_joined",
+        "minirt/chat_template.py",
+        '            raise RequestError(f"{at}.text must be a string, got {part.get(\'text\')!r}", "messages")\n    return content',
+        '            raise RequestError(f"{at}.text must be a string, got {part.get(\'text\')!r}", "messages")\n    return "\\n".join(part["text"] for part in content)',
+        "a list of text parts reaches the template as one string, not the list transformers passes",
+    ),
+    Mutant(
+        "chat_stream_opens_without_the_role",
+        "minirt/server/chat_responses.py",
+        'opening = self.choice(index, {"role": "assistant", "content": ""})',
+        'opening = self.choice(index, {"content": ""})',
+        "a streamed chat answer never says its role is the assistant's",
     ),
 ]
 
