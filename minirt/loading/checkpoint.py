@@ -1,4 +1,4 @@
-"""Finding a GPT-2 checkpoint on disk and reading its weights, zero-copy where possible.
+"""Finding a checkpoint on disk and reading its weights, zero-copy where possible.
 
 Owns:
   * where a model name points: a folder, or a hub id looked up in the local
@@ -10,8 +10,9 @@ Owns:
   * reading safetensors files (single or sharded) by memory-mapping them, so an
     fp32 checkpoint used in fp32 is never copied into memory by us, and a shard
     index's weight_map (an object of file names, not empty), blamed by name;
-  * the canonical tensor names (`wte.weight`, `h.0.attn.c_attn.weight`, ...,
-    without the `transformer.` prefix) and the shape every one must have;
+  * the canonical tensor names (GPT-2's `wte.weight`, `h.0.attn.c_attn.weight`, ...,
+    without the `transformer.` prefix; the Llama family's `layers.0.mlp.up_proj.weight`, ...,
+    without `model.`) and the shape every one must have (the family's, minirt/model/);
   * checking every tensor against the config: missing, unexpected, wrong shape,
     wrong dtype, in two shards, each reported in one line (tensor names quoted,
     so that a name such as '' shows).
@@ -60,8 +61,8 @@ WEIGHT_DTYPES: dict[str, np.dtype] = {
     "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),
 }
-# Old checkpoints' causal-mask buffers: not learned.
-MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+# Old checkpoints' buffers, not learned: GPT-2's causal masks, Llama 2's rotary frequencies.
+MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 def hub_cache_roots() -> list[Path]:
@@ -349,11 +350,28 @@ def check_files_can_hold(config: ModelConfig, files: list[Path], source: Path) -
         )
 
 
+def check_entry(path: Path, raw_name: str, entry: TensorEntry, want: tuple[int, ...]) -> None:
+    """A tensor of the shape the config implies, in a dtype minirt reads; else CheckpointError."""
+    if entry.shape != want:
+        raise CheckpointError(
+            f"{path}: tensor {raw_name!r} has shape {list(entry.shape)}, but config.json "
+            f"implies {list(want)}; the weights and config.json do not belong together"
+        )
+    if entry.dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(
+            f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
+            "minirt reads F32, F16 and BF16 weights"
+        )
+
+
 def read_tensors(
-    headers: list[tuple[Path, dict[str, TensorEntry], int]], allowed: dict[str, tuple[int, ...]]
+    headers: list[tuple[Path, dict[str, TensorEntry], int]],
+    allowed: dict[str, tuple[int, ...]],
+    prefix: str = "transformer.",
 ) -> tuple[dict[str, np.ndarray], dict[str, str], list[str]]:
     """(tensors, their file dtypes, both by canonical name; the names of unexpected tensors) of
-    every file, each tensor mapped once its shape and dtype are checked against `allowed`."""
+    every file, each tensor mapped once its shape and dtype are checked against `allowed`.  A
+    canonical name is the name as written without the family's `prefix`."""
     tensors: dict[str, np.ndarray] = {}
     file_dtypes: dict[str, str] = {}
     unexpected: list[str] = []
@@ -363,7 +381,7 @@ def read_tensors(
         file_map = np.memmap(path, dtype=np.uint8, mode="r") if entries else None  # [file bytes]
         for raw_name, entry in entries.items():
             # The canonical name.
-            name = raw_name.removeprefix("transformer.")
+            name = raw_name.removeprefix(prefix)
             if name.endswith(MASK_BUFFER_SUFFIXES):
                 continue
             if name not in allowed:
@@ -374,24 +392,14 @@ def read_tensors(
                 if first_path == path:
                     raise CheckpointError(
                         f"{path}: tensor {name!r} appears twice, as {first_name!r} and "
-                        f"{raw_name!r} (with and without the 'transformer.' prefix)"
+                        f"{raw_name!r} (with and without the {prefix!r} prefix)"
                     )
                 raise CheckpointError(
                     f"{path}: tensor {raw_name!r} is also in {first_path} (as {first_name!r}); "
                     "a tensor belongs in one shard: re-download the model"
                 )
             seen_in[name] = (path, raw_name)
-            want = allowed[name]
-            if entry.shape != want:
-                raise CheckpointError(
-                    f"{path}: tensor {raw_name!r} has shape {list(entry.shape)}, but config.json "
-                    f"implies {list(want)}; the weights and config.json do not belong together"
-                )
-            if entry.dtype not in WEIGHT_DTYPES:
-                raise CheckpointError(
-                    f"{path}: tensor {raw_name!r} has dtype {entry.dtype}; "
-                    "minirt reads F32, F16 and BF16 weights"
-                )
+            check_entry(path, raw_name, entry, allowed[name])
             # A file with tensor entries is mapped.
             assert file_map is not None
             tensors[name] = map_tensor(file_map, data_offset, entry)
@@ -413,7 +421,7 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
     expected = family.expected_shapes(config)
     # An untied head is optional.
     allowed = {**expected, "lm_head.weight": (config.vocab_size, config.n_embd)}
-    tensors, file_dtypes, unexpected = read_tensors(headers, allowed)
+    tensors, file_dtypes, unexpected = read_tensors(headers, allowed, family.prefix)
     # The whole folder has been read: now what is wrong with it as a whole.
     if unexpected:
         raise CheckpointError(
@@ -434,8 +442,8 @@ def load_checkpoint(model: str | os.PathLike) -> Checkpoint:
         )
     if head_is_tied:
         # The same array, not a copy.
-        tensors["lm_head.weight"] = tensors["wte.weight"]
-        file_dtypes["lm_head.weight"] = file_dtypes["wte.weight"]
+        tensors["lm_head.weight"] = tensors[family.embedding]
+        file_dtypes["lm_head.weight"] = file_dtypes[family.embedding]
     return Checkpoint(
         folder=folder,
         config=config,

@@ -1,7 +1,8 @@
 """The elementwise chains of the layers, and their fusion: one GPU kernel each.
 
 Owns: the runs of elementwise arithmetic the layers make (GELU; layer norm's centring, and its
-normalise, scale and shift; softmax's subtract and exp, and its divide), each written once as a
+normalise, scale and shift; RMSNorm's normalise and scale; SwiGLU's gate; RoPE's rotation;
+softmax's subtract and exp, and its divide), each written once as a
 function of `xp` and arrays, and `elementwise_chains`, which binds them to one array module:
 NumPy runs each as written, and CuPy compiles each into one kernel (`cupy.fuse`).  A decode step
 on a GPU is bound by how many kernels it launches, not by its arithmetic, so this is where the
@@ -70,6 +71,26 @@ def normalize_scale_shift(xp, centered, square_total, n, eps, weight, bias):
     centered += bias
 
 
+def rms_normalize_scale(xp, x32, square_total, n, eps, weight):
+    """RMSNorm's tail, as a new fp32 array: each token's features over their root mean square
+    (from the sum of their squares), times the learned scale (transformers' LlamaRMSNorm:
+    x * rsqrt(mean(x^2) + eps), then the weight)."""
+    return x32 * (1.0 / xp.sqrt(square_total / n + eps)) * weight  # [N, C]
+
+
+def silu_times(xp, gate, up):
+    """SwiGLU's gate: SiLU(gate) * up, where SiLU(g) = g * sigmoid(g) = g * 1 / (1 + e^-g), as a
+    new array (a hidden g below -88 in fp32 makes e^-g inf and its sigmoid 0, not NaN)."""
+    return gate * (1.0 / (1.0 + xp.exp(-gate))) * up  # [N, I]
+
+
+def rotate_pairs(xp, x, swapped, cos, signed_sin):
+    """RoPE's rotation as one expression, a new array: x cos + swapped sin, where `swapped` holds
+    each feature's partner in its pair and `signed_sin` is negative on the first half, so that a
+    pair (a, b) becomes (a cos - b sin, b cos + a sin) (minirt/model/rope.py)."""
+    return x * cos + swapped * signed_sin  # [N, heads, D]
+
+
 def shift_and_exp(xp, scores, row_max):
     """Softmax's unnormalised weights, in place in `scores`: exp(score - the row's max), so each
     row's largest is 1."""
@@ -91,6 +112,9 @@ class Chains:
     gelu_erf: Callable
     centered_on_mean: Callable
     normalize_scale_shift: Callable
+    rms_normalize_scale: Callable
+    silu_times: Callable
+    rotate_pairs: Callable
     shift_and_exp: Callable
     weighted_mean_or_zero: Callable
 
@@ -115,6 +139,9 @@ def elementwise_chains(xp) -> Chains:
         gelu_erf=bound(gelu_erf),
         centered_on_mean=bound(centered_on_mean),
         normalize_scale_shift=bound(normalize_scale_shift),
+        rms_normalize_scale=bound(rms_normalize_scale),
+        silu_times=bound(silu_times),
+        rotate_pairs=bound(rotate_pairs),
         shift_and_exp=bound(shift_and_exp),
         weighted_mean_or_zero=bound(weighted_mean_or_zero),
     )

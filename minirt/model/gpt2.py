@@ -24,20 +24,14 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from ..errors import InputError
 from .backend import Backend
 from .config import GPT2Config
-from .batch import Batch, check_token_ids
+from .batch import Batch
+from .decoder import DecoderModel
 from .fusion import Chains, elementwise_chains
 from .kv_cache import KVCache, LayerKV
-from .invariant import (
-    HEAD_TILE_ROWS,
-    RowTiles,
-    attend_exactly,
-    candidate_heights,
-    probe_row_tiles,
-)
-from .layers import LayerNorm, Linear, attend, layer_norm, linear, lm_head, mlp
+from .invariant import RowTiles, attend_exactly, probe_model_tiles
+from .layers import LayerNorm, Linear, attend, layer_norm, linear, mlp
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
@@ -186,8 +180,9 @@ class LoadedWeights(Protocol):
     def head_is_tied(self) -> bool: ...
 
 
-class GPT2:
-    """GPT-2's weights on a backend, and the forward pass over one round."""
+class GPT2(DecoderModel):
+    """GPT-2's weights on a backend, and its layers of the forward pass over one round (the pass
+    itself is minirt/model/decoder.py's)."""
 
     def __init__(
         self, checkpoint: LoadedWeights, backend: Backend, dtype, batch_invariant: bool = False
@@ -224,6 +219,8 @@ class GPT2:
         self.wpe = p["wpe.weight"]  # [P, C]
         self.blocks = [block_weights(p, i) for i in range(self.config.n_layer)]
         self.ln_f = LayerNorm(p["ln_f.weight"], p["ln_f.bias"])
+        # Beside params: the head, and the embedding when untied (n_params counts them).
+        self.tables = [self.wte_t]
         # Exact batch invariance: the weight products in calls of fixed heights, which the BLAS
         # is probed for here (minirt/model/invariant.py).
         self.batch_invariant = batch_invariant
@@ -234,134 +231,28 @@ class GPT2:
 
     def probed_tiles(self) -> tuple[RowTiles, RowTiles]:
         """Exact mode's heights for the blocks' weight products and for the head: those at which
-        the BLAS gives a row the same bits wherever it sits, probed on one weight of each shape.
-        The head's calls are kept to HEAD_TILE_ROWS rows: taller ones would only speed up scoring
-        every position, and would cost the probe a second or more."""
+        the BLAS gives a row the same bits wherever it sits, probed on one weight of each shape
+        (minirt/model/invariant.py).  Layer norm runs in calls of the same heights; its rows are
+        checked too."""
         block = self.blocks[0]
-        heights = candidate_heights(self.xp, self.dtype)
-        one_of_each_shape = {
-            weight.shape: (weight, max(heights))
-            for weight in (
-                block.attn.c_attn.weight,
-                block.attn.c_proj.weight,
-                block.mlp.c_fc.weight,
-                block.mlp.c_proj.weight,
-            )
-        }
-        one_of_each_shape[("head",)] = (self.head_weight, HEAD_TILE_ROWS)
-        # Layer norm runs in calls of the same heights; its rows are checked too.
+        weights = [block.attn.c_attn.weight, block.attn.c_proj.weight]
+        weights += [block.mlp.c_fc.weight, block.mlp.c_proj.weight]
         eps = self.config.layer_norm_epsilon
 
         def norm(rows):
             return layer_norm(self.xp, self.chains, rows, block.ln_1, eps)
 
         row_functions = [("layer norm", self.config.n_embd, norm)]
-        tiles = probe_row_tiles(self.xp, list(one_of_each_shape.values()), heights, row_functions)
-        return tiles, tiles.capped(HEAD_TILE_ROWS)
+        return probe_model_tiles(self.xp, self.dtype, weights, self.head_weight, row_functions)
 
-    @property
-    def n_params(self) -> int:
-        """Learned numbers, counting a tied head once."""
-        tables = {id(a): a for a in (self.head_weight, self.wte_t)}.values()
-        return sum(int(array.size) for array in [*self.params.values(), *tables])
-
-    def new_kv_cache(self, n_slots: int, capacity: int) -> KVCache:
-        """Preallocate KV buffers for n_slots requests of up to `capacity` positions each."""
-        c = self.config
-        if capacity > c.n_positions:
-            raise ValueError(
-                f"KV capacity {capacity} exceeds the model's context of {c.n_positions} positions"
-            )
-        return KVCache(self.xp, c.n_layer, c.n_kv_head, c.head_dim, n_slots, capacity, self.dtype)
-
-    def forward(self, batch: Batch, kv_cache: KVCache | None = None, logits_at=None):
-        """One forward pass of a round; returns fp32 logits [M, V] on the backend.  `logits_at`
-        picks the packed tokens whose logits come back: by default each row's last token, where its
-        next token comes from (the head, the biggest GEMM of a small model, runs on those alone).
-        With a `kv_cache`, each row's new keys are written to its slot and the slot's length
-        advances.  Everything fed in is checked here, on the host: on CuPy an index out of range
-        wraps around silently, where NumPy raises."""
+    def hidden_states(self, batch: Batch, kv_cache: KVCache | None):
+        """The round's tokens embedded (token plus learned position), through every block, and
+        the last layer norm: [N, C]."""
         xp = self.xp
-        c = self.config
-        self.check_round(batch)
-        at = self.rows_for_logits(batch, logits_at)  # [M] or None: each row's last token
-        # Without a cache there is no history to attend to.
-        if kv_cache is None and batch.past_lens.any():
-            raise InputError(
-                "a round with past keys (past_lens > 0) needs the KV cache that holds them"
-            )
-        if kv_cache is not None:
-            kv_cache.prepare_round(batch)
-        # NaN/inf weights, float16 overflow: callers check.
-        with np.errstate(over="ignore", invalid="ignore"):
-            device = batch.device
-            x = embed(self.wte_t, self.wpe, device.token_ids, device.positions)  # [N, C]
-            for i, block in enumerate(self.blocks):
-                kv = None if kv_cache is None else kv_cache.layer(i)
-                x = transformer_block(xp, self.chains, x, block, c, batch, kv, self.tiles)
-            eps = c.layer_norm_epsilon
-            x = layer_norm(xp, self.chains, x, self.ln_f, eps, self.tiles)  # [N, C]
-            if kv_cache is not None:
-                kv_cache.advance(batch)
-            if at is None:
-                # At decode every token is some row's last: no gather.
-                if batch.last_index.size != batch.n_tokens:
-                    x = x[device.last_index]  # [M, C]
-            elif at.size != batch.n_tokens or not np.array_equal(at, np.arange(batch.n_tokens)):
-                x = x[self.backend.asarray(at)]  # [M, C]
-            return lm_head(xp, x, self.head_weight, self.head_tiles)  # [M, V] fp32
-
-    def check_round(self, batch: Batch) -> None:
-        """Refuse (InputError) a round whose token ids or positions the model has no row for."""
-        c = self.config
-        if int(batch.positions.max(initial=0)) >= c.n_positions:
-            raise InputError(
-                f"a position reaches {int(batch.positions.max())}, "
-                f"past the context of {c.n_positions}"
-            )
-        ids = batch.token_ids  # [N]
-        outside = (ids < 0) | (ids >= c.vocab_size)  # [N]
-        if outside.any():
-            bad = int(ids[outside][0])
-            raise InputError(
-                f"token id {bad} is outside the vocabulary [0, {c.vocab_size}) of this model"
-            )
-
-    @staticmethod
-    def rows_for_logits(batch: Batch, logits_at) -> np.ndarray | None:
-        """`logits_at` as packed token indices [M], each within the round's N tokens (an
-        InputError otherwise); None for the default, each row's last token."""
-        if logits_at is None:
-            return None
-        at = np.asarray(logits_at)
-        # An empty list reads as float64: no index at all.
-        if at.size == 0:
-            at = at.astype(np.int64)
-        if at.ndim != 1 or at.dtype.kind not in "iu":
-            raise InputError("logits_at must be a 1-D list of integer token indices")
-        at = at.astype(np.int64)  # [M]
-        outside = (at < 0) | (at >= batch.n_tokens)  # [M]
-        if outside.any():
-            raise InputError(
-                f"logits_at index {int(at[outside][0])} is outside the round's "
-                f"{batch.n_tokens} tokens"
-            )
-        return at
-
-    def logits(self, token_ids) -> np.ndarray:
-        """Score whole sequences of different lengths in one padded batch, without a KV cache:
-        NumPy fp32 logits [B, max_len, V], where row b's first len(token_ids[b]) positions are its
-        logits (padding: 0)."""
-        if isinstance(token_ids, np.ndarray) or not isinstance(token_ids, (list, tuple)):
-            raise InputError("token_ids must be a list of token-id lists, one per sequence")
-        V = self.config.vocab_size
-        P = self.config.n_positions
-        rows = [
-            check_token_ids(seq, V, f"sequence {b}", max_len=P) for b, seq in enumerate(token_ids)
-        ]
-        # Nothing to score.
-        if not any(rows):
-            return np.zeros((len(rows), 0, V), dtype=np.float32)
-        batch = Batch(rows, self.backend)
-        logits = self.forward(batch, logits_at=np.arange(batch.n_tokens))  # [N, V]
-        return batch.unpack_on_host(self.backend.to_numpy(logits))  # [B, T, V]
+        device = batch.device
+        x = embed(self.wte_t, self.wpe, device.token_ids, device.positions)  # [N, C]
+        for i, block in enumerate(self.blocks):
+            kv = None if kv_cache is None else kv_cache.layer(i)
+            x = transformer_block(xp, self.chains, x, block, self.config, batch, kv, self.tiles)
+        eps = self.config.layer_norm_epsilon
+        return layer_norm(xp, self.chains, x, self.ln_f, eps, self.tiles)  # [N, C]

@@ -226,6 +226,20 @@ def probe_row_tiles(
     return RowTiles(xp, tuple(height for height in heights if height in passing))
 
 
+def probe_model_tiles(
+    xp, dtype, block_weights: list, head_weight, row_functions
+) -> tuple[RowTiles, RowTiles]:
+    """A model's exact-mode heights: for its blocks' weight products (one weight of each shape in
+    `block_weights`) and for its head, whose calls are kept to HEAD_TILE_ROWS rows (taller ones
+    would only speed up scoring every position, and would cost the probe a second or more).
+    `row_functions`: its row-at-a-time arithmetic (the norms), as `probe_row_tiles` takes it."""
+    heights = candidate_heights(xp, dtype)
+    one_of_each_shape = {weight.shape: (weight, max(heights)) for weight in block_weights}
+    one_of_each_shape[("head",)] = (head_weight, HEAD_TILE_ROWS)
+    tiles = probe_row_tiles(xp, list(one_of_each_shape.values()), heights, row_functions)
+    return tiles, tiles.capped(HEAD_TILE_ROWS)
+
+
 def agreeing_heights(rng, compute, n_in: int, heights, most_rows: int, what: str) -> set[int]:
     """The heights (up to most_rows, and the shortest always) at which `compute` (host rows
     [h, n_in] -> host results [h, ...]) gives one random row, at every place, beside zeros or

@@ -48,7 +48,8 @@ class Linear:
     is stored so in its checkpoint)."""
 
     weight: Any  # [in, out]
-    bias: Any  # [out]
+    # None: the layer has no bias (most of a Llama block's).
+    bias: Any = None  # [out]
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,27 @@ def layer_norm(xp, chains: Chains, x, ln: LayerNorm, eps: float, tiles=None):
     return centered.astype(x.dtype, copy=False)  # [N, C]
 
 
+def rms_norm(xp, chains: Chains, x, weight, eps: float, tiles=None):
+    """RMSNorm, a Llama block's normalisation: each token's features over their root mean square,
+    then scaled by `weight` [features]; unlike layer norm, no mean is taken away and nothing is
+    added.  Over the last axis, so it also normalises each head of [N, heads, D] (Qwen3's query
+    and key norms).  The statistics in fp32.  With `tiles`, a call of fixed height at a time, as
+    `layer_norm`."""
+    if tiles is not None:
+        return tiles.rowwise(x, lambda rows: rms_norm(xp, chains, rows, weight, eps))
+    x32 = x.astype(xp.float32, copy=False)  # [N, ..., C]
+    square_total = xp.square(x32).sum(axis=-1, keepdims=True)  # [N, ..., 1]
+    normalized = chains.rms_normalize_scale(x32, square_total, x.shape[-1], eps, weight)
+    return normalized.astype(x.dtype, copy=False)  # [N, ..., C]
+
+
 def linear(x, fc: Linear, tiles=None):
     """A 2-D weight GEMM, [tokens, in] @ [in, out], and the bias added in place (no second
     [N, out] array).  With `tiles` (exact batch invariance, minirt/model/invariant.py's
     RowTiles) the product runs in calls of fixed heights."""
     out = x @ fc.weight if tiles is None else tiles.product(x, fc.weight)  # [N, out]
-    out += fc.bias  # [N, out]
+    if fc.bias is not None:
+        out += fc.bias  # [N, out]
     return out
 
 
@@ -191,6 +207,29 @@ def mlp(xp, chains: Chains, x, up: Linear, down: Linear, gelu_form: str, tiles=N
     for first in range(0, x.shape[0], rows):
         hidden = gelu(chains, linear(x[first : first + rows], up, tiles), gelu_form)  # [rows, I]
         out[first : first + rows] = linear(hidden, down, tiles)  # [rows, C]
+    return out
+
+
+def swiglu_mlp(xp, chains: Chains, x, gate_up: Linear, down: Linear, tiles=None):
+    """A Llama block's MLP, down(SiLU(gate(x)) * up(x)): the gate and up projections side by side
+    in one weight [C, 2I] (one GEMM), the gated product, back down; a tile of tokens at a time,
+    as `mlp`, so that the hidden [tokens, 2I] stays within MLP_SCRATCH_BYTES."""
+    inner = gate_up.weight.shape[1] // 2
+    tile_tokens = max(1, MLP_SCRATCH_BYTES // (gate_up.weight.shape[1] * x.itemsize))
+    if tiles is not None:
+        tile_tokens = tiles.tallest_within(tile_tokens)
+
+    def tile(tokens):
+        both = linear(tokens, gate_up, tiles)  # [tokens, 2I]
+        hidden = chains.silu_times(both[:, :inner], both[:, inner:])  # [tokens, I]
+        return linear(hidden, down, tiles)  # [tokens, C]
+
+    n_tokens = len(x)
+    if n_tokens <= tile_tokens:
+        return tile(x)  # [N, C]
+    out = xp.empty_like(x)  # [N, C]
+    for start in range(0, n_tokens, tile_tokens):
+        out[start : start + tile_tokens] = tile(x[start : start + tile_tokens])  # [tokens, C]
     return out
 
 

@@ -1,7 +1,9 @@
 """Which model class runs a checkpoint, picked from its config.json.
 
 Owns: `FAMILIES`, the model families minirt runs, each by config.json's `model_type` (how its
-config is read, the checkpoint architecture and tensors it reads, its model class);
+config is read, the checkpoint architecture and tensors it reads, the prefix its tensor names
+carry, its model class): GPT-2 (minirt/model/gpt2.py) and the Llama family, "llama",
+"mistral", "qwen2" and "qwen3" (minirt/model/llama.py);
 `family_for`, which picks one for a parsed config.json (an old GPT-2 config has no model_type:
 GPT-2) or refuses, in one line, a family minirt does not run; and `build_model`, which builds a
 loaded checkpoint's model.  Adding a family is one entry here and one module beside
@@ -20,6 +22,10 @@ from .backend import Backend
 from .config import GPT2Config
 from .gpt2 import GPT2, expected_shapes
 from .interface import Model, ModelConfig
+from .llama import Llama
+from .llama import expected_shapes as llama_shapes
+from .llama_config import ARCHITECTURES as LLAMA_ARCHITECTURES
+from .llama_config import LlamaConfig
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,10 @@ class ModelFamily:
     expected_shapes: Callable[[Any], dict[str, tuple[int, ...]]]
     # (a loaded checkpoint, a backend, the compute dtype) -> the model.
     model_class: Callable[..., Model]
+    # The prefix its checkpoints put before the canonical names (dropped when read).
+    prefix: str
+    # The canonical name of its token embedding (the head when tied).
+    embedding: str
 
 
 FAMILIES = {
@@ -45,7 +55,21 @@ FAMILIES = {
         read_config=GPT2Config.from_dict,
         expected_shapes=expected_shapes,
         model_class=GPT2,
+        prefix="transformer.",
+        embedding="wte.weight",
     ),
+    **{
+        model_type: ModelFamily(
+            model_type=model_type,
+            architecture=architecture,
+            read_config=LlamaConfig.from_dict,
+            expected_shapes=llama_shapes,
+            model_class=Llama,
+            prefix="model.",
+            embedding="embed_tokens.weight",
+        )
+        for model_type, architecture in LLAMA_ARCHITECTURES.items()
+    },
 }
 
 # A config.json without a model_type (OpenAI's original GPT-2 release) is GPT-2's.
@@ -59,9 +83,10 @@ def family_for(raw: dict[str, Any], source: str) -> ModelFamily:
         model_type = DEFAULT_MODEL_TYPE
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
+        known = ", ".join(repr(name) for name in FAMILIES)
         raise CheckpointError(
-            f"{source}: model_type is {model_type!r}, "
-            "but minirt runs GPT-2 only (model_type 'gpt2')"
+            f"{source}: model_type is {model_type!r}, which minirt does not run; "
+            f"it runs the model types {known} (docs/models.md)"
         )
     return family
 

@@ -81,10 +81,11 @@ def test_in_exact_mode_only_the_probed_weight_products_change_shape_with_the_bat
     """With every height in play (whatever this machine's kernel passes: the heights a row's batch
     picks are then sure to differ), the places whose shapes follow the batch are the two the probe
     checks at load: the weight products and layer norm, each call of them one of the heights."""
-    import minirt.model.gpt2 as gpt2
+    import minirt.model.invariant as invariant
     from minirt.model.invariant import CANDIDATE_HEIGHTS, RowTiles
 
-    monkeypatch.setattr(gpt2, "probe_row_tiles", lambda xp, *_: RowTiles(xp, CANDIDATE_HEIGHTS))
+    every_height = RowTiles(stand_in, CANDIDATE_HEIGHTS)
+    monkeypatch.setattr(invariant, "probe_row_tiles", lambda xp, *_: every_height)
     shaped = batch_shaped_calls(stand_in, batch_invariant=True, heights=CANDIDATE_HEIGHTS)
     assert shaped == {"product", "layer_norm"}
 

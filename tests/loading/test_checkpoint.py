@@ -332,7 +332,7 @@ def test_unsupported_activation_is_refused(model_dir, activation):
         ({"n_embd": -4}, "n_embd must be a positive integer"),
         ({"n_layer": "2"}, "n_layer must be a positive integer"),
         ({"layer_norm_epsilon": -1}, "layer_norm_epsilon"),
-        ({"model_type": "llama"}, "GPT-2 only"),
+        ({"model_type": "gemma"}, "which minirt does not run"),
         ({"vocab_size": None}, "vocab_size"),
         ({"scale_attn_weights": "yes"}, "scale_attn_weights must be true or false"),
     ],

@@ -18,12 +18,28 @@ def test_gpt2_is_picked_by_its_model_type_or_by_none(raw):
     assert registry.family_for(raw, "config.json") is registry.FAMILIES["gpt2"]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "GPT2", ["gpt2"], 2])
+@pytest.mark.parametrize("model_type", ["gemma", "Llama", "GPT2", ["gpt2"], 2])
 def test_a_family_minirt_does_not_run_is_refused_naming_it(model_type):
     with pytest.raises(CheckpointError) as refused:
         registry.family_for({"model_type": model_type}, "m/config.json")
-    assert str(refused.value).startswith(f"m/config.json: model_type is {model_type!r}, ")
-    assert "(model_type 'gpt2')" in str(refused.value)
+    message = str(refused.value)
+    assert message.startswith(f"m/config.json: model_type is {model_type!r}, ")
+    assert "'gpt2', 'llama', 'mistral', 'qwen2', 'qwen3'" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
+def test_each_llama_family_type_is_read_by_the_llama_config(model_type):
+    family = registry.family_for({"model_type": model_type}, "config.json")
+    assert family.model_type == model_type and family.prefix == "model."
+    assert (
+        family.architecture
+        == {
+            "llama": "LlamaForCausalLM",
+            "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+        }[model_type]
+    )
 
 
 def test_a_checkpoint_is_built_as_its_familys_class_and_holds_its_expected_tensors():
@@ -45,7 +61,9 @@ def test_a_new_family_is_one_entry(tmp_path, monkeypatch):
         read.append((raw["hidden"], source))
         return "a toy config"
 
-    toy = registry.ModelFamily("toy", "ToyForCausalLM", read_toy, lambda config: {}, GPT2)
+    toy = registry.ModelFamily(
+        "toy", "ToyForCausalLM", read_toy, lambda config: {}, GPT2, "toy.", "wte.weight"
+    )
     monkeypatch.setitem(registry.FAMILIES, "toy", toy)
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "toy", "hidden": 3}))
