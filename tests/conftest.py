@@ -28,6 +28,8 @@ from minirt.model.batch import Batch
 from minirt.loading.checkpoint import Checkpoint
 from minirt.model.config import GPT2Config
 from minirt.model.gpt2 import GPT2
+from minirt.model.llama import Llama
+from minirt.model.llama_config import LlamaConfig
 
 # In CI, hypothesis draws the same examples every run, so a run is repeatable; locally it explores.
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -61,7 +63,7 @@ DTYPE_BYTES = {
 sys.path.insert(0, str(ROOT / "tools" / "bench"))
 sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
 
-from tiny_random_model import random_tensors, write_tiny_lm  # noqa: E402 (after the sys.path insert above)
+from tiny_random_model import random_llama_tensors, random_tensors, write_tiny_lm  # noqa: E402 (after the sys.path insert above)
 
 
 def reference_available() -> bool:
@@ -114,7 +116,39 @@ def random_model(seed: int = 0, dtype=np.float32, backend=None, rounded_to=None,
     return GPT2(checkpoint, backend or numpy_backend(), dtype)
 
 
-# Small random models for the forward pass's hypothesis invariants (test_batch_invariance.py, test_kv_cache.py).
+def random_llama(seed: int = 0, dtype=np.float32, backend=None, **fields) -> Llama:
+    """A Llama-family model with random weights made in NumPy alone (for invariants): by default
+    4 query heads over 2 K/V heads, Qwen3's per-head norms, untied; `fields` are config.json's."""
+    raw = {
+        "model_type": "qwen3",
+        "vocab_size": 37,
+        "max_position_embeddings": 24,
+        "hidden_size": 16,
+        "intermediate_size": 24,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 6,
+        "rope_theta": 100.0,
+    }
+    raw.update(fields)
+    config = LlamaConfig.from_dict(raw, source="test")
+    tensors = random_llama_tensors(config, seed)
+    tensors["lm_head.weight"] = (
+        np.random.default_rng(seed + 1000).standard_normal((config.vocab_size, config.n_embd))
+    ).astype(np.float32)
+    checkpoint = Checkpoint(
+        folder=Path("."),
+        config=config,
+        tensors=tensors,
+        file_dtypes={k: "F32" for k in tensors},
+        head_is_tied=False,
+    )
+    return Llama(checkpoint, backend or numpy_backend(), dtype)
+
+
+# Small random models for the forward pass's hypothesis invariants (test_batch_invariance.py,
+# test_kv_cache.py): GPT-2s, and Llama-family models (grouped queries, RoPE).
 MODELS = {}
 
 
@@ -133,7 +167,24 @@ def model_for(n_head: int, seed: int):
     return MODELS[key]
 
 
-model_choice = st.builds(model_for, n_head=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2))
+def llama_for(model_type: str, n_kv_head: int, seed: int):
+    """Cache a few random Llama-family models: Llama, Qwen2 (Q/K/V bias), Qwen3 (per-head
+    norms), each with 4 query heads over n_kv_head K/V heads."""
+    key = (model_type, n_kv_head, seed)
+    if key not in MODELS:
+        MODELS[key] = random_llama(seed=seed, model_type=model_type, num_key_value_heads=n_kv_head)
+    return MODELS[key]
+
+
+model_choice = st.one_of(
+    st.builds(model_for, n_head=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2)),
+    st.builds(
+        llama_for,
+        model_type=st.sampled_from(["llama", "qwen2", "qwen3"]),
+        n_kv_head=st.sampled_from([1, 2, 4]),
+        seed=st.integers(0, 2),
+    ),
+)
 token_lists = st.lists(
     st.lists(st.integers(0, 36), min_size=1, max_size=24), min_size=1, max_size=5
 )

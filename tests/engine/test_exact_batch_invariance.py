@@ -120,6 +120,35 @@ def test_exact_mode_gives_every_request_its_solo_logits_bitwise(exact_alone, com
         assert seen[i] == solo_logits, (i, engine)
 
 
+# A Llama-family model: grouped-query attention, RoPE, Qwen3's per-head norms (a probed row
+# function of their own), SwiGLU.
+QWEN3 = ROOT / "tests" / "fixtures" / "qwen3_norms"
+
+
+@pytest.fixture(scope="module")
+def exact_qwen3_alone():
+    return minirt.LLM(QWEN3, backend="numpy", batch_size=1, batch_invariant=True)
+
+
+@settings(
+    max_examples=int(os.environ.get("MINIRT_INVARIANCE_EXAMPLES", "6")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(compositions())
+def test_exact_mode_holds_on_a_llama_family_model(exact_qwen3_alone, composition):
+    prompts, params, arrivals, engine = composition
+    vocab = exact_qwen3_alone.model.config.vocab_size
+    # Its context is 128: prompts of its vocabulary, within it.
+    prompts = [[token % vocab for token in prompt][:90] for prompt in prompts]
+    llm = minirt.LLM(QWEN3, backend="numpy", batch_invariant=True, **engine)
+    seen, tokens = serve(llm, prompts, params, arrivals)
+    for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
+        solo_logits, solo_tokens = alone(exact_qwen3_alone, prompt, sampling)
+        assert tokens[i] == solo_tokens, (i, engine)
+        assert seen[i] == solo_logits, (i, engine)
+
+
 def test_the_default_mode_moves_logits_with_the_batch_so_the_check_has_teeth():
     """The same check on the default mode finds a request's logits moved by its peers: alone, a
     decode step's products are GEMVs of one row; beside 3 peers, a GEMM's."""

@@ -70,15 +70,16 @@ def backend_cupy_is_the_device(monkeypatch):
         return
     monkeypatch.setattr(backend_module, "cupy_backend", lambda: CUPY)
     if ON_STAND_IN:
-        import minirt.model.gpt2 as gpt2_module
+        import minirt.model.decoder as decoder_module
 
-        forward = gpt2_module.GPT2.forward
+        # Every family's forward pass (GPT-2's and the Llama family's) is DecoderModel's.
+        forward = decoder_module.DecoderModel.forward
 
         def forward_without_syncs(self, *args, **kwargs):
             with CUPY.xp.no_syncs("GPT2.forward"):
                 return forward(self, *args, **kwargs)
 
-        monkeypatch.setattr(gpt2_module.GPT2, "forward", forward_without_syncs)
+        monkeypatch.setattr(decoder_module.DecoderModel, "forward", forward_without_syncs)
     yield
     if ON_STAND_IN:
         assert [str(finding) for finding in CUPY.xp.findings] == []
@@ -220,6 +221,40 @@ def test_fixture_logits_on_the_gpu_match_transformers(scratch, monkeypatch):
     for b, seq in enumerate(seqs):
         ref = expected["logits"][b, : len(seq)]
         assert np.abs(got[b, : len(seq)] - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+LLAMA_FAMILY = ["llama3_rope_scaling", "qwen3_norms", "qwen2_bias", "mistral_gqa"]
+
+
+@pytest.mark.parametrize("name", LLAMA_FAMILY)
+def test_llama_family_logits_on_the_gpu_match_transformers(name):
+    """RoPE (Llama 3's scaling), grouped queries, RMSNorm, SwiGLU, Qwen's bias and norms through
+    the same layer code on the device: fp32 within 1e-4 of transformers."""
+    import minirt
+    from conftest import load_expected
+
+    expected = load_expected(name)
+    n_seqs = sum(k.startswith("seq_") for k in expected)
+    seqs = [expected[f"seq_{b}"].tolist() for b in range(n_seqs)]
+    got = minirt.load_model(FIXTURES / name, backend="cupy").logits(seqs)
+    for b, seq in enumerate(seqs):
+        ref = expected["logits"][b, : len(seq)]
+        assert np.abs(got[b, : len(seq)] - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_a_llama_in_float16_stays_within_the_stated_tolerance():
+    """An fp16 file (its weights exactly fp16) computed in fp16 on the device, against NumPy's
+    fp32 on the same weights: within FP16_TOLERANCE; greedy generation through the engine gives
+    the same tokens where NumPy's margins are clear."""
+    import minirt
+
+    folder = FIXTURES / "llama_mha_odd_head"
+    seqs = [[3, 1, 4, 1, 5, 9, 2, 6], [5, 3], list(range(40))]
+    ref = minirt.load_model(folder, dtype="float32").logits(seqs)
+    got = minirt.load_model(folder, backend="cupy", dtype="float16").logits(seqs)
+    for b, seq in enumerate(seqs):
+        n = len(seq)
+        assert np.abs(got[b, :n] - ref[b, :n]).max() <= FP16_TOLERANCE * np.abs(ref[b, :n]).max()
 
 
 def test_weights_and_kv_live_on_the_device():
