@@ -106,6 +106,8 @@ class RequestMaker:
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer, so prompts must be token-id lists")
             self.refuse_too_long_to_encode(prompt)
+            # As transformers' tokenizer(text): with the BOS its post-processor adds (none for
+            # GPT-2).
             ids = self.tokenizer.encode(prompt)
         else:
             ids = check_token_ids(prompt, self.vocab_size, "prompt")
@@ -125,15 +127,25 @@ class RequestMaker:
 
     def refuse_too_long_to_encode(self, text: str) -> None:
         """A text that no encoding could fit in the context, refused before it is encoded (the
-        work grows with it: 2 MB take seconds): each character is at least one byte, and each
-        token at most the tokenizer's longest (byte-level vocabularies; others are encoded)."""
-        assert self.tokenizer is not None
-        most = self.tokenizer.most_bytes_per_token
-        if most is not None and len(text) > self.n_positions * most:
+        work grows with it: 2 MB take seconds): the special tokens `encode` adds (a BOS) take
+        their room first, and each token is at most the tokenizer's longest (byte-level
+        vocabularies; others are encoded), so the text's bytes after its normalizer must fit.
+        A text of no more characters than that is let through without normalizing it (a
+        character is at least one byte, unless a normalizer composes it: NFC)."""
+        tokenizer = self.tokenizer
+        assert tokenizer is not None
+        most = tokenizer.most_bytes_per_token
+        if most is None:
+            return
+        room = max(0, self.n_positions - tokenizer.special_tokens_added()) * most
+        if len(text) <= room:
+            return
+        size = tokenizer.text_bytes(text)
+        if size is not None and size > room:
             raise RequestError(
-                f"the prompt has {len(text)} characters, more than the model's context of "
-                f"{self.n_positions} tokens can hold (no token here is more than {most} bytes); "
-                "shorten it"
+                f"the prompt has {len(text)} characters ({size} bytes), more than the model's "
+                f"context of {self.n_positions} tokens can hold (no token here is more than "
+                f"{most} bytes); shorten it"
             )
 
     def check_params(self, params: SamplingParams) -> None:

@@ -1,4 +1,4 @@
-"""What the engine needs of a tokenizer: ids back into text, and the token that ends a request.
+"""What the engine needs of a tokenizer: ids back into text, and the tokens that end a request.
 
 Owns: `Detokenizer` and `TextDecoder`, the two small protocols the engine is given a tokenizer
 as (minirt/loading/tokenizer.py's `Tokenizer` is one).  The engine never encodes text: prompts
@@ -29,8 +29,11 @@ class TextDecoder(Protocol):
 class Detokenizer(Protocol):
     """A tokenizer, as far as the engine uses one."""
 
-    # The end-of-text token that stops a request (None: the model has none).
+    # The end-of-text token reports name (None: the model has none), and every token that stops
+    # a request, that one first (a model may have several: Llama 3's <|end_of_text|>,
+    # <|eom_id|> and <|eot_id|>).
     eos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
 
     def decode(self, token_ids: list[int]) -> str:
         """The text of these ids."""

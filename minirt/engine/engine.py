@@ -125,8 +125,8 @@ class Engine:
         round_records: bool = True,
     ):
         """`runner` computes the rounds (a `ModelRunner` of a model, or a model-free one);
-        `detokenizer` turns tokens into text (None: token ids only), and its EOS, when it has
-        one, is what stops a request.  The KV budget is `kv_budget_mib` of memory, or
+        `detokenizer` turns tokens into text (None: token ids only), and its EOS ids, when it
+        has any, are what stop a request.  The KV budget is `kv_budget_mib` of memory, or
         `kv_budget_tokens` positions (one token's keys and values in every layer) when that is
         given.  `prefix_cache`: reuse the keys and values of prompt prefixes across requests
         (and runs), within that budget (off by default: its copies cost a few percent where no
@@ -144,8 +144,8 @@ class Engine:
         self.detokenizer = detokenizer
         self.round_records = round_records
         if detokenizer is not None:
-            # The tokenizer's EOS (which may be its <|endoftext|> where the config has none).
-            runner.eos_token_id = detokenizer.eos_token_id
+            # The tokenizer's EOS ids (which may be its <|endoftext|> where the config has none).
+            runner.eos_token_ids = tuple(detokenizer.eos_token_ids)
         self.policy = policy
         self.kv_bytes_per_position = runner.kv_bytes_per_position
         self.kv_budget_positions = self.budget_in_positions(kv_budget_mib, kv_budget_tokens)
@@ -173,13 +173,24 @@ class Engine:
         return require_at_least_one(kv_budget_tokens, "the KV budget in tokens")
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The end-of-text tokens that stop a request (unless it ignores EOS): the runner's."""
+        return self.runner.eos_token_ids
+
+    @eos_token_ids.setter
+    def eos_token_ids(self, tokens: tuple[int, ...]) -> None:
+        self.runner.eos_token_ids = tuple(tokens)
+
+    @property
     def eos_token_id(self) -> int | None:
-        """The end-of-text token that stops a request (unless it ignores EOS): the runner's."""
-        return self.runner.eos_token_id
+        """The primary end-of-text token (the first of `eos_token_ids`), the one reports name;
+        setting it makes it the only one."""
+        ids = self.runner.eos_token_ids
+        return ids[0] if ids else None
 
     @eos_token_id.setter
     def eos_token_id(self, token: int | None) -> None:
-        self.runner.eos_token_id = token
+        self.runner.eos_token_ids = () if token is None else (token,)
 
     # ------------------------------------------------------------------ a run
 

@@ -43,7 +43,7 @@ class ModelFreeRunner:
     round (a test's window into the scheduler)."""
 
     # No token is end-of-text.
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
     # A position costs nothing: budgets are given in positions.
     kv_bytes_per_position = 1
 
@@ -80,7 +80,7 @@ class ModelFreeRunner:
             if ending is not None and ending.fails and len(request.token_ids) == ending.tokens:
                 fail_request(request, REPLAYED_FAILURE, round_number)
                 continue
-            add_token(request, Choice(0), round_number, None, self.n_positions)
+            add_token(request, Choice(0), round_number, self.eos_token_ids, self.n_positions)
             got_token.append(request)
             if ending is None or ending.fails or request.finished:
                 continue

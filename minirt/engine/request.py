@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Collection, NamedTuple
 
 import numpy as np
 
@@ -220,11 +220,11 @@ def add_token(
     request: Request,
     choice: Choice,
     round_number: int,
-    eos_token_id: int | None,
+    eos_token_ids: Collection[int],
     n_positions: int,
 ) -> None:
     """Append this round's chosen token (and its logprobs, if wanted) to the record and apply
-    every stop rule, in order."""
+    every stop rule, in order: any of `eos_token_ids` stops it (unless it ignores EOS)."""
     token = choice.token
     request.token_ids.append(token)
     if request.want_logprobs and choice.logprob is not None:
@@ -234,7 +234,7 @@ def add_token(
     if choice.top is not None:
         request.top_logprobs.append(choice.top)
     params = request.params
-    is_eos = token == eos_token_id and not params.ignore_eos
+    is_eos = token in eos_token_ids and not params.ignore_eos
     if is_eos or token in params.stop_token_ids:
         # The token is kept in token_ids; its text is not added.
         finish(request, "stop", round_number)

@@ -20,7 +20,7 @@ What a runner does, in the order a round needs it:
 
 and what it tells the engine before any round: the context (`n_positions`), the memory of one
 position's keys and values (`kv_bytes_per_position`, for the KV budget in MiB), the KV buffers
-of a group or pool (`new_kv_cache`), and the EOS that stops a request.
+of a group or pool (`new_kv_cache`), and the EOS ids that stop a request.
 
 Must not know: who runs (the scheduler decides), the KV budget, when requests arrive, clocks,
 text or files.
@@ -45,8 +45,8 @@ from .scheduler import RoundPlan
 class Runner(Protocol):
     """What the engine asks of whatever computes its rounds."""
 
-    # The end-of-text token that stops a request (None: nothing does).
-    eos_token_id: int | None
+    # The end-of-text tokens that stop a request, the primary one first (none: nothing does).
+    eos_token_ids: tuple[int, ...]
     # The longest prompt + output a request may have.
     n_positions: int
     # One position's keys and values, in every layer: what a KV budget in MiB is divided by.
@@ -70,14 +70,14 @@ class Runner(Protocol):
 
 
 class ModelRunner:
-    """Runs the rounds the scheduler plans on one model.  A request stops at the model
-    config's EOS (when it lies in its vocabulary); an engine given a tokenizer sets the
-    tokenizer's instead."""
+    """Runs the rounds the scheduler plans on one model.  A request stops at any of the model
+    config's EOS ids (those in its vocabulary); an engine given a tokenizer sets the
+    tokenizer's instead (which adds generation_config.json's and tokenizer_config.json's)."""
 
     def __init__(self, model: Model):
         self.model = model
         c = model.config
-        self.eos_token_id, _bos_token_id = special_ids(c.eos_token_id, c.bos_token_id, c.vocab_size)
+        self.eos_token_ids = config_eos_ids(c)
         self.n_positions = c.n_positions
         self.kv_bytes_per_position = KVCache.bytes_needed(
             c.n_layer, c.n_kv_head, c.head_dim, 1, 1, model.dtype
@@ -157,7 +157,17 @@ class ModelRunner:
                     round_number,
                 )
                 continue
-            eos = self.eos_token_id
-            add_token(request, choice, round_number, eos, n_positions)
+            add_token(request, choice, round_number, self.eos_token_ids, n_positions)
             got_token.append(request)
         return got_token
+
+
+def config_eos_ids(config) -> tuple[int, ...]:
+    """The EOS ids of a model's config that lie in its vocabulary: its `eos_token_id` (as
+    `special_ids` settles it) first, then the rest of its list (`eos_token_ids`, where the
+    config keeps config.json's whole list), each once."""
+    eos, _bos = special_ids(config.eos_token_id, config.bos_token_id, config.vocab_size)
+    listed = getattr(config, "eos_token_ids", None) or ()
+    ordered = [eos, *listed]
+    inside = [i for i in ordered if i is not None and 0 <= i < config.vocab_size]
+    return tuple(dict.fromkeys(inside))

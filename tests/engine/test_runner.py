@@ -69,7 +69,7 @@ def test_the_kv_budget_counts_kv_heads_not_query_heads():
     )
     runner = ModelRunner(SimpleNamespace(config=config, dtype=np.dtype(np.float32)))
     assert runner.kv_bytes_per_position == 2 * 3 * 2 * 16 * 4 == 768
-    assert runner.n_positions == 64 and runner.eos_token_id is None
+    assert runner.n_positions == 64 and runner.eos_token_ids == ()
 
 
 def test_a_tokenizers_eos_stops_a_request_where_the_config_has_none():
@@ -86,6 +86,7 @@ def test_a_tokenizers_eos_stops_a_request_where_the_config_has_none():
 
     class Detokenizer:
         eos_token_id = first
+        eos_token_ids = (first,)
 
         def decode(self, token_ids):
             return ""

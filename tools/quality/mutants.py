@@ -567,8 +567,8 @@ MUTANTS = [
     Mutant(
         "eos_ignores_ignore_eos",
         "minirt/engine/request.py",
-        "is_eos = token == eos_token_id and not params.ignore_eos",
-        "is_eos = token == eos_token_id",
+        "is_eos = token in eos_token_ids and not params.ignore_eos",
+        "is_eos = token in eos_token_ids",
         "ignore_eos has no effect",
     ),
     Mutant(
@@ -700,6 +700,34 @@ MUTANTS = [
         "an EOS id one past the vocabulary is used",
     ),
     Mutant(
+        "byte_piece_runs_not_held",
+        "minirt/loading/tokenizer.py",
+        "        if self.tokenizer.text_may_change(token_id):",
+        "        if False:",
+        "a SentencePiece byte piece's run is decoded before it ends: the stream is not decode's text",
+    ),
+    Mutant(
+        "stream_window_from_the_start",
+        "minirt/loading/tokenizer.py",
+        "        self._prefix = self._read",
+        "        self._prefix = 0",
+        "a stream that is not byte-level decodes all its ids for every token again (quadratic)",
+    ),
+    Mutant(
+        "generation_config_eos_ignored",
+        "minirt/loading/tokenizer.py",
+        "    others = [*eos_token_ids, *generation_eos_ids(folder), named_eos]",
+        "    others = [*eos_token_ids, named_eos]",
+        "generation_config.json's end ids (Llama 3's <|eot_id|>) do not stop a request",
+    ),
+    Mutant(
+        "prompts_encoded_without_bos",
+        "minirt/loading/tokenizer.py",
+        "    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:",
+        "    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:",
+        "a Llama prompt is encoded without its <s>, unlike transformers' tokenizer(text)",
+    ),
+    Mutant(
         "tokenizer_panic_escapes",
         "minirt/loading/tokenizer.py",
         "except BaseException as exc:  # noqa: BLE001 (pyo3's PanicException)",
@@ -737,9 +765,9 @@ MUTANTS = [
     Mutant(
         "tokenizer_size_not_checked",
         "minirt/loading/tokenizer.py",
-        "(n_tokens != vocab_size or top_id >= vocab_size)",
+        "(n_tokens > vocab_size or top_id >= vocab_size)",
         "(n_tokens > vocab_size)",
-        "a tokenizer smaller than the model, or with ids past it, loads",
+        "a tokenizer with ids past the model's vocabulary loads",
     ),
     Mutant(
         "stream_holds_nothing_back",
@@ -1864,7 +1892,7 @@ MUTANTS = [
     Mutant(
         "tokenizer_eos_ignored",
         "minirt/engine/engine.py",
-        "            runner.eos_token_id = detokenizer.eos_token_id",
+        "            runner.eos_token_ids = tuple(detokenizer.eos_token_ids)",
         "            pass",
         "a model whose config has no EOS never stops at the tokenizer's <|endoftext|>",
     ),
@@ -2141,8 +2169,8 @@ MUTANTS = [
     Mutant(
         "prompt_length_bound_one_short",
         "minirt/request_maker.py",
-        "if most is not None and len(text) > self.n_positions * most:",
-        "if most is not None and len(text) >= self.n_positions * most:",
+        "room = max(0, self.n_positions - tokenizer.special_tokens_added()) * most",
+        "room = max(0, self.n_positions - tokenizer.special_tokens_added() - 1) * most",
         "a text that could just fit the context is refused unread",
     ),
     Mutant(
