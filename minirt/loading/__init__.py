@@ -7,6 +7,8 @@
                            GPT2Config
     tokenizer.py           text <-> token ids, with a streaming decoder that never splits a
                            character
+    special_tokens.py      every id that ends text (config.json, generation_config.json,
+                           tokenizer_config.json), and tokenizer_config.json's settings
 
 Must not know: the engine, requests, sampling, the command line (tests/project/test_layout.py
 holds this).
