@@ -327,3 +327,112 @@ def test_invariance_cost_runs_and_fills_its_table():
     rows = [line for line in out.splitlines() if line.startswith("| decode-")]
     assert len(rows) == 2 and all(row.rstrip().endswith("| yes |") for row in rows)
     assert "exact mode's weight products ran in calls of (" in out
+
+
+# ---------------------------------------------------------------------------- the Llama family (#41)
+
+
+def reference_shapes() -> dict:
+    """tools/fixtures/reference.py's SHAPES, read from its source (importing it needs torch)."""
+    import ast
+
+    tree = ast.parse((ROOT / "tools/fixtures/reference.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SHAPES":
+            return ast.literal_eval(node.value)
+    raise AssertionError("reference.py has no SHAPES")
+
+
+def test_the_bench_tools_offer_the_shapes_reference_py_makes():
+    import bench
+    import llama_cpp
+
+    shapes = reference_shapes()
+    assert tuple(shapes) == bench.SHAPES == llama_cpp.SHAPES
+    smollm2, qwen = shapes["smollm2-135m"], shapes["qwen2.5-0.5b"]
+    assert (smollm2["hidden_size"], smollm2["num_key_value_heads"], smollm2["vocab_size"]) == (
+        576,
+        3,
+        49152,
+    )
+    assert (qwen["hidden_size"], qwen["num_key_value_heads"], qwen["vocab_size"]) == (
+        896,
+        2,
+        151936,
+    )
+
+
+def test_bench_shape_makes_its_checkpoint_in_tmp_unless_a_model_is_given(monkeypatch):
+    import argparse
+    import types
+
+    import bench
+
+    made = []
+    fake = types.ModuleType("reference")
+    fake.make_shape = lambda name, folder: made.append((name, folder)) or folder
+    fake.make_gpt2_124m = lambda folder: made.append(("gpt2", folder)) or folder
+    monkeypatch.setitem(sys.modules, "reference", fake)
+    args = argparse.Namespace(model=None, shape="qwen2.5-0.5b", scratch=None)
+    assert bench.default_model(args) == "/tmp/qwen2.5-0.5b-random"
+    args = argparse.Namespace(model=None, shape=None, scratch=None)
+    assert bench.default_model(args) == "/tmp/gpt2-124m-random"
+    assert bench.default_model(argparse.Namespace(model="m", shape="x", scratch=None)) == "m"
+    assert [name for name, _ in made] == ["qwen2.5-0.5b", "gpt2"]
+
+
+def test_transformers_pads_with_the_first_eos_id_of_a_list():
+    import bench
+
+    assert bench.pad_token_id([151645, 151643]) == 151645
+    assert bench.pad_token_id(50256) == 50256
+    assert bench.pad_token_id(None) == bench.pad_token_id([]) == 0
+
+
+def test_llama_cpp_shape_picks_its_own_folder_and_gguf():
+    import argparse
+
+    import llama_cpp
+
+    args = argparse.Namespace(shape="smollm2-135m", model=None, gguf=None)
+    llama_cpp.shape_defaults(args)
+    assert (str(args.model), str(args.gguf)) == (
+        "/tmp/smollm2-135m-gpt2vocab",
+        "/tmp/smollm2-135m-gpt2vocab-f32.gguf",
+    )
+    args = argparse.Namespace(shape=None, model=None, gguf=Path("g.gguf"))
+    llama_cpp.shape_defaults(args)
+    assert (str(args.model), str(args.gguf)) == ("/tmp/gpt2-124m-random", "g.gguf")
+
+
+def test_kv_rows_reads_the_engines_bytes_a_position_and_gqas_gain():
+    """On the tiny grouped-query fixture, the engine's bytes a position are the arithmetic's, and
+    the budget holds heads / K/V heads times the positions it would without GQA."""
+    import kv_rows
+
+    row = kv_rows.budget_row(str(ROOT / "tests/fixtures/llama_gqa2"), 1.0, 16)
+    config = json.loads((ROOT / "tests/fixtures/llama_gqa2/config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    assert kv_heads < heads
+    assert row["bytes"] == row["arithmetic"]
+    assert row["bytes_without"] == row["bytes"] * heads // kv_heads
+    assert row["positions"] == 2**20 // row["bytes"]
+    assert row["rows"] == row["positions"] // 16
+
+
+def test_a_minirt_child_of_the_matrix_runs_a_llama_family_model():
+    """The matrix's minirt side on a tiny Qwen2 fixture (no torch): every request at full length."""
+    out = child(
+        [
+            str(BENCH / "bench.py"),
+            "--child",
+            "minirt",
+            "short-b8",
+            "--model",
+            str(ROOT / "tests/fixtures/qwen2_bias"),
+        ],
+        dict(os.environ),
+    )
+    result = json.loads(out.strip().splitlines()[-1])
+    assert len(result["tokens"]) == 8 and all(len(t) == 32 for t in result["tokens"])
+    assert result["rate"] > 0

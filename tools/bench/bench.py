@@ -40,6 +40,12 @@ Usage (needs the `reference` extra; the default model is a random gpt2-124M made
     python tools/bench/bench.py --decode-floor                   # decode step against its GEMMs
     python tools/bench/bench.py --decode-floor --blas-env keep   # ... under the machine's OPENBLAS_*
     python tools/bench/bench.py --model gpt2                     # a real checkpoint from the local HF cache
+    python tools/bench/bench.py --shape smollm2-135m             # a random model in SmolLM2-135M's shape
+    python tools/bench/bench.py --shape qwen2.5-0.5b --workloads short-b8 decode-b32
+
+`--shape` (smollm2-135m, qwen2.5-0.5b: tools/fixtures/reference.py's SHAPES) makes a random fp32
+checkpoint in that real model's shape, once, in /tmp/SHAPE-random (or --scratch); the transformers
+side loads any family through AutoModelForCausalLM.  --decode-floor is GPT-2's alone.
 
 Other work on the machine skews every figure: run it alone (or under `flock /tmp/bench.lock`).
 """
@@ -61,6 +67,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # blas_env.py
 
 import blas_env
+
+# reference.py's SHAPES, by name (reference.py itself imports torch: only the parent that makes a
+# checkpoint imports it).
+SHAPES = ("smollm2-135m", "qwen2.5-0.5b")
 
 # name -> (prompts, (min, max) prompt length, new tokens, batch size)
 WORKLOADS = {
@@ -110,16 +120,25 @@ def minirt_side(model_dir: str, dtype: str, batch_size: int):
     return generate, score
 
 
+def pad_token_id(eos_token_id) -> int:
+    """The left padding of transformers' batches: the eos id (the first, when a config lists
+    several, as Qwen's and Llama 3's generation configs do), or 0."""
+    if isinstance(eos_token_id, list):
+        eos_token_id = eos_token_id[0] if eos_token_id else None
+    return eos_token_id if eos_token_id is not None else 0
+
+
 def transformers_side(model_dir: str, dtype: str, batch_size: int):
     import torch
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    model = GPT2LMHeadModel.from_pretrained(
-        model_dir, local_files_only=True, torch_dtype=getattr(torch, dtype)
+    # Any family: GPT-2, Llama, Qwen2, ... (the prompts are token ids: no tokenizer needed).
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, local_files_only=True, dtype=getattr(torch, dtype)
     ).eval()
-    pad_id = model.config.eos_token_id if model.config.eos_token_id is not None else 0
+    pad_id = pad_token_id(model.config.eos_token_id)
 
     def generate(prompts, new_tokens):
         tokens = []
@@ -370,7 +389,7 @@ def decode_floor(args) -> None:
         )
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="minirt beside transformers: a matrix of workloads, fresh processes.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -380,13 +399,20 @@ def main() -> int:
         "  python tools/bench/bench.py --decode-floor --blas-env keep",
     )
     parser.add_argument(
-        "--model", help="checkpoint folder or hub id (default: a random gpt2-124M in --scratch)"
+        "--model",
+        help="checkpoint folder or hub id (default: a random gpt2-124M, or --shape, in --scratch)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=list(SHAPES),
+        help="no --model: a random model in this real model's shape (tools/fixtures/reference.py "
+        "make-shape), fp32, made once in --scratch",
     )
     parser.add_argument(
         "--scratch",
         type=Path,
-        default=Path("/tmp/gpt2-124m-random"),
-        help="where the random checkpoint lives (made on first use)",
+        help="where the random checkpoint lives, made on first use (default "
+        "/tmp/gpt2-124m-random, or /tmp/SHAPE-random)",
     )
     parser.add_argument(
         "--workloads",
@@ -420,16 +446,30 @@ def main() -> int:
     )
     blas_env.add_blas_env_argument(parser)
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "WORKLOAD"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def default_model(args) -> str:
+    """--model, or the random checkpoint (gpt2-124M or --shape) in --scratch, made if missing."""
+    if args.model is not None:
+        return args.model
+    if args.shape is None:
+        from reference import make_gpt2_124m
+
+        return str(make_gpt2_124m(args.scratch or Path("/tmp/gpt2-124m-random")))
+    from reference import make_shape
+
+    return str(make_shape(args.shape, args.scratch or Path(f"/tmp/{args.shape}-random")))
+
+
+def main() -> int:
+    args = build_parser().parse_args()
     # Before anything is timed: every process from here on runs under the chosen BLAS environment.
     blas_env.run_under(args.blas_env)
     if args.child:
         print(json.dumps(child(*args.child, args.model, args.dtype, args.seed)))
         return 0
-    if args.model is None:
-        from reference import make_gpt2_124m
-
-        args.model = str(make_gpt2_124m(args.scratch))
+    args.model = default_model(args)
     if args.decode_floor:
         decode_floor(args)
     else:

@@ -1,4 +1,4 @@
-"""minirt beside llama.cpp (f32 weights, CPU, 2 threads) on the same GPT-2 checkpoint.
+"""minirt beside llama.cpp (f32 weights, CPU, 2 threads) on the same GPT-2 or Llama checkpoint.
 
   build DIR       pip-downloads the llama-cpp-python sdist (LLAMA_CPP_PYTHON, sources only) into DIR,
                   unpacks it and builds its vendored llama.cpp (vendor/llama.cpp) with cmake: CPU only,
@@ -9,6 +9,13 @@
                   project's venv has all it needs (torch, transformers, numpy, tqdm, pyyaml; if yours
                   lacks one, pip install it).  Its GPT-2 reads config.json's n_ctx, which transformers
                   >= 5 no longer writes, so it reads a staging folder of links with n_ctx added.
+                  `--shape smollm2-135m` (convert and compare): a random model in that shape with
+                  GPT-2's vocabulary (50257 tokens instead of its own 49152; tools/fixtures/
+                  reference.py make-shape --gpt2-vocab), made once in /tmp/SHAPE-gpt2vocab, and
+                  its GGUF /tmp/SHAPE-gpt2vocab-f32.gguf: the correctness check below reads text
+                  pieces of a byte-level vocabulary, and the converter needs a tokenizer.
+                  The converter's Llama path imports sentencepiece before it looks for a
+                  tokenizer.model: `pip install sentencepiece` (no model of it is used).
   compare         first a correctness check, then each workload on both sides, alternating, --repeats
                   times; medians and min-max, and the ratio of medians (min-max of back-to-back pairs):
 
@@ -155,20 +162,36 @@ def cmd_build(args) -> int:
     return 0
 
 
-def ensure_model(folder: Path) -> Path:
+SHAPES = ("smollm2-135m", "qwen2.5-0.5b")  # tools/fixtures/reference.py's, by name
+
+
+def ensure_model(folder: Path, shape: str | None = None) -> Path:
+    """The checkpoint folder, made if missing: a random gpt2-124M, or with `shape`, a random model
+    in that shape with GPT-2's vocabulary."""
     if not (folder / "config.json").is_file():
-        print(f"{folder} is missing: making the random gpt2-124M there", flush=True)
-        run(
-            [sys.executable, REPO / "tools" / "fixtures" / "reference.py", "make-124m", folder],
-            timeout=900,
-        )
+        what = f"a random {shape} with GPT-2's vocabulary" if shape else "the random gpt2-124M"
+        print(f"{folder} is missing: making {what} there", flush=True)
+        make = ["make-shape", shape, folder, "--gpt2-vocab"] if shape else ["make-124m", folder]
+        run([sys.executable, REPO / "tools" / "fixtures" / "reference.py", *make], timeout=900)
     return folder
+
+
+def shape_defaults(args) -> None:
+    """--model and --gguf left out: /tmp/gpt2-124m-random(-f32.gguf), or with --shape,
+    /tmp/SHAPE-gpt2vocab(-f32.gguf)."""
+    stem = f"/tmp/{args.shape}-gpt2vocab" if args.shape else "/tmp/gpt2-124m-random"
+    if getattr(args, "model", None) is None:
+        args.model = Path(stem)
+    if getattr(args, "gguf", "absent") is None:
+        args.gguf = Path(f"{stem}-f32.gguf")
 
 
 def cmd_convert(args) -> int:
     """The converter's GPT-2 reads config.json's n_ctx, which transformers >= 5 no longer writes: it is given a
-    staging folder of links to the checkpoint's files with n_ctx (= n_positions) added to config.json."""
-    src, model = source_dir(args.llama_dir.resolve()), ensure_model(args.model.resolve())
+    staging folder of links to the checkpoint's files with n_ctx (= n_positions) added to config.json
+    (a Llama-family config, without n_positions, is left as it is)."""
+    src = source_dir(args.llama_dir.resolve())
+    model = ensure_model(args.model.resolve(), args.shape)
     paths = [str(src / "gguf-py"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     with tempfile.TemporaryDirectory(prefix="gguf-staging-") as staging:
@@ -176,9 +199,9 @@ def cmd_convert(args) -> int:
             if file.name != "config.json":
                 (Path(staging) / file.name).symlink_to(file)
         config = json.loads((model / "config.json").read_text())
-        (Path(staging) / "config.json").write_text(
-            json.dumps({"n_ctx": config["n_positions"], **config}, indent=2)
-        )
+        if "n_positions" in config:  # GPT-2
+            config = {"n_ctx": config["n_positions"], **config}
+        (Path(staging) / "config.json").write_text(json.dumps(config, indent=2))
         run(
             [
                 sys.executable,
@@ -345,7 +368,7 @@ def cmd_compare(args) -> int:
     from minirt import LLM, SamplingParams, load_checkpoint
 
     bin_dir = source_dir(args.llama_dir.resolve()) / "build" / "bin"
-    checkpoint = load_checkpoint(ensure_model(args.model))
+    checkpoint = load_checkpoint(ensure_model(args.model, args.shape))
     llms = {
         b: LLM(checkpoint, backend="numpy", dtype="float32", batch_size=b)
         for b in {1, *args.batches}
@@ -456,11 +479,14 @@ def main() -> int:
     )
     p.add_argument("dir", type=Path, help="where the sdist goes and is built (e.g. /tmp/llama-cpp)")
     p.set_defaults(func=cmd_build)
-    p = sub.add_parser("convert", help="convert a Hugging Face GPT-2 folder to an f32 GGUF")
+    p = sub.add_parser(
+        "convert", help="convert a Hugging Face GPT-2 or Llama-family folder to an f32 GGUF"
+    )
     p.add_argument(
         "model",
         type=Path,
-        help="checkpoint folder (made with tools/fixtures/reference.py make-124m if missing)",
+        help="checkpoint folder (made with tools/fixtures/reference.py make-124m, or make-shape "
+        "--gpt2-vocab with --shape, if missing)",
     )
     p.add_argument("out", type=Path, help="the .gguf file to write")
     p.add_argument(
@@ -476,11 +502,11 @@ def main() -> int:
         "(run it under flock /tmp/bench.lock)",
     )
     p.add_argument(
-        "--model", type=Path, default=Path("/tmp/gpt2-124m-random"), help="checkpoint folder"
+        "--model",
+        type=Path,
+        help="checkpoint folder (default /tmp/gpt2-124m-random, or /tmp/SHAPE-gpt2vocab)",
     )
-    p.add_argument(
-        "--gguf", type=Path, default=Path("/tmp/gpt2-124m-random-f32.gguf"), help="its f32 GGUF"
-    )
+    p.add_argument("--gguf", type=Path, help="its f32 GGUF (default: the folder's name -f32.gguf)")
     p.add_argument("--llama-dir", type=Path, default=Path("/tmp/llama-cpp"), help="the build DIR")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs per side (default 3)")
     p.add_argument("--threads", type=int, default=2, help="threads for both sides (default 2)")
@@ -523,7 +549,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     blas_env.add_blas_env_argument(p)
     p.set_defaults(func=cmd_compare)
+    for p in (sub.choices["convert"], sub.choices["compare"]):
+        p.add_argument(
+            "--shape",
+            choices=SHAPES,
+            help="a random model in this shape with GPT-2's vocabulary (made if missing)",
+        )
     args = parser.parse_args()
+    shape_defaults(args)
     return args.func(args)
 
 
