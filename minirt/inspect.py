@@ -202,7 +202,7 @@ def describe(checkpoint, llm: LLM, dtype, load_seconds: float) -> None:
     print(f"model      {checkpoint.folder}")
     print(f"config     {c.summary}")
     if checkpoint.head_is_tied:
-        head = "tied to wte"
+        head = "tied to the token embedding"
     else:
         head = "untied (lm_head.weight)"
     print(

@@ -268,7 +268,11 @@ class LLM:
         # None when the folder has no tokenizer (token-id prompts still work); a broken or
         # mismatched one is refused.
         self.tokenizer = load_tokenizer(
-            checkpoint.folder, config.eos_token_id, config.bos_token_id, config.vocab_size
+            checkpoint.folder,
+            config.eos_token_id,
+            config.bos_token_id,
+            config.vocab_size,
+            eos_token_ids=config.eos_token_ids,
         )
         self.defaults = generation_defaults(checkpoint.folder)
         # The model's chat template (None without one), compiled once: `chat` renders with it.

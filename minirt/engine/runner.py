@@ -167,7 +167,7 @@ def config_eos_ids(config) -> tuple[int, ...]:
     `special_ids` settles it) first, then the rest of its list (`eos_token_ids`, where the
     config keeps config.json's whole list), each once."""
     eos, _bos = special_ids(config.eos_token_id, config.bos_token_id, config.vocab_size)
-    listed = getattr(config, "eos_token_ids", None) or ()
+    listed = config.eos_token_ids
     ordered = [eos, *listed]
     inside = [i for i in ordered if i is not None and 0 <= i < config.vocab_size]
     return tuple(dict.fromkeys(inside))

@@ -67,6 +67,11 @@ class GPT2Config:
         return self.n_embd // self.n_head
 
     @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """GPT-2's one end id, as the families with several give theirs."""
+        return () if self.eos_token_id is None else (self.eos_token_id,)
+
+    @property
     def n_kv_head(self) -> int:
         """G: GPT-2 has a key/value head for each query head."""
         return self.n_head

@@ -72,6 +72,10 @@ class ModelConfig(Protocol):
     @property
     def eos_token_id(self) -> int | None: ...
 
+    # Every end id config.json names (Llama 3's several), eos_token_id first; () for none.
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+
 
 class Model(Protocol):
     """A model on a backend: one forward pass a round, KV caches for its rows, scoring."""

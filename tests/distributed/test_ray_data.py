@@ -21,6 +21,7 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="needs ray (pip install -e .[ray])")
@@ -31,7 +32,7 @@ from minirt.errors import MinirtError  # noqa: E402
 from minirt.distributed import ray_data as distributed  # noqa: E402 (after the importorskip above)
 from minirt.distributed import serve_on_ray as scale_out  # noqa: E402
 from minirt.generate import main as generate_main  # noqa: E402
-from conftest import completions  # noqa: E402
+from conftest import FIXTURES, completions  # noqa: E402
 
 WHAT_A_REQUEST_PRODUCED = (
     "index",
@@ -378,6 +379,33 @@ def test_the_api_takes_a_list_or_a_dataset(local_ray, tiny_lm):
         assert [(r["index"], r["token_ids"], r["text"]) for r in got] == [
             (o.index, o.token_ids, o.text) for o in want
         ]
+
+
+def test_a_llama_family_model_runs_on_ray_data_as_in_one_process(local_ray):
+    """A Llama-family folder (RoPE, grouped queries, a byte-fallback SentencePiece tokenizer)
+    through the Ray Data path: the records of one process, and its first token transformers'."""
+    from minirt import LLM, SamplingParams
+
+    folder = FIXTURES / "mistral_chat_byte_fallback"
+    prompts = ["Hello world, how are you today?", "Café 日本語 😀", [5, 6, 7]]
+    params = SamplingParams(max_tokens=5, temperature=1.0, top_k=20)
+    want = completions(LLM(folder, seed=4).generate(prompts, params))
+    overrides = {"max_new_tokens": 5, "temperature": 1.0, "top_k": 20}
+    dataset, _ = distributed.generate_dataset(prompts, str(folder), overrides=overrides, seed=4)
+    got = sorted((json.loads(r["record"]) for r in dataset.iter_rows()), key=lambda r: r["index"])
+    assert [(r["index"], r["token_ids"], r["text"]) for r in got] == [
+        (o.index, o.token_ids, o.text) for o in want
+    ]
+    # Greedy, the first token is transformers' pick after its own encoding (BOS included).
+    expected = np.load(folder / "expected.npz")
+    dataset, _ = distributed.generate_dataset(
+        prompts[:2], str(folder), overrides={"max_new_tokens": 1, "temperature": 0.0}
+    )
+    got = sorted((json.loads(r["record"]) for r in dataset.iter_rows()), key=lambda r: r["index"])
+    for b, record in enumerate(got):
+        sequence = expected[f"seq_{b}"]
+        assert record["prompt_tokens"] == len(sequence)
+        assert record["token_ids"] == [int(expected["logits"][b, len(sequence) - 1].argmax())]
 
 
 @pytest.mark.parametrize(

@@ -66,12 +66,12 @@ def test_a_configs_list_of_end_ids_is_the_runners_inside_its_vocabulary():
     )
     assert config_eos_ids(config) == (9, 4)
     # A config that keeps one id (GPT-2's) has that one alone; none outside the vocabulary.
-    assert config_eos_ids(SimpleNamespace(eos_token_id=9, bos_token_id=None, vocab_size=100)) == (
-        9,
+    one = SimpleNamespace(eos_token_id=9, bos_token_id=None, vocab_size=100, eos_token_ids=(9,))
+    assert config_eos_ids(one) == (9,)
+    outside = SimpleNamespace(
+        eos_token_id=100, bos_token_id=None, vocab_size=100, eos_token_ids=(100,)
     )
-    assert (
-        config_eos_ids(SimpleNamespace(eos_token_id=100, bos_token_id=None, vocab_size=100)) == ()
-    )
+    assert config_eos_ids(outside) == ()
 
 
 def test_generation_configs_second_end_id_stops_a_completion_and_leaves_its_text_out(

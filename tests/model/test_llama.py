@@ -260,3 +260,9 @@ def test_config_json_of_each_fixture_names_its_family():
         raw = json.loads((FIXTURES / name / "config.json").read_text())
         assert raw["architectures"] == [architecture]
         assert load_checkpoint(FIXTURES / name).config.architecture == architecture
+
+
+def test_linear_scaling_divides_every_frequency_by_its_factor():
+    plain = inverse_frequencies(RopeSettings(theta=10000.0), 8)
+    linear = inverse_frequencies(RopeSettings(theta=10000.0, rope_type="linear", factor=4.0), 8)
+    assert np.allclose(linear, plain / 4, rtol=1e-6)
