@@ -1,7 +1,9 @@
-"""minirt: a GPT-2 inference runtime written from scratch in NumPy (CPU) and CuPy (GPU).
+"""minirt: an inference runtime for GPT-2 and the Llama family (Llama 2/3, SmolLM2, TinyLlama,
+Mistral, Qwen2, Qwen3), written from scratch in NumPy (CPU) and CuPy (GPU).
 
 `LLM(model).generate(prompts, SamplingParams(...))` serves prompts in static groups (or with
-`policy="continuous"`); `load_model(model).logits(token_ids)` scores sequences in one padded batch.
+`policy="continuous"`); `LLM(model).chat(messages)` renders the model's chat template first;
+`load_model(model).logits(token_ids)` scores sequences in one padded batch.
 docs/walkthrough.md follows one request through the modules in the order to read them.
 """
 

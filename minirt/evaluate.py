@@ -97,8 +97,8 @@ def text_loss(
 def build_parser(prog: str = "python -m minirt.evaluate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Mean token loss and perplexity of a text under a GPT-2 model, computed by "
-        "minirt's forward pass.",
+        description="Mean token loss and perplexity of a text under a model (GPT-2 or the Llama "
+        "family), computed by minirt's forward pass.",
         epilog="""examples:
   python -m minirt.evaluate --text weights/shakespeare-gpt2-tiny/validation.txt
   python -m minirt.evaluate --model gpt2 --text wiki.txt --stride 512 --json

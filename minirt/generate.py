@@ -113,8 +113,8 @@ exit status:
 def build_parser(prog: str = "python -m minirt.generate") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Generate completions for a file of prompts with a GPT-2 model, served in "
-        "static groups (or with continuous batching, --policy continuous).",
+        description="Generate completions for a file of prompts with a model (GPT-2 or the Llama "
+        "family), served in static groups (or with continuous batching, --policy continuous).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

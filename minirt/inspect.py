@@ -68,8 +68,8 @@ def parse_ids(text: str) -> list[int]:
 def build_parser(prog: str = "python -m minirt.inspect") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Load a GPT-2 checkpoint with minirt, describe it, and show the next-token "
-        "predictions for prompts.",
+        description="Load a checkpoint (GPT-2 or the Llama family) with minirt, describe it, and "
+        "show the next-token predictions for prompts.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -66,8 +66,8 @@ field and default, endpoint, error and metric.
 def build_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
-        description="Serve a GPT-2 checkpoint over HTTP with OpenAI's completions API, "
-        "batching the requests of many clients at once.",
+        description="Serve a checkpoint (GPT-2 or the Llama family) over HTTP with OpenAI's "
+        "completions and chat completions APIs, batching the requests of many clients at once.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
