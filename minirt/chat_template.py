@@ -1,8 +1,9 @@
 """A model's chat template: a conversation rendered into the prompt text its model was trained on.
 
-Owns: `ChatTemplate` (a template compiled once, with the special-token strings it is given, and
-`render`), `load_chat_template` (a model folder's template, read once at load), and
-`check_messages` (a conversation's shape, refused in one line naming the message and field).
+Owns: `ChatTemplate` (a template compiled once, with the special-token strings it is given, its
+content format, and `render`), `load_chat_template` (a model folder's template, read once at
+load), `check_messages` (a conversation's shape, refused in one line naming the message and
+field) and `detected_content_format`.
 This is the only module of minirt that imports jinja2, and only when a template is compiled, so
 that minirt works without it; chat needs it (`pip install jinja2`, or the `chat` extra).
 
@@ -13,10 +14,17 @@ indent, separators and sort_keys), the globals `raise_exception` and `strftime_n
 variables `messages`, `add_generation_prompt`, `tools` and `documents` (None unless given), and
 each special token tokenizer_config.json names (`bos_token`, `eos_token`, `unk_token`,
 `pad_token`, ...: a string, or an AddedToken object's "content").  A message's keys whose value
-is None are left out, as transformers 5 leaves them (many templates print "None" otherwise); a
-content given as a list of text parts reaches the template as that list, as in transformers (a
-template that reads a string alone fails on it: that request's error).  minirt reads text alone:
-a part of another type (an image) is refused, naming it.
+is None are left out, as transformers 5 leaves them (many templates print "None" otherwise).
+
+A message's content reaches the template in the template's own "content format", as vLLM gives it
+(`--chat-template-content-format`): read once at load from the template's code (its jinja2 AST,
+`detected_content_format`), a template that loops over a message's content (`for part in
+message['content']`, through aliases, filters and slices) or indexes it (`content[0]['text']`)
+takes "openai": every content a list of {"type": "text", "text"} parts, a string one part; any
+other takes "string": a list of text parts joined with "\n" (Llama 3's, ChatML's and most others
+would fail on a list, or print it).  A caller may name the format instead ("string", "openai";
+"auto" is the template's own).  minirt reads text alone: a part of another type (an image) is
+refused in one line naming `messages[i].content[j].type`.
 
 Where the template comes from: a `chat_template.jinja` beside the tokenizer (how transformers
 saves it since 4.50; it wins, as it does in transformers), else tokenizer_config.json's
@@ -31,6 +39,7 @@ Must not know: how requests are made or served, HTTP, or the engine.
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import datetime
 from pathlib import Path
@@ -62,6 +71,10 @@ LEAST_JINJA2 = (3, 1, 6)
 MAX_TEMPLATE_BYTES = 4 * 2**20
 
 NO_JINJA2 = "chat templates need jinja2 >= 3.1.6: pip install jinja2 (or minirt's chat extra)"
+
+# How a message's content reaches the template (vLLM's --chat-template-content-format): "string",
+# its text parts joined with "\n"; "openai", a list of text parts; "auto", as the template reads it.
+CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 class TemplateRaised(Exception):
@@ -116,6 +129,101 @@ def compile_template(source: str, where: str):
         ) from None
 
 
+def detected_content_format(compiled, source: str) -> str:
+    """A compiled template's content format, from its code (vLLM's detection, a little wider):
+    "openai" where it loops over a message's content or indexes it by a number, else "string"."""
+    nodes = jinja2_module().nodes
+    tree = compiled.environment.parse(source)
+    return "openai" if ContentReading(nodes, tree).reads_parts() else "string"
+
+
+class ContentReading:
+    """How a template's AST reads message content.  Names are followed as vLLM follows them, by
+    what is assigned to them anywhere (`{% set loop_messages = messages[1:] %}`), not by scope:
+    the lists of messages (`messages`, and names set to it), the messages (the targets of loops
+    over those lists, `messages[0]`, and names set to one), and the contents (`message['content']`
+    or `message.content` of a message, and names set to one)."""
+
+    def __init__(self, nodes, tree):
+        self.nodes = nodes
+        self.tree = tree
+        self.lists = self.names_set_to({"messages"}, self.is_list)
+        self.messages = self.names_set_to(self.loop_targets(), self.is_message)
+        self.contents = self.names_set_to(set(), self.is_content)
+
+    def reads_parts(self) -> bool:
+        """Whether the template loops over a content, or indexes one by a number."""
+        for node in self.tree.find_all((self.nodes.For, self.nodes.Getitem)):
+            if isinstance(node, self.nodes.For) and self.is_content(node.iter):
+                return True
+            if isinstance(node, self.nodes.Getitem) and self.is_number(node.arg):
+                if self.is_content(node.node):
+                    return True
+        return False
+
+    def names_set_to(self, names: set[str], matches) -> set[str]:
+        """`names`, and every name assigned something `matches` says is one of them (to a fixed
+        point: `a = messages`, `b = a[1:]`)."""
+        found = set(names)
+        grown = True
+        while grown:
+            grown = False
+            for assign in self.tree.find_all(self.nodes.Assign):
+                target = assign.target
+                if isinstance(target, self.nodes.Name) and target.name not in found:
+                    if matches(assign.node, found):
+                        found.add(target.name)
+                        grown = True
+        return found
+
+    def loop_targets(self) -> set[str]:
+        """The names loops over a list of messages bind: `{% for message in messages %}`."""
+        targets = set()
+        for loop in self.tree.find_all(self.nodes.For):
+            if isinstance(loop.target, self.nodes.Name) and self.is_list(loop.iter):
+                targets.add(loop.target.name)
+        return targets
+
+    def bare(self, node):
+        """`node` without the filters, tests and slices around it (`x | trim`, `x[1:]`)."""
+        nodes = self.nodes
+        while True:
+            if isinstance(node, (nodes.Filter, nodes.Test)) and node.node is not None:
+                node = node.node
+            elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+                node = node.node
+            else:
+                return node
+
+    def is_name(self, node, names: set[str]) -> bool:
+        node = self.bare(node)
+        return isinstance(node, self.nodes.Name) and node.ctx == "load" and node.name in names
+
+    def is_number(self, node) -> bool:
+        """An index written as a whole number: `[0]`, `[-1]`."""
+        if isinstance(node, self.nodes.Neg):
+            node = node.node
+        return isinstance(node, self.nodes.Const) and type(node.value) is int
+
+    def is_list(self, node, names: set[str] | None = None) -> bool:
+        return self.is_name(node, self.lists if names is None else names)
+
+    def is_message(self, node, names: set[str] | None = None) -> bool:
+        node = self.bare(node)
+        if isinstance(node, self.nodes.Getitem) and self.is_number(node.arg):
+            return self.is_list(node.node)
+        return self.is_name(node, self.messages if names is None else names)
+
+    def is_content(self, node, names: set[str] | None = None) -> bool:
+        node = self.bare(node)
+        nodes = self.nodes
+        if isinstance(node, nodes.Getattr) and node.attr == "content":
+            return self.is_message(node.node)
+        if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
+            return node.arg.value == "content" and self.is_message(node.node)
+        return self.is_name(node, self.contents if names is None else names)
+
+
 class ChatTemplate:
     """A chat template, compiled once: `render(messages)` is the prompt text.  Without jinja2
     the template is kept uncompiled, and rendering says how to install it."""
@@ -128,13 +236,33 @@ class ChatTemplate:
         try:
             self.compiled = compile_template(source, where)
             self.missing_jinja2: str | None = None
+            # How its code reads a message's content, read once; `content_format` is the one used.
+            self.detected_format = detected_content_format(self.compiled, source)
         except RequestError as exc:
             self.compiled = None
             self.missing_jinja2 = str(exc)
+            self.detected_format = "string"
+        self.content_format = self.detected_format
 
     def with_source(self, source: str) -> ChatTemplate:
         """Another template (a caller's own), given the same special tokens."""
         return ChatTemplate(source, "the chat_template argument", self.special_tokens)
+
+    def with_content_format(self, content_format: str) -> ChatTemplate:
+        """This template, rendering every content in `content_format` ("string", "openai"; "auto":
+        the detected one).  Another value is a RequestError naming the field."""
+        if content_format not in CONTENT_FORMATS:
+            message = (
+                f"chat_template_content_format must be one of {', '.join(CONTENT_FORMATS)}; "
+                f"got {content_format!r}"
+            )
+            raise RequestError(message, "chat_template_content_format")
+        chosen = copy.copy(self)
+        if content_format != "auto":
+            chosen.content_format = content_format
+        else:
+            chosen.content_format = self.detected_format
+        return chosen
 
     def render(
         self,
@@ -147,7 +275,7 @@ class ChatTemplate:
         """The conversation as its prompt text.  A bad conversation, or a template that refuses
         it or fails on it, is a RequestError whose field is "messages"."""
         try:
-            checked = check_messages(messages)
+            checked = check_messages(messages, self.content_format)
             variables = {**self.special_tokens, **checked_extra(extra)}
         except RecursionError:
             raise RequestError("the conversation nests too deeply to render", "messages") from None
@@ -207,11 +335,12 @@ def plain(value, where: str):
     raise TypeError(f"{where} must hold JSON's types (str, numbers, lists, dicts), got {value!r}")
 
 
-def check_messages(messages) -> list[dict]:
+def check_messages(messages, content_format: str = "string") -> list[dict]:
     """A conversation as a template sees it: a non-empty list of messages, each a dict with a
-    role (one of ROLES) and a content that is a string, a list of text parts or None; other
-    keys pass through as plain data, None-valued keys are left out.  A RequestError names the
-    message and field (`messages[2].role`)."""
+    role (one of ROLES) and a content that is a string, a list of text parts or None, given in
+    `content_format` ("string" or "openai": `checked_content`); other keys pass through as plain
+    data, None-valued keys are left out.  A RequestError names the message and field
+    (`messages[2].role`)."""
     if not isinstance(messages, (list, tuple)):
         shown = type(messages).__name__
         raise RequestError(f"messages must be a list of messages, got {shown}", "messages")
@@ -219,10 +348,12 @@ def check_messages(messages) -> list[dict]:
         raise RequestError(
             "messages is empty: a conversation needs one message at least", "messages"
         )
-    return [checked_message(index, message) for index, message in enumerate(messages)]
+    return [
+        checked_message(index, message, content_format) for index, message in enumerate(messages)
+    ]
 
 
-def checked_message(index: int, message) -> dict:
+def checked_message(index: int, message, content_format: str) -> dict:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         shown = type(message).__name__
@@ -241,7 +372,7 @@ def checked_message(index: int, message) -> dict:
         if value is None:
             continue
         if key == "content":
-            value = checked_content(where, value)
+            value = checked_content(where, value, content_format)
         try:
             checked[key] = plain(value, f"{where}.{key}")
         except TypeError as exc:
@@ -249,23 +380,40 @@ def checked_message(index: int, message) -> dict:
     return checked
 
 
-def checked_content(where: str, content):
-    """A content as the template sees it: a string, or a list of text parts as given (as
-    transformers passes it; minirt reads text alone, so any other part is refused)."""
+def checked_content(where: str, content, content_format: str):
+    """A content in the template's format: "string", a string (a list of text parts joined with
+    "\n", as vLLM joins them); "openai", a list of {"type": "text", "text"} parts (a string is one
+    part).  minirt reads text alone, so a part of another type is refused, naming it."""
     if isinstance(content, str):
-        return content
-    if not isinstance(content, (list, tuple)):
+        texts = [content]
+    elif isinstance(content, (list, tuple)):
+        texts = [part_text(f"{where}.content[{place}]", part) for place, part in enumerate(content)]
+    else:
         message = f"{where}.content must be a string or a list of text parts, got {content!r}"
         raise RequestError(message, "messages")
-    for place, part in enumerate(content):
-        at = f"{where}.content[{place}]"
-        if not isinstance(part, dict) or part.get("type") != "text":
-            shown = part.get("type") if isinstance(part, dict) else type(part).__name__
-            message = f'{at} must be a text part {{"type": "text", "text": ...}}, got {shown!r}'
-            raise RequestError(message + " (minirt reads text alone)", "messages")
-        if not isinstance(part.get("text"), str):
-            raise RequestError(f"{at}.text must be a string, got {part.get('text')!r}", "messages")
-    return content
+    if content_format == "openai":
+        return [{"type": "text", "text": text} for text in texts]
+    return "\n".join(texts)
+
+
+def part_text(at: str, part) -> str:
+    """A content part's text; a part that is not {"type": "text", "text": a string} is refused
+    in one line naming it (`messages[1].content[0].type`)."""
+    if not isinstance(part, dict):
+        shown = type(part).__name__
+        message = f'{at} must be a part {{"type": "text", "text": ...}}, got {shown}'
+        raise RequestError(message, "messages")
+    kind = part.get("type")
+    if kind != "text":
+        message = (
+            f"{at}.type is {kind!r}: minirt reads text alone, so a part must be "
+            '{"type": "text", "text": ...}'
+        )
+        raise RequestError(message, "messages")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise RequestError(f"{at}.text must be a string, got {text!r}", "messages")
+    return text
 
 
 def load_chat_template(folder: str | Path) -> ChatTemplate | None:

@@ -451,6 +451,7 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         chat_template_kwargs: dict | None = None,
+        chat_template_content_format: str = "auto",
         tools: list | None = None,
         on_final: Callable[[RequestOutput], None] | None = None,
         on_token: Callable[[TokenEvent], None] | None = None,
@@ -463,12 +464,16 @@ class LLM:
         `messages`: one conversation (a list of {"role", "content"} dicts) or a list of them.
         `add_generation_prompt`: end with the template's opening of the assistant's turn.
         `chat_template_kwargs`: more variables for the template; `tools`: its `tools`.
+        `chat_template_content_format` (vLLM's): how a message's content reaches the template:
+        "string" (a list of text parts joined with "\n"), "openai" (a list of text parts, a string
+        one part), or "auto": as the template's code reads it (minirt/chat_template.py).
         `sampling_params`, `on_final`, `on_token`: as `generate` takes them.  A conversation the
         template refuses (or a model with no template) is a RequestError, before anything
         runs."""
         self.engine.refuse_reentry("LLM.chat")
         conversations = conversations_of(messages)
         template = self.template_for(chat_template)
+        template = template.with_content_format(chat_template_content_format)
         prompts = []
         for number, conversation in enumerate(conversations):
             where = f"conversation {number}: " if len(conversations) > 1 else ""

@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from .chat_template import CONTENT_FORMATS
 from .cli.command import EXIT_OK, add_version_flag, parse_command_line, run_command
 from .cli.serving_flags import add_serving_flags, kv_budget_arguments, llm_from_flags
 from .errors import MinirtError, require_at_least_one
@@ -95,9 +96,23 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)",
     )
     add_batching_flags(p)
+    add_chat_flags(p)
     add_limit_flags(p)
     add_version_flag(p)
     return p
+
+
+def add_chat_flags(p) -> None:
+    """How a chat request's conversation reaches the model's template."""
+    p.add_argument(
+        "--chat-template-content-format",
+        choices=CONTENT_FORMATS,
+        default="auto",
+        help="how a message's content reaches the chat template: string (its text parts joined "
+        'with newlines), openai (a list of {"type": "text", "text": ...} parts, a string one '
+        "part), or auto (default): openai where the template loops over a message's content or "
+        "indexes it, else string",
+    )
 
 
 def add_batching_flags(p) -> None:
@@ -238,6 +253,9 @@ def load(args) -> tuple[LLM, str]:
     else:
         folder = resolve_model_folder(args.model)
     llm = llm_from_flags(args, folder)
+    if llm.chat_template is not None:
+        content_format = args.chat_template_content_format
+        llm.chat_template = llm.chat_template.with_content_format(content_format)
     if llm.engine.kv_budget_positions < 1:
         raise MinirtError(
             f"--kv-budget {args.kv_budget} holds no token's keys and values for this model "

@@ -4,12 +4,15 @@ Owns: `ChatCompletions`, the route's handler.  Its way: a model with no chat tem
 400 at once, saying so; the body is read and checked (minirt/server/protocol.py's
 `ChatCompletionRequest`: 400 naming the field); the conversation is rendered with the model's
 template and encoded with no special tokens added (`LLM.template_for`, `LLM.chat_prompt_ids`,
-through minirt/chat_template.py), off the event loop as every encoding is; a conversation the
-template refuses (its `raise_exception`), a bad message (its index and field named), or a
-prompt longer than the context is a 400 whose param is "messages".  Then its n choices go the
-way every completion goes (minirt/server/completion_flow.py: the hand-over to the engine's
-client, the watcher of a client that leaves, the stream or the whole answer), worded by
-minirt/server/chat_responses.py.
+through minirt/chat_template.py), off the event loop as every encoding is.  A message's content
+given as a list of text parts reaches the template in its content format (joined with "\n" for a
+template that reads a string, a list for one that loops over it; `minirt serve
+--chat-template-content-format` names it instead).  A conversation the template refuses (its
+`raise_exception`), a bad message (its index and field named: an image part is
+`messages[i].content[j].type`), or a prompt longer than the context is a 400 whose param is
+"messages".  Then its n choices go the way every completion goes (minirt/server/
+completion_flow.py: the hand-over to the engine's client, the watcher of a client that leaves,
+the stream or the whole answer), worded by minirt/server/chat_responses.py.
 
 Must not know: jinja2 or how a template is rendered, how rounds are computed, the engine beyond
 its client, or how the process starts and stops.

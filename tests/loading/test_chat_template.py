@@ -48,7 +48,8 @@ def test_each_case_renders_as_transformers_rendered_it(case):
     part = non_text_part(case["messages"])
     if part is not None:
         # minirt reads text alone: an image part is refused, naming it, where transformers passes it on.
-        with pytest.raises(RequestError, match=rf"messages\[{part[0]}\]\.content\[{part[1]}\]"):
+        at = rf"messages\[{part[0]}\]\.content\[{part[1]}\]\.type"
+        with pytest.raises(RequestError, match=at):
             render()
     elif case.get("error") is not None:
         with pytest.raises(RequestError) as caught:
@@ -125,6 +126,213 @@ def test_rendered_ids_equal_transformers_apply_chat_template_live():
         )
         ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
         assert tokenizer.encode(ours, add_special_tokens=False) == list(ids), case_id(case)
+
+
+# ---------------------------------------------------------------- content parts: the content format
+
+# Each template's content format, read off its code by hand: only parts_tojson loops over a
+# message's content ({% for part in message.content %}); the others add it to strings (`+`,
+# `| trim`, `.strip()`), so a list of parts reaches them as its text joined with "\n".
+FORMATS = {
+    "llama3": "string",
+    "qwen2_5_chatml": "string",
+    "smollm2_chatml": "string",
+    "llama2": "string",
+    "mistral_inst": "string",
+    "parts_tojson": "openai",
+}
+TOKENIZER_FORMATS = {"byte_level": "string", "byte_fallback": "string"}
+LLAMA3_SPECIALS = {"bos_token": "<|begin_of_text|>"}
+
+
+def as_parts(messages, split=None):
+    """`messages` with each string content a list of text parts: one part, or `split` pieces."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            pieces = [content] if split is None else content.split(split)
+            content = [{"type": "text", "text": piece} for piece in pieces]
+        out.append({**message, "content": content})
+    return out
+
+
+def test_every_template_in_the_fixtures_is_given_a_format():
+    assert set(FORMATS) == set(CASES["templates"])
+    folders = {
+        path.parent.name for path in (FIXTURES / "tokenizers").glob("*/tokenizer_config.json")
+    }
+    assert folders == set(TOKENIZER_FORMATS)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_cases_template_is_detected_in_the_format_its_code_reads(name):
+    template = ChatTemplate(CASES["templates"][name], "cases.json")
+    assert template.detected_format == template.content_format == FORMATS[name]
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZER_FORMATS))
+def test_each_tokenizer_fixtures_template_is_detected_in_its_format(name):
+    template = load_chat_template(FIXTURES / "tokenizers" / name)
+    assert template is not None and template.detected_format == TOKENIZER_FORMATS[name]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}",
+            "openai",
+        ),
+        ("{% for m in messages %}{{ m['content'][0]['text'] }}{% endfor %}", "openai"),
+        ("{{ messages[0]['content'][0].text }}{{ messages[-1].content[-1].text }}", "openai"),
+        ("{{ messages[-1].content[-1].text }}", "openai"),
+        (
+            "{% set loop_messages = messages[1:] %}{% for m in loop_messages %}"
+            "{% for p in m['content'] | selectattr('type', 'equalto', 'text') %}{% endfor %}{% endfor %}",
+            "openai",
+        ),
+        (
+            "{% for m in messages %}{% set c = m['content'] %}{% for p in c %}{% endfor %}{% endfor %}",
+            "openai",
+        ),
+        (
+            "{% set first = messages[0] %}{% for p in first.content %}{{ p.text }}{% endfor %}",
+            "openai",
+        ),
+        ("{% for m in messages %}{{ m['content'] | trim }}{% endfor %}", "string"),
+        ("{% for m in messages %}{% set c = m['content'] %}{{ c.strip() }}{% endfor %}", "string"),
+        (
+            "{% for m in messages %}{% for t in tools %}{{ t }}{% endfor %}{{ m.content }}{% endfor %}",
+            "string",
+        ),
+        (
+            "{% for m in messages %}{% for p in other.content %}{% endfor %}{{ m.content[1:] }}{% endfor %}",
+            "string",
+        ),
+        ("{% for m in messages %}{{ m['content'] }}{{ m['tool_calls'][0] }}{% endfor %}", "string"),
+    ],
+)
+def test_the_detection_follows_loops_indexes_aliases_filters_and_slices(source, expected):
+    assert ChatTemplate(source, "t").detected_format == expected
+
+
+def test_a_string_format_template_given_text_parts_renders_as_given_their_joined_text():
+    """Llama 3's template (the byte_level fixture's) adds the content to strings: the parts arrive
+    joined with "\n" (vLLM's join), and the prompt is the one the joined string gives."""
+    template = load_chat_template(FIXTURES / "tokenizers" / "byte_level")
+    parts = [{"type": "text", "text": " What is"}, {"type": "text", "text": "2 + 2? "}]
+    rendered = template.render([{"role": "user", "content": parts}])
+    # By hand: the header, the joined text trimmed (`| trim`), the end of the turn, the opening.
+    assert rendered == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is\n2 + 2?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert rendered == template.render([{"role": "user", "content": " What is\n2 + 2? "}])
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        case
+        for case in CASES["cases"]
+        if FORMATS[case["template"]] == "string"
+        and not case.get("error")
+        and non_text_part(case["messages"]) is None
+    ],
+    ids=case_id,
+)
+def test_single_text_parts_render_as_transformers_rendered_the_strings(case):
+    """Each string-format case with its contents sent as parts: transformers' own render of the
+    strings (cases.json), to the character."""
+    template = ChatTemplate(
+        CASES["templates"][case["template"]], "cases.json", case["special_tokens"]
+    )
+    messages = as_parts(case["messages"])
+    assert template.render(messages, case["add_generation_prompt"]) == case["rendered"]
+
+
+@requires_reference
+def test_text_parts_render_as_transformers_renders_their_joined_text_live():
+    """Every string-format template on every conversation, each content cut at its spaces into
+    parts: transformers' apply_chat_template of the contents joined with "\n" (vLLM's join)."""
+    from jinja2.exceptions import TemplateError
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(CHAT_FIXTURE))
+    model_template = load_chat_template(CHAT_FIXTURE)
+    conversations = {case["conversation"]: case["messages"] for case in CASES["cases"]}
+    checked = 0
+    for name in (name for name, kind in FORMATS.items() if kind == "string"):
+        template = model_template.with_source(CASES["templates"][name])
+        for conversation, messages in conversations.items():
+            if non_text_part(messages) is not None:
+                continue
+            joined = [
+                {**m, "content": m["content"].replace(" ", "\n")}
+                if isinstance(m["content"], str)
+                else m
+                for m in messages
+            ]
+            try:
+                theirs = hf.apply_chat_template(
+                    joined,
+                    chat_template=CASES["templates"][name],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+            except TemplateError:
+                with pytest.raises(RequestError):
+                    template.render(as_parts(messages, split=" "))
+                continue
+            assert template.render(as_parts(messages, split=" ")) == theirs, (name, conversation)
+            checked += 1
+    assert checked >= 20
+
+
+def test_an_openai_format_template_receives_every_content_as_a_list_of_text_parts():
+    """A template that loops over the content gets the parts ({"type", "text"} alone: other keys
+    are dropped), and a string content as one part."""
+    template = ChatTemplate(
+        "{% for m in messages %}{% for p in m.content %}{% endfor %}{{ m.content | tojson }}|"
+        "{% endfor %}",
+        "t",
+    )
+    assert template.content_format == "openai"
+    parts = [{"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}}]
+    rendered = template.render(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": parts}], False
+    )
+    assert rendered == '[{"type": "text", "text": "s"}]|[{"type": "text", "text": "a"}]|'
+    # parts_tojson (transformers' render in cases.json): the parts' texts, one after the other.
+    parts_tojson = ChatTemplate(CASES["templates"]["parts_tojson"], "t", {"bos_token": "<s>"})
+    two = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert parts_tojson.render([{"role": "user", "content": two}], False) == (
+        "<s><|start_header_id|>user<|end_header_id|>\n\nab<|eot_id|>"
+    )
+
+
+def test_a_content_format_given_overrides_the_detected_one():
+    llama3 = ChatTemplate(CASES["templates"]["llama3"], "t", LLAMA3_SPECIALS)
+    parts_tojson = ChatTemplate(CASES["templates"]["parts_tojson"], "t", LLAMA3_SPECIALS)
+    two = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    ]
+    head = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n"
+    # "string" on a template that takes lists: it gets the joined text, and prints it.
+    assert parts_tojson.with_content_format("string").render(two, False) == head + "a\nb<|eot_id|>"
+    # "openai" on Llama 3's: the list reaches `| trim`, which prints it (what transformers does).
+    forced = llama3.with_content_format("openai")
+    listed = "[{'type': 'text', 'text': 'a'}, {'type': 'text', 'text': 'b'}]"
+    assert forced.render(two, False) == head + listed + "<|eot_id|>"
+    # "auto" is the template's own again; the original is untouched.
+    assert forced.with_content_format("auto").render(two, False) == head + "a\nb<|eot_id|>"
+    assert llama3.content_format == "string" and forced.detected_format == "string"
+    with pytest.raises(
+        RequestError, match="must be one of auto, string, openai; got 'json'"
+    ) as caught:
+        llama3.with_content_format("json")
+    assert caught.value.field == "chat_template_content_format" and "\n" not in str(caught.value)
 
 
 # ---------------------------------------------------------------- where the template comes from
@@ -257,7 +465,11 @@ def test_the_template_is_sandboxed_and_its_failures_are_the_requests():
         ([{"role": "user", "content": 5}], r"messages\[0\]\.content must be a string or a list"),
         (
             [{"role": "user", "content": [{"type": "image_url"}]}],
-            r"messages\[0\]\.content\[0\] must be a text part",
+            r"messages\[0\]\.content\[0\]\.type is 'image_url': minirt reads text alone",
+        ),
+        (
+            [{"role": "user", "content": "a"}, {"role": "user", "content": ["b"]}],
+            r"messages\[1\]\.content\[0\] must be a part",
         ),
         (
             [{"role": "user", "content": [{"type": "text", "text": 1}]}],
@@ -348,6 +560,38 @@ def test_chat_refusals_name_the_conversation(chat_llm):
         chat_llm.chat([good, [{"role": "robot", "content": "b"}]])
     with pytest.raises(TypeError, match="messages must be a conversation"):
         chat_llm.chat("hello")
+
+
+def test_chat_with_text_parts_equals_chat_with_their_joined_text(chat_llm):
+    params = SamplingParams(temperature=0, max_tokens=8)
+    parts = [{"type": "text", "text": "ROMEO,"}, {"type": "text", "text": "speak."}]
+    (listed,) = chat_llm.chat([{"role": "user", "content": parts}], params)
+    (joined,) = chat_llm.chat([{"role": "user", "content": "ROMEO,\nspeak."}], params)
+    assert listed.prompt == f"USER:\nROMEO,\nspeak.{EOS}\nASSISTANT:\n" == joined.prompt
+    assert listed.prompt_token_ids == hf_ids(joined.prompt)
+    assert listed.outputs[0].token_ids == joined.outputs[0].token_ids
+
+
+def test_chat_takes_the_content_format_and_refuses_a_bad_one(chat_llm):
+    parts = [{"type": "text", "text": "x"}]
+    (out,) = chat_llm.chat(
+        [{"role": "user", "content": parts}],
+        SamplingParams(max_tokens=1),
+        chat_template_content_format="openai",
+    )
+    # The test template prints the content as it gets it: the list.
+    assert out.prompt == f"USER:\n[{{'type': 'text', 'text': 'x'}}]{EOS}\nASSISTANT:\n"
+    two = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    (out,) = chat_llm.chat(
+        [{"role": "user", "content": two}],
+        SamplingParams(max_tokens=1),
+        chat_template="{% for m in messages %}{% for p in m.content %}<{{ p }}>{% endfor %}{% endfor %}",
+        chat_template_content_format="string",
+    )
+    # "string" on a template that loops: it loops over the joined text's characters.
+    assert out.prompt == "<a><\n><b>"
+    with pytest.raises(RequestError, match="chat_template_content_format must be one of"):
+        chat_llm.chat([{"role": "user", "content": "x"}], chat_template_content_format="list")
 
 
 def test_a_model_without_a_template_refuses_chat_saying_so():

@@ -12,7 +12,7 @@ import openai
 import pytest
 from serving import Server, serve_tests
 from chat_models import EOS, chat_model, hf_ids
-from conftest import completions
+from conftest import FIXTURES, completions
 
 from minirt import LLM, SamplingParams
 
@@ -223,7 +223,7 @@ def test_max_completion_tokens_and_stop_as_the_completions_route_takes_them(clie
                 ]
             },
             "messages",
-            "messages[0].content[0] must be a text part",
+            "messages[0].content[0].type is 'image_url': minirt reads text alone",
         ),
         ({"messages": "hi"}, "messages", "messages"),
         ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
@@ -271,3 +271,83 @@ def test_a_model_with_no_template_keeps_its_400(tmp_path):
             running.client().chat.completions.create(model="plain", messages=CONVERSATION)
         assert "no chat template" in caught.value.body["message"]
         assert running.stop() == 0
+
+
+# ---------------------------------------------------------------- content as a list of text parts
+
+
+def text_parts(*texts: str) -> list[dict]:
+    return [{"type": "text", "text": text} for text in texts]
+
+
+@pytest.fixture(scope="module")
+def llama_server():
+    folder = FIXTURES / "llama_chat_byte_level"
+    with Server("--model", str(folder), "--served-model-name", "llama") as running:
+        yield running
+        assert running.stop() == 0
+
+
+def test_text_parts_from_the_openai_client_get_the_answer_of_their_joined_text(llama_server):
+    """Llama 3's template reads a string: the parts reach it joined with "\n" (vLLM's join), so
+    the answer is the one the joined string gets, token for token."""
+    client = llama_server.client()
+    listed = [
+        {"role": "system", "content": text_parts("You are terse.", "Answer briefly.")},
+        {"role": "user", "content": text_parts("What is", "2 + 2?")},
+    ]
+    joined = [
+        {"role": "system", "content": "You are terse.\nAnswer briefly."},
+        {"role": "user", "content": "What is\n2 + 2?"},
+    ]
+    answers = [
+        client.chat.completions.create(
+            model="llama", messages=messages, max_tokens=8, temperature=0
+        )
+        for messages in (listed, joined)
+    ]
+    assert answers[0].usage.prompt_tokens == answers[1].usage.prompt_tokens
+    ids = [answer.choices[0].model_extra["minirt"]["token_ids"] for answer in answers]
+    assert ids[0] == ids[1] and len(ids[0]) > 0
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+
+
+def test_an_image_part_from_the_openai_client_is_a_400_naming_it(llama_server):
+    content = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        llama_server.client().chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": content}], max_tokens=2
+        )
+    assert caught.value.status_code == 400 and caught.value.body["param"] == "messages"
+    message = caught.value.body["message"]
+    assert "messages[0].content[1].type is 'image_url'" in message and "\n" not in message
+
+
+def test_the_content_format_flag_overrides_the_templates_own(client, folder):
+    """The test template prints the content as it gets it: by default the joined text; with
+    --chat-template-content-format openai, the list of parts."""
+    messages = [{"role": "user", "content": text_parts("x")}]
+    answer = client.chat.completions.create(model=NAME, messages=messages, max_tokens=1)
+    assert answer.usage.prompt_tokens == len(hf_ids(f"USER:\nx{EOS}\nASSISTANT:\n"))
+    listed = f"USER:\n[{{'type': 'text', 'text': 'x'}}]{EOS}\nASSISTANT:\n"
+    flag = ("--chat-template-content-format", "openai")
+    with Server("--model", str(folder), "--served-model-name", NAME, *flag) as running:
+        answer = running.client().chat.completions.create(
+            model=NAME, messages=messages, max_tokens=1
+        )
+        assert answer.usage.prompt_tokens == len(hf_ids(listed))
+        assert running.stop() == 0
+
+
+def test_a_bad_content_format_flag_is_one_line(capsys):
+    from minirt.serve import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["--chat-template-content-format", "json"], prog="minirt serve")
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--chat-template-content-format" in error
+    assert "invalid choice: 'json'" in error
