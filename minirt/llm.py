@@ -55,9 +55,9 @@ from .engine.stats import RunStats
 from .errors import CheckpointError, RequestError
 from .loading.checkpoint import Checkpoint, load_checkpoint, shipped_model_folder
 from .loading.json_file import broken_link, read_json_file
-from .loading.tokenizer import load_tokenizer
+from .loading.tokenizer import Tokenizer, load_tokenizer
 from .model.backend import get_backend, resolve_dtype
-from .model.interface import Model
+from .model.interface import Model, ModelConfig
 from .model.registry import build_model
 from .request_maker import RequestMaker
 
@@ -235,6 +235,18 @@ def checked_arguments(model, seed, vllm_options: dict) -> str | Path | Checkpoin
     return model
 
 
+def tokenizer_beside(folder: Path, config: ModelConfig) -> Tokenizer | None:
+    """The tokenizer in a model's folder, told the config's special ids (every end id it names:
+    Llama 3's several), or None when the folder has none."""
+    return load_tokenizer(
+        folder,
+        config.eos_token_id,
+        config.bos_token_id,
+        config.vocab_size,
+        eos_token_ids=config.eos_token_ids,
+    )
+
+
 class LLM:
     """A loaded model, its tokenizer, and an engine to serve prompts with (static groups by
     default)."""
@@ -267,13 +279,7 @@ class LLM:
         config = self.model.config
         # None when the folder has no tokenizer (token-id prompts still work); a broken or
         # mismatched one is refused.
-        self.tokenizer = load_tokenizer(
-            checkpoint.folder,
-            config.eos_token_id,
-            config.bos_token_id,
-            config.vocab_size,
-            eos_token_ids=config.eos_token_ids,
-        )
+        self.tokenizer = tokenizer_beside(checkpoint.folder, config)
         self.defaults = generation_defaults(checkpoint.folder)
         # The model's chat template (None without one), compiled once: `chat` renders with it.
         self.chat_template = load_chat_template(checkpoint.folder)
