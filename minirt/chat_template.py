@@ -58,7 +58,8 @@ SPECIAL_TOKEN_NAMES = (
     "mask_token",
 )
 
-# The roles a message may have: OpenAI's.
+# OpenAI's roles.  A template may know others (Llama 3.1's "ipython"), and transformers and
+# vLLM pass any role through to it: so does minirt; the template refuses what it cannot render.
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # The variables render sets itself, which chat_template_kwargs may not replace.
@@ -337,9 +338,10 @@ def plain(value, where: str):
 
 def check_messages(messages, content_format: str = "string") -> list[dict]:
     """A conversation as a template sees it: a non-empty list of messages, each a dict with a
-    role (one of ROLES) and a content that is a string, a list of text parts or None, given in
-    `content_format` ("string" or "openai": `checked_content`); other keys pass through as plain
-    data, None-valued keys are left out.  A RequestError names the message and field
+    role (a non-empty string: OpenAI's ROLES, or another the template knows) and a content
+    that is a string, a list of text parts or None, given in `content_format` ("string" or
+    "openai": `checked_content`); other keys pass through as plain data, None-valued keys are
+    left out.  A RequestError names the message and field
     (`messages[2].role`)."""
     if not isinstance(messages, (list, tuple)):
         shown = type(messages).__name__
@@ -363,9 +365,9 @@ def checked_message(index: int, message, content_format: str) -> dict:
     role = message.get("role")
     if not isinstance(role, str):
         raise RequestError(f"{where}.role must be a string, got {role!r}", "messages")
-    if role not in ROLES:
+    if not role:
         raise RequestError(
-            f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}", "messages"
+            f"{where}.role is empty; OpenAI's roles are {', '.join(ROLES)}", "messages"
         )
     checked = {}
     for key, value in message.items():

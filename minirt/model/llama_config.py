@@ -46,6 +46,16 @@ REQUIRED_SIZES = (
     "num_attention_heads",
 )
 
+# What transformers' config classes assume for a field config.json leaves out (save_pretrained
+# writes only the fields that differ from these): Mistral's 8 K/V heads and 4096-token window,
+# Qwen's 32 K/V heads, Qwen3's head_dim of 128.  A field given as null keeps its own meaning.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {"num_key_value_heads": 8, "sliding_window": 4096},
+    "qwen2": {"num_key_value_heads": 32},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
+}
+
 # Options that change the computation in ways the layers do not implement.
 UNSUPPORTED_WHEN_TRUE = {
     "is_encoder_decoder": "an encoder-decoder model",
@@ -150,6 +160,7 @@ class LlamaConfig:
         model_type = raw.get("model_type")
         if model_type not in ARCHITECTURES:
             raise CheckpointError(f"{source}: model_type {model_type!r} is not of the Llama family")
+        raw = {**FAMILY_DEFAULTS[model_type], **raw}
         refuse_unsupported(raw, source)
         sizes: dict[str, Any] = read_llama_sizes(raw, source)
         eos_ids = read_token_ids(raw, "eos_token_id", source)
@@ -276,12 +287,13 @@ def read_rope(raw: dict[str, Any], source: str) -> RopeSettings:
     parameters = raw.get("rope_parameters")
     field = "rope_parameters"
     if parameters is None:
-        parameters = dict(raw.get("rope_scaling") or {})
+        parameters = raw.get("rope_scaling") or {}
         field = "rope_scaling"
-        if "rope_theta" in raw:
-            parameters.setdefault("rope_theta", raw["rope_theta"])
     if not isinstance(parameters, dict):
         raise CheckpointError(f"{source}: {field} must be an object, found {parameters!r}")
+    # A top-level rope_theta counts where the object gives none (transformers folds it in).
+    if "rope_theta" in raw:
+        parameters = {"rope_theta": raw["rope_theta"], **parameters}
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise CheckpointError(

@@ -62,6 +62,34 @@ def test_transformers_4_and_5_spell_the_same_rope():
     assert config().rope == RopeSettings()
 
 
+def test_a_top_level_rope_theta_counts_beside_rope_parameters_without_one():
+    """transformers 5 folds a top-level rope_theta into rope_parameters that lack one."""
+    both = config(rope_theta=50.0, rope_parameters={"rope_type": "default"})
+    assert both.rope.theta == 50.0
+    inner = config(rope_theta=50.0, rope_parameters={"rope_type": "default", "rope_theta": 7.0})
+    assert inner.rope.theta == 7.0
+
+
+def test_fields_left_out_take_transformers_defaults_for_the_model_type():
+    """save_pretrained writes only what differs from the config class's defaults: Mistral's
+    8 K/V heads and 4096 window, Qwen's 32 K/V heads, Qwen3's head_dim 128 (transformers 5.25's
+    MistralConfig, Qwen2Config, Qwen3Config)."""
+    wide = {"hidden_size": 256, "num_attention_heads": 32, "max_position_embeddings": 8192}
+    mistral = config(model_type="mistral", num_key_value_heads=None, **wide)
+    assert mistral.n_kv_head == 8 and mistral.n_positions == 4096
+    qwen2 = config(model_type="qwen2", num_key_value_heads=None, **wide)
+    assert qwen2.n_kv_head == 32 and qwen2.head_dim == 8
+    qwen3 = config(model_type="qwen3", num_key_value_heads=None, **wide)
+    assert qwen3.n_kv_head == 32 and qwen3.head_dim == 128
+    llama = config(num_key_value_heads=None, **wide)
+    assert llama.n_kv_head == 32 and llama.head_dim == 8
+    # null keeps its meaning: K/V heads as many as the query heads, no window.
+    explicit = {k: v for k, v in {**BASE, **wide}.items()}
+    raw = {**explicit, "model_type": "mistral", "num_key_value_heads": None}
+    nulls = LlamaConfig.from_dict({**raw, "sliding_window": None}, "config.json")
+    assert nulls.n_kv_head == 32 and nulls.n_positions == 8192
+
+
 def test_the_family_differences_are_read_from_model_type_and_flags():
     assert (config().qkv_bias, config().o_bias, config().qk_norm) == (False, False, False)
     qwen2 = config(model_type="qwen2")
@@ -266,3 +294,27 @@ def test_linear_scaling_divides_every_frequency_by_its_factor():
     plain = inverse_frequencies(RopeSettings(theta=10000.0), 8)
     linear = inverse_frequencies(RopeSettings(theta=10000.0, rope_type="linear", factor=4.0), 8)
     assert np.allclose(linear, plain / 4, rtol=1e-6)
+
+
+ROTARY = json.loads((FIXTURES / "rope" / "rotary.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("shape", ROTARY["shapes"], ids=lambda shape: shape["name"])
+def test_rotary_tables_are_transformers_at_real_shapes_and_long_positions(shape):
+    """transformers' LlamaRotaryEmbedding (tests/fixtures/rope/rotary.json) at SmolLM2's,
+    Qwen2.5's, Qwen3's, Llama 2's and Llama 3.2's shapes: the same frequencies to the last place
+    (NumPy's float32 pow alone is a unit off for some pairs, and a position multiplies that), so
+    cos and sin agree to a few 1e-6 out to position 131071."""
+    raw = {**BASE, "hidden_size": 4 * shape["head_dim"], "head_dim": shape["head_dim"]}
+    settings = LlamaConfig.from_dict({**raw, **shape["config"]}, "config.json").rope
+    frequencies = inverse_frequencies(settings, shape["head_dim"])
+    want = np.array(shape["inv_freq"], np.float32)
+    assert (frequencies != want).sum() <= 1 and np.allclose(frequencies, want, rtol=1.2e-7)
+    positions = np.array(ROTARY["positions"])
+    tables = rotary_tables(np, frequencies, positions, np.float32)
+    half = shape["head_dim"] // 2
+    cos = np.array(shape["cos"], np.float32)  # [positions, D]
+    sin = np.array(shape["sin"], np.float32)  # [positions, D]
+    assert np.abs(tables.cos[:, 0] - cos).max() <= 5e-6
+    assert np.abs(tables.signed_sin[:, 0, half:] - sin[:, half:]).max() <= 5e-6
+    assert np.abs(tables.signed_sin[:, 0, :half] + sin[:, :half]).max() <= 5e-6

@@ -2789,9 +2789,30 @@ MUTANTS = [
     Mutant(
         "rope_theta_of_transformers_4_ignored",
         "minirt/model/llama_config.py",
-        '            parameters.setdefault("rope_theta", raw["rope_theta"])',
-        "            pass",
+        '        parameters = {"rope_theta": raw["rope_theta"], **parameters}',
+        "        pass",
         "a hub config's top-level rope_theta (Llama 3's 500000) falls back to 10000",
+    ),
+    Mutant(
+        "rope_power_in_float32",
+        "minirt/model/rope.py",
+        "    powers = (np.float64(settings.theta) ** exponents.astype(np.float64)).astype(np.float32)",
+        "    powers = np.float32(settings.theta) ** exponents",
+        "NumPy's float32 pow: a frequency a unit off, cos 3e-3 off by position 32767 (SmolLM2)",
+    ),
+    Mutant(
+        "family_defaults_ignored",
+        "minirt/model/llama_config.py",
+        "        raw = {**FAMILY_DEFAULTS[model_type], **raw}",
+        "        pass",
+        "a Qwen3 config.json without head_dim (transformers' 128) is refused as a misfit",
+    ),
+    Mutant(
+        "any_role_refused_but_openais",
+        "minirt/chat_template.py",
+        "    if not role:",
+        "    if role not in ROLES:",
+        "Llama 3.1's ipython messages are refused before its template sees them",
     ),
     Mutant(
         "qwen3_norms_skipped",
