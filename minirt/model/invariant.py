@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import MinirtError
 from .batch import key_mask
-from .layers import per_query_head, softmax_attention
+from .layers import softmax_attention
 
 # The heights a weight product's calls may have, tallest first: every power of two from 8 to
 # 2048, so that no call but the last carries padding, and that a batch's rows go in as few calls
@@ -340,9 +340,6 @@ def attend_alone(xp, chains, queries, keys, values, batch, scale: float):
     [n, G, L, D], all of which it sees: for each row and head one call of shape [1, D] @ [D, L]
     (NumPy's matmul calls the BLAS once a matrix of the stack, so n does not change a row's
     call), the softmax's sums each over one row's L; [n, H, D] out."""
-    n_head = queries.shape[1]
-    keys = per_query_head(xp, keys, n_head)  # [n, H, L, D]
-    values = per_query_head(xp, values, n_head)  # [n, H, L, D]
     n_keys = keys.shape[-2]
     mask = batch.cached_mask(("alone", n_keys), partial(alone_mask, xp, n_keys))
     return softmax_attention(xp, chains, queries[:, :, None, :], keys, values, mask, scale)[
@@ -367,8 +364,6 @@ def attend_in_aligned_blocks(xp, chains, queries, past_len: int, keys, values, b
     padded_values = xp.zeros((n_kv_head, n_padded, head_dim), dtype=values.dtype)  # [G, P, D]
     padded_keys[:, :end_position] = keys
     padded_values[:, :end_position] = values
-    padded_keys = per_query_head(xp, padded_keys, n_head)  # [H, P, D]
-    padded_values = per_query_head(xp, padded_values, n_head)  # [H, P, D]
     out = xp.empty_like(queries)  # [n, H, D]
     for block in range(first_block, last_block + 1):
         block_start = block * QUERY_BLOCK

@@ -111,10 +111,32 @@ def gelu(chains: Chains, x, form: str = "tanh"):
 
 
 def softmax_attention(xp, chains: Chains, q, keys, values, mask: KeyMask, scale: float):
-    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D]: a
-    hidden score is the lowest finite float (no -inf arithmetic), so its exp is exactly 0 once the
-    row's max is subtracted; the output is divided, not the scores; a query that sees no key gets
-    zeros."""
+    """Attention of queries [..., H, T, D] against keys and values [..., G, L, D], G dividing H:
+    with grouped queries (G < H) each K/V head g serves the H / G query heads g * H / G, ...,
+    which are laid out [..., G, H / G, T, D] against the keys viewed [..., G, 1, L, D], so that
+    no key is copied for each head it serves (a copy would be H / G times the KV cache, every
+    layer, every round); each head's product is the same [T, D] @ [D, L] call either way.  The
+    mask [..., 1, T, L] gains the group axis the same way."""
+    n_head = q.shape[-3]
+    n_kv_head = keys.shape[-3]
+    if n_kv_head == n_head:
+        return softmax_over_keys(xp, chains, q, keys, values, mask, scale)  # [..., H, T, D]
+    group = n_head // n_kv_head
+    grouped_q = q.reshape(*q.shape[:-3], n_kv_head, group, *q.shape[-2:])  # [..., G, H/G, T, D]
+    shared_keys = keys[..., None, :, :]  # [..., G, 1, L, D]
+    shared_values = values[..., None, :, :]  # [..., G, 1, L, D]
+    grouped_mask = KeyMask(mask.hidden[..., None, :, :], mask.sees_a_key[..., None, :, :])
+    out = softmax_over_keys(
+        xp, chains, grouped_q, shared_keys, shared_values, grouped_mask, scale
+    )  # [..., G, H/G, T, D]
+    return out.reshape(q.shape)  # [..., H, T, D]
+
+
+def softmax_over_keys(xp, chains: Chains, q, keys, values, mask: KeyMask, scale: float):
+    """softmax(q k^T * scale, over visible keys) @ v in fp32, for [B, H, T, D] or [H, T, D] (or
+    those with a group axis, keys broadcast over it): a hidden score is the lowest finite float
+    (no -inf arithmetic), so its exp is exactly 0 once the row's max is subtracted; the output is
+    divided, not the scores; a query that sees no key gets zeros."""
     # No keys at all (rows with nothing in them): nothing to see.
     if keys.shape[-2] == 0:
         return xp.zeros_like(q)
@@ -152,8 +174,6 @@ def prompt_attention(xp, chains: Chains, q, k, v, batch: Batch, kv: LayerKV | No
             # This round's alone.
             keys = k[start : start + n_keys].transpose(1, 0, 2)  # [G, n_keys, D]
             values = v[start : start + n_keys].transpose(1, 0, 2)  # [G, n_keys, D]
-        keys = per_query_head(xp, keys, q.shape[1])  # [H, n_keys, D]
-        values = per_query_head(xp, values, q.shape[1])  # [H, n_keys, D]
         queries = q[start + first : start + end].transpose(1, 0, 2)  # [H, end - first, D]
         # Built by the round's first layer, read by the others.
         mask = batch.mask_tile(row, first, end, n_keys)  # [1, end - first, n_keys]
@@ -176,19 +196,8 @@ def attend(xp, chains: Chains, q, k, v, batch: Batch, kv: LayerKV | None, scale:
         return prompt_attention(xp, chains, q, k, v, batch, kv, scale)  # [N, H, D]
     keys, values = kv.read(batch)  # [B, G, L, D]
     queries = batch.padded(q).transpose(0, 2, 1, 3)  # [B, H, 1, D]
-    keys = per_query_head(xp, keys, q.shape[1])  # [B, H, L, D]
-    values = per_query_head(xp, values, q.shape[1])  # [B, H, L, D]
     out = softmax_attention(xp, chains, queries, keys, values, batch.key_mask, scale)
     return batch.packed(out.transpose(0, 2, 1, 3))  # [N, H, D]
-
-
-def per_query_head(xp, keys, n_head: int):
-    """Keys (or values) [..., G, L, D] for each of the n_head query heads: K/V head g serves the
-    H / G query heads g * H / G, ... (grouped-query attention); as they are when G = H."""
-    n_kv_head = keys.shape[-3]
-    if n_kv_head == n_head:
-        return keys
-    return xp.repeat(keys, n_head // n_kv_head, axis=-3)  # [..., H, L, D]
 
 
 def mlp(xp, chains: Chains, x, up: Linear, down: Linear, gelu_form: str, tiles=None):

@@ -1907,9 +1907,9 @@ MUTANTS = [
     Mutant(
         "kv_heads_tiled_not_repeated",
         "minirt/model/layers.py",
-        "    return xp.repeat(keys, n_head // n_kv_head, axis=-3)  # [..., H, L, D]",
-        "    return xp.concatenate([keys] * (n_head // n_kv_head), axis=-3)",
-        "grouped-query attention gives query head h the K/V head h mod G instead of h // (H / G)",
+        "    grouped_q = q.reshape(*q.shape[:-3], n_kv_head, group, *q.shape[-2:])",
+        "    grouped_q = q.reshape(*q.shape[:-3], group, n_kv_head, *q.shape[-2:]).swapaxes(-4, -3)",
+        "query head h reads K/V head h % G (tiled), not h // (H / G) (grouped)",
     ),
     Mutant(
         "kv_budget_by_query_heads",
