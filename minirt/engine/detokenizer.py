@@ -3,15 +3,15 @@
 Owns: `Detokenizer` and `TextDecoder`, the two small protocols the engine is given a tokenizer
 as (minirt/loading/tokenizer.py's `Tokenizer` is one).  The engine never encodes text: prompts
 arrive as token ids (minirt/request_maker.py makes them).  It decodes: each running request's
-new tokens into text as they come (its stop strings are found there), and a token-id prompt's
-text for its final output.
+new tokens into text as they come, after its prompt (its stop strings are found there), and a
+token-id prompt's text for its final output.
 
 Must not know: how a tokenizer is read from a folder, or which library runs it.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 
 class TextDecoder(Protocol):
@@ -39,6 +39,8 @@ class Detokenizer(Protocol):
         """The text of these ids."""
         ...
 
-    def stream(self) -> TextDecoder:
-        """A new decoder, for one request's output."""
+    def stream(self, prompt_ids: Sequence[int] = ()) -> TextDecoder:
+        """A new decoder, for one request's output after its prompt's ids: the text it gives is
+        what the prompt's text grows by (a SentencePiece decoder strips the leading space of a
+        text's first token only, so a completion's first token keeps its space)."""
         ...

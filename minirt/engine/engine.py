@@ -480,7 +480,7 @@ class Engine:
             if request.params.prompt_logprobs is not None:
                 self.score_prompt(request)
             if self.detokenizer is not None:
-                request.decoder = self.detokenizer.stream()
+                request.decoder = self.detokenizer.stream(request.prompt_ids)
                 request.text = ""
         self.stats.prompt_tokens += sum(r.prompt_len for r in plan.admitted)
         self.stats.cached_prompt_tokens += sum(r.cached_prompt_tokens for r in plan.admitted)

@@ -15,7 +15,12 @@ Owns:
     tokens are byte sequences, and one character (an emoji, a CJK character) is often split
     across tokens; a SentencePiece vocabulary spells such a character in byte pieces
     (<0xE2><0x82><0xAC>).  The stream holds the text back until the character is whole, and
-    decodes a short window of ids per token, never all of them.
+    decodes a short window of ids per token, never all of them.  A request's stream starts from
+    its prompt's last ids (vLLM's), so that its text is what the prompt's text grows by: a
+    SentencePiece decoder strips the leading space of a text's first piece only;
+  * each token's own string and bytes, as logprobs show them: GPT-2's bytes, or a SentencePiece
+    vocabulary's piece ("▁" a space, <0xE2> the byte 0xE2, a special token its text), so that
+    the tokens' bytes, joined, are the text's.
 
 Must not know: models, weights, backends or batching.
 """
@@ -26,7 +31,7 @@ import codecs
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..errors import RequestError, TokenizerError
 from ..model.config import special_ids
@@ -94,6 +99,10 @@ class Tokenizer:
         self.is_byte_level = self._token_bytes is not None
         # The ids whose text may still change with the tokens after them (not byte-level only).
         self._byte_pieces = byte_pieces(hf_tokenizer) if "ByteFallback" in decoders_used else None
+        # Each id's bytes as its vocabulary piece spells them (SentencePiece only; else None).
+        self._piece_bytes = None
+        if self._token_bytes is None:
+            self._piece_bytes = self._build_piece_table(sentencepiece_marker(hf_tokenizer))
         # The longest token's bytes (byte-level only; None otherwise): a text of more bytes than
         # this times the context is too long for it without being encoded.
         self.most_bytes_per_token: int | None = None
@@ -118,6 +127,23 @@ class Tokenizer:
                 table[token_id] = bytes(char_to_byte[ch] for ch in token)
             else:
                 table[token_id] = token.encode("utf-8")
+        return table
+
+    def _build_piece_table(self, marker: str | None) -> list[bytes] | None:
+        """Each id's bytes as its piece spells them, for a SentencePiece vocabulary (a decoder
+        that turns `marker`, "▁", into a space; None without one): the marker a space (in an
+        added token too, as the decoder reads it), a byte piece <0xNN> that byte (with byte
+        fallback), ids past the tokenizer's b"".  Decoding a piece alone would strip its leading
+        space."""
+        if marker is None:
+            return None
+        vocab = self.hf.get_vocab(with_added_tokens=True)
+        table: list[bytes] = [b""] * max(self.model_vocab_size, max(vocab.values(), default=0) + 1)
+        for token, token_id in vocab.items():
+            if self._byte_pieces is not None and token_id in self._byte_pieces:
+                table[token_id] = bytes([int(token[3:5], 16)])
+            else:
+                table[token_id] = token.replace(marker, " ").encode("utf-8")
         return table
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -155,9 +181,20 @@ class Tokenizer:
         return len(text.encode("utf-8", errors="surrogatepass"))
 
     def token_bytes(self, token_id: int) -> bytes:
-        if self._token_bytes is None:
+        """A token's own bytes, as OpenAI's logprobs give them: GPT-2's, a SentencePiece piece's
+        (its leading space kept, a byte piece's one byte), else the token decoded alone."""
+        table = self._token_bytes if self._token_bytes is not None else self._piece_bytes
+        if table is None:
             return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
-        return self._token_bytes[token_id]
+        return table[token_id]
+
+    def token_string(self, token_id: int) -> str:
+        """A token's own string, as logprobs show it: its bytes as text (a piece of a character
+        is U+FFFD), so that a SentencePiece piece keeps its leading space (vLLM's), which
+        decoding it alone would strip; else the token decoded alone."""
+        if self._token_bytes is None and self._piece_bytes is None:
+            return self.hf.decode([token_id], skip_special_tokens=False)
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
     def decode(self, token_ids: list[int]) -> str:
         """Ids -> text, as transformers' `decode` gives it (special tokens kept; no clean-up of
@@ -176,9 +213,10 @@ class Tokenizer:
             return False
         return token_id in self._byte_pieces or self.hf.id_to_token(token_id) is None
 
-    def stream(self) -> StreamDecoder:
-        """A decoder for tokens that arrive one at a time (streaming, stop strings)."""
-        return StreamDecoder(self)
+    def stream(self, prompt_ids: Sequence[int] = ()) -> StreamDecoder:
+        """A decoder for tokens that arrive one at a time (streaming, stop strings), after
+        `prompt_ids` (a request's prompt, whose text it does not give)."""
+        return StreamDecoder(self, prompt_ids)
 
 
 def decoder_types(hf) -> list[str]:
@@ -186,6 +224,23 @@ def decoder_types(hf) -> list[str]:
     decoder = json.loads(hf.to_str()).get("decoder") or {}
     parts = decoder.get("decoders") if decoder.get("type") == "Sequence" else [decoder]
     return [str(part.get("type")) for part in parts or [] if part]
+
+
+def sentencepiece_marker(hf) -> str | None:
+    """The character a SentencePiece decoder turns into a space ("▁"): a Metaspace decoder's
+    replacement, or a Replace decoder's pattern whose content is a space; None for any other
+    decoder (GPT-2's ByteLevel, WordPiece, ...)."""
+    decoder = json.loads(hf.to_str()).get("decoder") or {}
+    parts = decoder.get("decoders") if decoder.get("type") == "Sequence" else [decoder]
+    for part in parts or []:
+        if not part:
+            continue
+        if part.get("type") == "Metaspace":
+            return str(part.get("replacement", "▁"))
+        pattern = part.get("pattern") or {}
+        if part.get("type") == "Replace" and part.get("content") == " " and "String" in pattern:
+            return str(pattern["String"])
+    return None
 
 
 def byte_pieces(hf) -> frozenset[int]:
@@ -203,25 +258,30 @@ def byte_pieces(hf) -> frozenset[int]:
 
 class StreamDecoder:
     """Turns a growing list of ids into text without ever emitting half a character: the text of
-    all the pushes and the flush is `decode(ids)`, exactly.
+    all the pushes and the flush is `decode(ids)`, exactly; after a prompt, what `decode` of the
+    prompt and the ids gives past the prompt's own text.
 
     A byte-level vocabulary (GPT-2's) decodes each token's bytes through an incremental UTF-8
-    decoder.  Any other decodes a short window, as vLLM's incremental detokenizer does: the ids
-    from `prefix` (where the text before the last emission began) to the end, of which the text
-    up to `read` (the ids already emitted) is known, so that the new text is the window's text
-    past that.  The window starts a token early because a decoder reads a token differently at
-    the start of a text (SentencePiece's leading space is stripped there).  New text waits while
-    it ends in U+FFFD (bytes of a character still to come) or while its last token is a byte
-    piece (the run of byte pieces decides how its bytes read), so each push decodes the ids since
-    the emission before the last, never all of them."""
+    decoder (a prompt changes nothing there).  Any other decodes a short window, as vLLM's
+    incremental detokenizer does: the ids from `prefix` (where the text before the last emission
+    began) to the end, of which the text up to `read` (the ids already emitted) is known, so that
+    the new text is the window's text past that.  The window starts a token early because a
+    decoder reads a token differently at the start of a text (SentencePiece's leading space is
+    stripped there); a request's first window starts with its prompt's last ids (`prompt_tail`),
+    so its first token is read as the prompt's continuation, not as a text's start.  New text
+    waits while it ends in U+FFFD (bytes of a character still to come) or while its last token is
+    a byte piece (the run of byte pieces decides how its bytes read), so each push decodes the ids
+    since the emission before the last, never all of them."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        # Used only for tokenizers that are not byte-level.
+        # Used only for tokenizers that are not byte-level: the prompt's tail is known text.
         self._ids: list[int] = []
+        if not tokenizer.is_byte_level:
+            self._ids = prompt_tail(tokenizer, prompt_ids)
         self._prefix = 0
-        self._read = 0
+        self._read = len(self._ids)
 
     def push(self, token_id: int) -> str:
         """The text that became complete with this token (possibly "")."""
@@ -251,6 +311,26 @@ class StreamDecoder:
         self._prefix = self._read
         self._read = len(self._ids)
         return text[len(known) :]
+
+
+# How many of a prompt's last ids a request's stream starts from (vLLM's 5, and 2 more for
+# special tokens).
+PROMPT_TAIL = 7
+
+
+def prompt_tail(tokenizer: Tokenizer, prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt's last ids a stream's first window starts with: PROMPT_TAIL of them, or more.
+    Never from inside a run of byte pieces: the ByteFallback decoder reads a run whole, and one
+    cut (its first bytes gone) is U+FFFD a byte, and so would be the completion's bytes that
+    continue it.  The whole prompt when the tail has no text (ids past the tokenizer's, say),
+    since a decoder that strips a text's first space would then strip the completion's."""
+    start = max(0, len(prompt_ids) - PROMPT_TAIL)
+    while start > 0 and tokenizer.text_may_change(prompt_ids[start - 1]):
+        start -= 1
+    tail = list(prompt_ids[start:])
+    if start > 0 and not tokenizer.decode(tail):
+        return list(prompt_ids)
+    return tail
 
 
 def first_line(exc: BaseException) -> str:

@@ -8,8 +8,10 @@ token's delta {"content": ...}, then each choice's finish and, when asked, the u
 chat's `logprobs` object (`chat_logprob`: {"content": [{token, logprob, bytes, top_logprobs}]},
 the `top_logprobs` the N most likely tokens there, as OpenAI gives them: N, not N + 1).
 
-A token's string is the token decoded alone, its bytes the token's own (a piece of a character
-shows as U+FFFD in its string, and whole in its bytes).  The usage, minirt's own per-choice
+A token's string and bytes are its own (`Tokenizer.token_string`, `token_bytes`: GPT-2's bytes,
+or a SentencePiece piece with its leading space, a byte piece its one byte; a piece of a
+character shows as U+FFFD in its string, and whole in its bytes), so that the chosen tokens'
+bytes, joined, are the content's (an end token's aside).  The usage, minirt's own per-choice
 fields under "minirt" and the -inf of a token of probability 0 (-9999.0) are the completions'
 (minirt/server/responses.py).
 
@@ -34,7 +36,7 @@ def chat_header(completion_id: str, created: int, model: str, chunk: bool) -> di
 def token_entry(tokenizer: Tokenizer, token_id: int, logprob: float | None) -> dict:
     """One token as chat's logprobs give it: its string, its logprob and its bytes."""
     return {
-        "token": tokenizer.decode([token_id]),
+        "token": tokenizer.token_string(token_id),
         "logprob": json_logprob(logprob),
         "bytes": list(tokenizer.token_bytes(token_id)),
     }

@@ -8,9 +8,11 @@ top_logprobs, text_offset), the `usage` count, minirt's own per-choice fields un
 ids; chat's answers use them too, minirt/server/chat_responses.py), and the server-sent event
 framing (`sse`, `DONE`).
 
-A token's string is the token decoded alone (a piece of a character shows as U+FFFD; without a
-tokenizer, vLLM's "token_id:N"); its text_offset is where its text starts in the choice's text
-(after the prompt, with echo).  A
+A token's string is its own (`Tokenizer.token_string`: a SentencePiece piece with its leading
+space, a piece of a character as U+FFFD; without a tokenizer, vLLM's "token_id:N"); its
+text_offset is where its string starts in the choice's text: the text as streamed after the
+prompt, or, with echo, in the prompt as sent followed by the completion, where a token the
+tokenizer added (a BOS) is not in the text and sits where the text after it starts.  A
 log-probability of -inf (a token the model gives probability 0) is written -9999.0, as vLLM
 writes it, since JSON has no infinity.
 
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from ..loading.tokenizer import Tokenizer
 from ..engine.client import Finished, Token
@@ -48,11 +52,16 @@ def json_logprob(value: float | None) -> float | None:
 class Logprobs:
     """OpenAI's logprobs object of one choice, built token by token."""
 
-    def __init__(self, tokenizer: Tokenizer | None, text_offset: int):
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None,
+        text_offset: int,
+        prompt_ids: Sequence[int] | None = None,
+    ):
         self.tokenizer = tokenizer
         # Offsets count characters of the text as streamed: a decoder of its own (none without
         # a tokenizer: there is no text, and every offset is where it starts).
-        self.decoder = None if tokenizer is None else tokenizer.stream()
+        self.decoder = completion_decoder(tokenizer, prompt_ids)
         self.offset = text_offset
         self.tokens: list[str] = []
         self.token_logprobs: list[float | None] = []
@@ -72,22 +81,41 @@ class Logprobs:
             alternatives = {self.token_string(t): json_logprob(lp) for t, lp in top or ()}
             alternatives.setdefault(token_text, json_logprob(logprob))
             self.top_logprobs.append(alternatives)
-        self.text_offset.append(self.offset)
+        self.text_offset.append(self.place(token_id, token_text))
+
+    def place(self, token_id: int, token_text: str) -> int:
+        """Where the token's string starts: where the text so far ends, or, when the text it
+        completes ends with its string (the bytes of a character held back before it came
+        first), that far into that text."""
+        start = self.offset
         if self.decoder is not None:
-            self.offset += len(self.decoder.push(token_id))
+            new_text = self.decoder.push(token_id)
+            if token_text and new_text.endswith(token_text):
+                start += len(new_text) - len(token_text)
+            self.offset += len(new_text)
+        return start
 
     def token_string(self, token_id: int) -> str:
-        """The token decoded alone; without a tokenizer, vLLM's "token_id:N"."""
+        """The token's own string; without a tokenizer, vLLM's "token_id:N"."""
         if self.tokenizer is None:
             return f"token_id:{token_id}"
-        return self.tokenizer.decode([token_id])
+        return self.tokenizer.token_string(token_id)
 
-    def add_prompt(self, prompt_ids, prompt_logprobs) -> None:
+    def add_prompt(self, prompt_ids, prompt_logprobs, prompt_text: str) -> None:
         """Echo: the prompt's tokens first, each with its logprob given those before it (the
         first has none); minirt scores only the prompt's own tokens, so each position's
-        alternatives are that token alone."""
+        alternatives are that token alone.  Their offsets index the prompt as sent (the echoed
+        `prompt_text`), not its ids' text: the completion's follow it."""
+        first = len(self.text_offset)
+        self.decoder = None if self.tokenizer is None else self.tokenizer.stream()
+        self.offset = 0
         for token_id, logprob in zip(prompt_ids, prompt_logprobs, strict=True):
             self.add(token_id, logprob, None)
+        if self.tokenizer is not None:
+            to_sent = sent_offset(self.tokenizer.decode(list(prompt_ids)), prompt_text)
+            self.text_offset[first:] = [to_sent(o) for o in self.text_offset[first:]]
+        self.decoder = completion_decoder(self.tokenizer, prompt_ids)
+        self.offset = len(prompt_text)
 
     def body(self, start: int = 0) -> dict:
         """The object, of every token from `start` on."""
@@ -97,6 +125,36 @@ class Logprobs:
             "top_logprobs": self.top_logprobs[start:],
             "text_offset": self.text_offset[start:],
         }
+
+
+def completion_decoder(tokenizer: Tokenizer | None, prompt_ids: Sequence[int] | None):
+    """The decoder a choice's offsets are counted with: after its prompt's ids, as the engine
+    decodes its text.  A streamed choice's builder is not told them: its BOS stands in for the
+    prompt (any text but a space reads a SentencePiece completion's first token with its leading
+    space, as a prompt does).  None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    if prompt_ids is None:
+        bos = tokenizer.bos_token_id
+        prompt_ids = () if bos is None else (bos,)
+    return tokenizer.stream(prompt_ids)
+
+
+def sent_offset(decoded: str, sent: str) -> Callable[[int], int]:
+    """Maps an offset into the text of a prompt's ids (`decoded`: "<s> Hello") to one into the
+    prompt as sent ("Hello"): past the end the two share, by the difference in their lengths;
+    before it, to no further than where that end starts (BOS at 0).  Nondecreasing.  Exact when
+    the two differ in front only (a BOS, SentencePiece's prepended space); where a normalizer
+    changed the text further in, the offsets before the change are only clamped."""
+    shared = len(os.path.commonprefix([decoded[::-1], sent[::-1]]))
+    shift = len(decoded) - len(sent)
+
+    def mapped(offset: int) -> int:
+        if offset >= len(decoded) - shared:
+            return offset - shift
+        return min(offset, len(sent) - shared)
+
+    return mapped
 
 
 def batching_fields(final: Finished) -> dict:
@@ -223,13 +281,10 @@ def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, token
     if plain is None:
         logprobs = None
     else:
-        built = Logprobs(tokenizer, 0)
+        built = Logprobs(tokenizer, 0, prompt_ids)
         if echo:
             assert plain.prompt is not None  # asked for with echo and logprobs
-            built.add_prompt(prompt_ids, plain.prompt)
-            # The completion's offsets follow the prompt's text, decoded afresh.
-            built.offset = len(prompt_text)
-            built.decoder = None if tokenizer is None else tokenizer.stream()
+            built.add_prompt(prompt_ids, plain.prompt, prompt_text)
         for k, token_id in enumerate(output.token_ids):
             if plain.top is None:
                 top = None
@@ -237,6 +292,8 @@ def choice_body(final: Finished, prompt_text: str, prompt_ids, echo: bool, token
                 top = plain.top[k]
             built.add(token_id, plain.tokens[k], top)
         logprobs = built.body()
+        # A token past a stop string, or an end token, starts where the text ends.
+        logprobs["text_offset"] = [min(o, len(text)) for o in logprobs["text_offset"]]
     return {
         "index": final.choice,
         "text": text,

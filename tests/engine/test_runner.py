@@ -91,7 +91,7 @@ def test_a_tokenizers_eos_stops_a_request_where_the_config_has_none():
         def decode(self, token_ids):
             return ""
 
-        def stream(self):
+        def stream(self, prompt_ids=()):
             return None
 
     engine = Engine(ModelRunner(model), Detokenizer())

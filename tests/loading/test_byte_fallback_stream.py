@@ -189,3 +189,125 @@ def test_a_llama_class_rebuilds_the_pipeline_as_transformers_5_does(tmp_path):
     rebuilt = load_tokenizer(folder)
     assert rebuilt.encode(text) == library("metaspace").encode(text).ids
     assert rebuilt.encode(text) != library("legacy").encode(text).ids
+
+
+# ------------------------------------------------------------------ after a prompt (vLLM's)
+
+
+def streamed_after(tokenizer: Tokenizer, prompt: list[int], ids: list[int]) -> list[str]:
+    stream = tokenizer.stream(prompt)
+    return [stream.push(i) for i in ids] + [stream.flush()]
+
+
+def whole_runs(style: str):
+    """Ids whose byte pieces come in whole UTF-8 characters: trained pieces, special tokens,
+    ids past the tokenizer's, and characters spelled in byte pieces."""
+    hf = library(style)
+    size = hf.get_vocab_size(with_added_tokens=True)
+    byte_ids = [hf.token_to_id(piece) for piece in BYTE_PIECES]
+    pieces = set(range(size)) - set(byte_ids)
+    single = st.one_of(st.sampled_from(sorted(pieces)), st.integers(size, size + PAST - 1))
+    utf8_runs = st.text(min_size=1, max_size=3).map(
+        lambda text: [byte_ids[b] for b in text.encode("utf-8")]
+    )
+    runs = st.one_of(single.map(lambda i: [i]), utf8_runs)
+    return st.lists(runs, max_size=12).map(lambda runs: [i for run in runs for i in run])
+
+
+@pytest.mark.parametrize("style", STYLES)
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_after_a_prompt_the_stream_is_what_the_prompts_text_grows_by(style, data):
+    """The stream after a prompt gives decode(prompt + ids) past decode(prompt), whenever the one
+    starts with the other: it does not when the prompt ends in part of a character (byte pieces)
+    that the ids finish, or continue into bytes that are not UTF-8 (the run then decodes as
+    U+FFFD a byte), which changes the prompt's own text.  Over whole characters, each token's
+    bytes, joined, are that text's (OpenAI's `bytes`), when the prompt has text for the
+    decoder's strip of a text's first space to act on."""
+    prompt = data.draw(st.one_of(ids_of(style), whole_runs(style)))
+    ids = data.draw(st.one_of(ids_of(style), whole_runs(style)))
+    tokenizer = minirt_tokenizer(style)
+    hf = library(style)
+    before = hf.decode(prompt, skip_special_tokens=False)
+    after = hf.decode(prompt + ids, skip_special_tokens=False)
+    text = "".join(streamed_after(tokenizer, prompt, ids))
+    if after.startswith(before):
+        assert text == after[len(before) :]
+    joined = b"".join(tokenizer.token_bytes(i) for i in ids)
+    if after.startswith(before) and before and "\ufffd" not in after:
+        assert joined == text.encode("utf-8")
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_a_completions_first_piece_keeps_its_space(style):
+    tokenizer = minirt_tokenizer(style)
+    hf = library(style)
+    prompt = tokenizer.encode("the sea")
+    sea = hf.token_to_id("▁sea")
+    assert sea is not None
+    assert "".join(streamed(tokenizer, [sea, sea])) == "sea sea"
+    before = hf.decode(prompt, skip_special_tokens=False)
+    expected = hf.decode(prompt + [sea, sea], skip_special_tokens=False)[len(before) :]
+    assert "".join(streamed_after(tokenizer, prompt, [sea, sea])) == expected == " sea sea"
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_tokens_string_and_bytes_are_its_vocabulary_piece(style):
+    """▁ a space, <0xNN> the byte NN (its string U+FFFD unless the byte is ASCII), a special
+    token its content, an id past the tokenizer's nothing: from the library's vocabulary."""
+    tokenizer = minirt_tokenizer(style)
+    hf = library(style)
+    added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
+    for piece, token_id in hf.get_vocab(with_added_tokens=True).items():
+        if token_id in added:
+            expected = added[token_id].encode("utf-8")
+        elif piece in BYTE_PIECES:
+            expected = bytes([BYTE_PIECES.index(piece)])
+        else:
+            expected = piece.replace("▁", " ").encode("utf-8")
+        assert tokenizer.token_bytes(token_id) == expected, piece
+        assert tokenizer.token_string(token_id) == expected.decode("utf-8", errors="replace")
+    size = hf.get_vocab_size(with_added_tokens=True)
+    assert tokenizer.token_bytes(size) == b"" and tokenizer.token_string(size) == ""
+    assert tokenizer.token_string(hf.token_to_id("<0xE2>")) == "\ufffd"
+    assert tokenizer.token_string(hf.token_to_id("▁sea")) == " sea"
+
+
+def test_the_mistral_fixtures_completion_keeps_its_first_space():
+    """The reviewer's case: "▁it", "▁it" after a prompt is " it it" (vLLM's, and transformers'
+    decode(prompt + generated) past decode(prompt)), not "it it"; and the pieces' strings and
+    bytes are " it", and <0xE2>'s the byte 0xE2."""
+    from conftest import FIXTURES
+    from tokenizers import Tokenizer as HFTokenizer
+
+    folder = FIXTURES / "mistral_chat_byte_fallback"
+    hf = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer = load_tokenizer(folder)
+    prompt = tokenizer.encode("Hello")
+    it = hf.token_to_id("▁it")
+    before = hf.decode(prompt, skip_special_tokens=False)
+    expected = hf.decode(prompt + [it, it], skip_special_tokens=False)[len(before) :]
+    assert "".join(streamed_after(tokenizer, prompt, [it, it])) == expected == " it it"
+    assert tokenizer.token_string(it) == " it" and tokenizer.token_bytes(it) == b" it"
+    assert list(tokenizer.token_bytes(hf.token_to_id("<0xE2>"))) == [226]
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_a_prompts_tail_is_read_whole(style):
+    """A prompt that ends in a long run of byte pieces (three €, nine pieces) is not cut inside
+    the run, whose bytes would all read as U+FFFD, the completion's too; a prompt that ends in
+    ids without text is read back to its text, whose end keeps the completion's first space."""
+    tokenizer = minirt_tokenizer(style)
+    hf = library(style)
+    byte_ids = [hf.token_to_id(piece) for piece in BYTE_PIECES]
+    sea = hf.token_to_id("▁sea")
+    size = hf.get_vocab_size(with_added_tokens=True)
+    start = tokenizer.encode("the sea")
+    for prompt, ids, grown in [
+        (start + [byte_ids[b] for b in "€€€".encode()], [byte_ids[b] for b in "é".encode()], "é"),
+        (start + [size] * 8, [sea], " sea"),
+    ]:
+        before = hf.decode(prompt, skip_special_tokens=False)
+        after = hf.decode(prompt + ids, skip_special_tokens=False)
+        assert after[len(before) :] == grown
+        assert "".join(streamed_after(tokenizer, prompt, ids)) == grown

@@ -297,7 +297,8 @@ def test_special_tokens_decode_as_the_tokenizers_library_does(tmp_path):
 def test_special_tokens_of_a_tokenizer_that_is_not_byte_level_keep_their_text(tmp_path):
     """A WordPiece vocabulary (decoded through the library, not byte by byte) whose [CLS] and
     [SEP] are special tokens: the prompt's text and every completion's are the library's decode
-    with skip_special_tokens=False."""
+    with skip_special_tokens=False, the completion's as what it adds to the prompt's (vLLM's: the
+    space WordPiece puts between the prompt's last word and the completion's first is kept)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     from minirt import LLM
@@ -317,5 +318,7 @@ def test_special_tokens_of_a_tokenizer_that_is_not_byte_level_keep_their_text(tm
     for output in outputs:
         assert output.prompt == hf.decode(prompt_ids, skip_special_tokens=False)
         assert {1, 2} & set(output.token_ids), "no special token drawn: nothing checked"
-        assert output.text == hf.decode(output.token_ids, skip_special_tokens=False)
+        whole = hf.decode(prompt_ids + output.token_ids, skip_special_tokens=False)
+        assert whole.startswith(output.prompt)
+        assert output.text == whole[len(output.prompt) :]
     assert "[CLS]" in "".join(o.text for o in outputs)

@@ -20,7 +20,7 @@ from byte_fallback_tokenizer import write_tokenizer_folder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DATA, reference_available
+from conftest import DATA, FIXTURES, reference_available
 from minirt.loading.tokenizer import load_tokenizer
 
 pytestmark = [
@@ -58,9 +58,19 @@ def pair(index: int, root: str):
     return AutoTokenizer.from_pretrained(str(folder)), load_tokenizer(folder)
 
 
-def streamed(tokenizer, ids):
-    stream = tokenizer.stream()
+def streamed(tokenizer, ids, prompt=()):
+    stream = tokenizer.stream(prompt)
     return "".join(stream.push(i) for i in ids) + stream.flush()
+
+
+def grown_by(reference, prompt, ids) -> str | None:
+    """What transformers' text of the prompt grows by with the ids: decode(prompt + ids) past
+    decode(prompt), as vLLM's incremental detokenizer gives a completion's text; None when the
+    one does not start with the other (the prompt ends in part of a character the ids finish,
+    or in byte pieces whose run the ids make invalid, so the prompt's own text changes)."""
+    before = reference.decode(prompt)
+    after = reference.decode(prompt + ids)
+    return after[len(before) :] if after.startswith(before) else None
 
 
 @pytest.mark.parametrize("index", range(len(FOLDERS)))
@@ -105,3 +115,50 @@ def test_gpt2_adds_no_special_token_and_decodes_as_transformers(tmp_path):
         ids = reference(text)["input_ids"]
         assert ours.encode(text) == ids
         assert ours.decode(ids) == reference.decode(ids) == streamed(ours, ids)
+
+
+@pytest.mark.parametrize("index", range(len(FOLDERS)))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=TEXTS, data=st.data())
+def test_a_completions_stream_is_what_transformers_text_of_its_prompt_grows_by(
+    index, text, data, tmp_path_factory
+):
+    reference, ours = pair(index, str(tmp_path_factory.getbasetemp() / "sentencepiece"))
+    prompt = reference(text)["input_ids"]
+    ids = data.draw(st.lists(st.integers(0, ours.vocab_size - 1), max_size=15))
+    expected = grown_by(reference, prompt, ids)
+    if expected is not None:
+        assert streamed(ours, ids, prompt) == expected
+
+
+def test_the_mistral_fixtures_completion_keeps_its_first_pieces_space():
+    """The reviewer's case, against transformers itself: "▁it", "▁it" after "Hello" is " it it"."""
+    from transformers import AutoTokenizer
+
+    folder = FIXTURES / "mistral_chat_byte_fallback"
+    reference = AutoTokenizer.from_pretrained(str(folder))
+    ours = load_tokenizer(folder)
+    prompt = reference("Hello")["input_ids"]
+    assert ours.encode("Hello") == prompt
+    it = reference.convert_tokens_to_ids("▁it")
+    assert grown_by(reference, prompt, [it, it]) == " it it"
+    assert streamed(ours, [it, it], prompt) == " it it"
+    # Each piece's own string: the vocabulary's, "▁" a space (vLLM's logprobs).
+    assert ours.token_string(it) == reference.convert_ids_to_tokens(it).replace("▁", " ")
+
+
+def test_gpt2s_stream_after_a_prompt_is_transformers_suffix(tmp_path):
+    from transformers import AutoTokenizer
+
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(DATA / "gpt2-vocab" / name, tmp_path / name)
+    shutil.copy(tmp_path / "encoder.json", tmp_path / "vocab.json")
+    shutil.copy(tmp_path / "vocab.bpe", tmp_path / "merges.txt")
+    reference = AutoTokenizer.from_pretrained(str(tmp_path), tokenizer_type="gpt2")
+    ours = load_tokenizer(tmp_path)
+    for prompt_text, text in [("Hello", " world"), ("café", " 🤗 ok"), ("", "a\n\nb")]:
+        prompt = reference(prompt_text)["input_ids"]
+        ids = reference(text)["input_ids"]
+        assert streamed(ours, ids, prompt) == grown_by(reference, prompt, ids) == text

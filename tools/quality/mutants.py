@@ -1434,8 +1434,8 @@ MUTANTS = [
     Mutant(
         "server_text_offset_off_by_one",
         "minirt/server/responses.py",
-        "self.text_offset.append(self.offset)",
-        "self.text_offset.append(self.offset + 1)",
+        "        start = self.offset\n",
+        "        start = self.offset + 1\n",
         "each token's text_offset points one character past its text",
     ),
     Mutant(
@@ -2884,6 +2884,93 @@ MUTANTS = [
         '            prefix="model.",',
         '            prefix="transformer.",',
         "a Llama checkpoint's names keep their model. prefix: every tensor unexpected",
+    ),
+    # ---- a completion's text after its prompt, token strings and bytes, echo's offsets (#41)
+    Mutant(
+        "stream_not_seeded_with_the_prompt",
+        "minirt/engine/engine.py",
+        "request.decoder = self.detokenizer.stream(request.prompt_ids)",
+        "request.decoder = self.detokenizer.stream()",
+        "a SentencePiece completion's first piece loses its space: 'it it', not vLLM's ' it it'",
+    ),
+    Mutant(
+        "prompt_tail_cuts_a_byte_run",
+        "minirt/loading/tokenizer.py",
+        "    while start > 0 and tokenizer.text_may_change(prompt_ids[start - 1]):",
+        "    while False:",
+        "a prompt ending in a long run of byte pieces is cut inside it: its bytes, and the "
+        "completion's that continue it, read as U+FFFD",
+    ),
+    Mutant(
+        "prompt_tail_without_text_kept",
+        "minirt/loading/tokenizer.py",
+        "    if start > 0 and not tokenizer.decode(tail):",
+        "    if False:",
+        "a prompt ending in ids without text: the completion's first space is stripped",
+    ),
+    Mutant(
+        "piece_marker_not_a_space",
+        "minirt/loading/tokenizer.py",
+        '                table[token_id] = token.replace(marker, " ").encode("utf-8")',
+        '                table[token_id] = token.encode("utf-8")',
+        "a SentencePiece token's string and bytes keep '▁' instead of a space",
+    ),
+    Mutant(
+        "byte_piece_bytes_as_its_name",
+        "minirt/loading/tokenizer.py",
+        "                table[token_id] = bytes([int(token[3:5], 16)])",
+        '                table[token_id] = token.encode("utf-8")',
+        "a byte piece <0xE2> reports the bytes of its name, not the byte 0xE2",
+    ),
+    Mutant(
+        "token_strings_decoded_alone",
+        "minirt/loading/tokenizer.py",
+        "        if self._token_bytes is None and self._piece_bytes is None:",
+        "        if self._token_bytes is None:",
+        "a SentencePiece token's logprobs string is decoded alone: ' it' shows as 'it'",
+    ),
+    Mutant(
+        "chat_token_decoded_alone",
+        "minirt/server/chat_responses.py",
+        '        "token": tokenizer.token_string(token_id),',
+        '        "token": tokenizer.decode([token_id]),',
+        "chat's logprobs give a SentencePiece token without its leading space",
+    ),
+    Mutant(
+        "echo_offsets_count_the_bos",
+        "minirt/server/responses.py",
+        "            self.text_offset[first:] = [to_sent(o) for o in self.text_offset[first:]]\n",
+        "",
+        "echo's prompt offsets count a BOS's string that the echoed text does not hold",
+    ),
+    Mutant(
+        "offset_before_held_bytes",
+        "minirt/server/responses.py",
+        "                start += len(new_text) - len(token_text)",
+        "                pass",
+        "a token after a character's held-back byte pieces is placed where that character starts",
+    ),
+    Mutant(
+        "streamed_offsets_without_a_stand_in_prompt",
+        "minirt/server/responses.py",
+        "        prompt_ids = () if bos is None else (bos,)",
+        "        prompt_ids = ()",
+        "a streamed SentencePiece choice's offsets lose its first piece's space: one short after",
+    ),
+    Mutant(
+        "completion_offsets_not_after_the_prompt",
+        "minirt/server/responses.py",
+        "        self.decoder = completion_decoder(self.tokenizer, prompt_ids)\n        self.offset",
+        "        self.decoder = self.tokenizer.stream() if self.tokenizer else None\n"
+        "        self.offset",
+        "with echo, the completion's first piece is decoded as a text's start: its space is lost",
+    ),
+    Mutant(
+        "offsets_past_the_cut_text",
+        "minirt/server/responses.py",
+        '        logprobs["text_offset"] = [min(o, len(text)) for o in logprobs["text_offset"]]\n',
+        "",
+        "a token past a stop string is given an offset past the end of the text",
     ),
 ]
 
