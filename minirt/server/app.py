@@ -339,8 +339,10 @@ class CompletionsAPI:
             return [None] * n_choices
         builders = []
         for choice in range(n_choices):
-            start = len(prompted.texts[choice // body.n]) if body.echo else 0
-            builders.append(Logprobs(tokenizer, start))
+            prompt = choice // body.n
+            start = len(prompted.texts[prompt]) if body.echo else 0
+            # Its decoder starts from the prompt's last ids, as the choice's text does.
+            builders.append(Logprobs(tokenizer, start, prompted.ids[prompt]))
         return builders
 
     # ------------------------------------------------------------------ the rest

@@ -95,7 +95,7 @@ def test_in_the_default_mode_the_report_names_every_batch_shaped_call(stand_in):
         "linear",
         "lm_head",
         "layer_norm",
-        "softmax_attention",
+        "softmax_over_keys",
     }
 
 

@@ -66,6 +66,7 @@ def test_the_kv_budget_counts_kv_heads_not_query_heads():
         vocab_size=100,
         eos_token_id=None,
         bos_token_id=None,
+        eos_token_ids=(),
     )
     runner = ModelRunner(SimpleNamespace(config=config, dtype=np.dtype(np.float32)))
     assert runner.kv_bytes_per_position == 2 * 3 * 2 * 16 * 4 == 768
