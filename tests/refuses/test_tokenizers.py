@@ -209,10 +209,12 @@ def test_the_command_line_refuses_a_corrupt_tokenizer_json_and_keeps_the_output(
 
 @settings(max_examples=25, **FIXTURE_SCOPED)
 @given(target=st.integers(258, 450))
-def test_a_trained_tokenizer_of_another_size_is_refused_with_both_sizes(model, target):
+def test_a_trained_tokenizer_larger_than_the_vocabulary_is_refused_with_both_sizes(model, target):
+    """A tokenizer with more ids than the model has rows makes ids it cannot embed.  (One with
+    fewer loads: Qwen2.5's vocabulary is padded past its tokenizer; tests/loading covers it.)"""
     tok = trained_tokenizer(target)
     n_tokens, n_model = tok.get_vocab_size(with_added_tokens=True), vocab_size(model)
-    assume(n_tokens != n_model)
+    assume(n_tokens > n_model)
     tok.save(str(model / "tokenizer.json"))
     message = refused_at_load(model, TokenizerError, "tokenizer.json")
     assert {n_tokens, n_model} <= sizes_in(message, model), message
@@ -234,8 +236,8 @@ def test_added_tokens_beyond_the_models_vocabulary_are_refused_with_both_sizes(
     assert {n_model + extra, n_model} <= sizes_in(message, model), message
 
 
-@pytest.mark.parametrize("delta", [-20, 25])
-def test_the_command_line_refuses_a_tokenizer_of_another_size(model, run_dir, delta):
+@pytest.mark.parametrize("delta", [1, 25])
+def test_the_command_line_refuses_a_tokenizer_larger_than_the_vocabulary(model, run_dir, delta):
     n_model = vocab_size(model)
     tok = trained_tokenizer(n_model + delta)
     assert (
