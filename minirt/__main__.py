@@ -12,8 +12,14 @@ import importlib
 import signal
 import sys
 
-from . import __version__
-from .cli.command import EXIT_INTERRUPTED, EXIT_USAGE, print_help_text, run_command
+try:
+    from . import __version__
+    from .cli.command import EXIT_INTERRUPTED, EXIT_USAGE, print_help_text, run_command
+except KeyboardInterrupt:
+    # Ctrl-C while these first imports run (argparse and the rest, pure Python): the one line
+    # and the status every command gives (cli/command.py's EXIT_INTERRUPTED, not yet imported).
+    print("minirt: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 SUBCOMMANDS = {
     "generate": "serve a file of prompts (or standard input) in static groups "

@@ -246,15 +246,16 @@ def test_the_round_profile_counts_every_operation_of_every_round():
 
 
 def test_the_round_profile_counts_the_page_faults_of_fresh_memory_and_none_of_reused():
-    """round_profile's page-fault column: an operation that touches 4 MiB of freshly mapped memory, page
-    by page, is charged at least one fault a touched page (1024 of 4 KiB; where transparent huge pages
-    are "always", 2 of 2 MiB); one that rewrites memory already touched is charged none."""
+    """round_profile's page-fault column: an operation that touches 32 MiB of freshly mapped memory, page
+    by page, is charged at least one fault a touched page (8192 of 4 KiB; where transparent huge pages
+    are "always", 16 of 2 MiB); one that rewrites memory already touched is charged next to none (the
+    interpreter's own allocations may fault a page in a long-running process)."""
     import mmap
 
     import round_profile
 
     page = mmap.PAGESIZE
-    size = 4 * 2**20
+    size = 32 * 2**20
 
     def touch_fresh():
         fresh = mmap.mmap(-1, size)
@@ -278,7 +279,7 @@ def test_the_round_profile_counts_the_page_faults_of_fresh_memory_and_none_of_re
     huge_pages_always = thp.exists() and "[always]" in thp.read_text()
     smallest_fault = 2 * 2**20 if huge_pages_always else page
     assert clock.page_faults[("fresh", "prefill")] >= size // smallest_fault
-    assert clock.page_faults[("kept", "prefill")] == 0
+    assert clock.page_faults[("kept", "prefill")] <= 2
 
 
 def test_changed_tokens_compares_by_hand():
