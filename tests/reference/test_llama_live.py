@@ -38,8 +38,9 @@ def configs(draw):
     head_dim = 2 * draw(st.integers(1, 6))
     fields = {
         "vocab_size": draw(st.integers(8, 200)),
-        # transformers 5 wants the width a multiple of the heads, even with head_dim given.
-        "hidden_size": n_head * draw(st.integers(1, 8)),
+        # transformers 5 wants the width a multiple of the heads, even with head_dim given; and
+        # at least 8 features: RMSNorm over one or two is x / |x|, as ill-conditioned as that.
+        "hidden_size": n_head * draw(st.integers(-(-8 // n_head), 8)),
         "intermediate_size": draw(st.integers(4, 64)),
         "num_hidden_layers": draw(st.integers(1, 3)),
         "num_attention_heads": n_head,
