@@ -28,9 +28,6 @@ import json
 import logging
 import os
 import re
-import socket
-import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Iterable, Iterator
@@ -38,6 +35,8 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import ray
 from ray.data import ActorPoolStrategy, Dataset, DataContext
+
+from .ray_cluster import start_ray
 from ray.data.block import BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
@@ -274,73 +273,19 @@ def worker_env(cpus_per_worker: float) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the command line
 
 
-@contextmanager
-def native_stderr_muted() -> Iterator[None]:
-    """File descriptor 2 goes to /dev/null within the block (Python's own errors still come as
-    exceptions)."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a
     one-line MinirtError when that fails.  Locally, Ray gets enough logical CPUs for the read stage
     beside every worker."""
-    check_answers(address)
     if ray.is_initialized():
         return "ray: already initialized"
-    options: dict[str, Any] = {
-        "logging_level": "ERROR",
-        "include_dashboard": False,
-        "log_to_driver": False,
-    }
-    # Ray's C++ core logs, at error level, that Ray Data keeps the worker class in its object
-    # store; that is expected, and any real failure still reaches the command as an exception.  A
-    # user's own setting wins.
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
     # Ray Data's plan and progress lines: the command says what it needs to.
     logging.getLogger("ray.data").setLevel(logging.CRITICAL)
-    try:
-        # Ray's C++ side says at start where its logs go and at what level.
-        with native_stderr_muted():
-            if address == "local":
-                num_cpus = max(os.cpu_count() or 1, int(workers * cpus_per_worker) + 2)
-                ray.init(num_cpus=num_cpus, **options)
-            else:
-                ray.init(address=address, **options)
-    # Ray raises many kinds: any failure to start or connect is one line.
-    except Exception as exc:  # noqa: BLE001 (see above)
-        message = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise MinirtError(
-            f"--ray {address}: cannot start or reach Ray ({message}); use --ray local, or start a "
-            "cluster with `ray start --head` and pass --ray auto"
-        ) from None
+    start_ray(address, int(workers * cpus_per_worker) + 2)
     # The command draws its own.
     DataContext.get_current().enable_progress_bars = False
     cpus = int(ray.cluster_resources().get("CPU", 0))
     return f"ray: {address}, {plural(workers, 'worker')}, {plural(cpus, 'logical CPU')}"
-
-
-def check_answers(address: str) -> None:
-    """HOST:PORT: Ray would retry it for minutes, so ask once whether anything answers there."""
-    host, colon, port = address.rpartition(":")
-    if not (colon and port.isdigit() and "://" not in address):
-        return
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError as exc:
-        raise MinirtError(
-            f"--ray {address}: nothing answers there ({exc.strerror or exc}); start the cluster "
-            "with `ray start --head`, or use --ray local"
-        ) from None
 
 
 def worker_errors_as_one_line(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
