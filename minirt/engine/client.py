@@ -221,6 +221,11 @@ class EngineObserver:
     def observe(self, snapshot: EngineSnapshot) -> None:
         """The counts after an iteration."""
 
+    def observe_replicas(self, snapshots: dict[str, EngineSnapshot], pids: dict[str, int]) -> None:
+        """Served by replicas (minirt/distributed/replica_client.py): each live replica's latest
+        counts and its process id, by its label, beside the fleet's sums that `observe` hears.
+        Never called in one process."""
+
 
 @dataclass(frozen=True)
 class Add:

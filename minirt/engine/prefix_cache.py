@@ -58,6 +58,24 @@ def block_key(parent_key: int | None, tokens: tuple[int, ...]) -> int:
     return hash((parent_key, tokens))
 
 
+def prompt_block_keys(
+    prompt_ids: Sequence[int], block_tokens: int = BLOCK_TOKENS
+) -> tuple[int, ...]:
+    """The keys of the blocks a prompt could find in a prefix cache, first to last: at most
+    (P - 1) // block_tokens of them, as `PrefixCache.match` looks up.  Key i stands for every
+    token up to the end of block i, so two prompts share key i exactly when (barring a collision)
+    they share their first i + 1 blocks: what a router matches prompts by
+    (minirt/distributed/prefix_router.py)."""
+    keys = []
+    parent = None
+    for index in range((len(prompt_ids) - 1) // block_tokens):
+        start = index * block_tokens
+        tokens = tuple(int(t) for t in prompt_ids[start : start + block_tokens])
+        parent = block_key(parent, tokens)
+        keys.append(parent)
+    return tuple(keys)
+
+
 @dataclass(eq=False)
 class CachedBlock:
     """The keys and values of `tokens` at one place in a prompt, every layer."""

@@ -22,6 +22,19 @@ collectors are safe to update from one thread and read from another).
     minirt:request_queue_time_seconds  from arrival to the start of its prefill round (histogram)
     minirt:rounds_total                rounds run: forward passes of the batch (counter)
 
+Served by replicas (`minirt serve --replicas N`, minirt/distributed/replica_client.py), every
+name above is the fleet's: each replica's engine observer calls are replayed here, so counters
+and histograms sum over replicas, and the gauges are the fleet's sums (the KV usage is every
+replica's reserved positions over every replica's budget).  The figures that are a replica's own
+(rows, queue, KV use and slots, the prefix cache's positions, lookups and hits, rounds) are also
+shown once per replica, in the same family with a `replica` label:
+
+    minirt:num_requests_running{model_name="m"} 3.0              the fleet
+    minirt:num_requests_running{model_name="m",replica="a1b2"} 2.0   one replica
+
+so a query sums `{replica!=""}` or reads the series without the label, never both.  And
+`minirt:replica_info{replica="a1b2",pid="4242"} 1` names each live replica's process.
+
 Must not know: HTTP, how a round is computed, or the engine's own objects (its Engine,
 scheduler or requests).
 """
@@ -29,6 +42,8 @@ scheduler or requests).
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
 
 from ..engine.client import EngineObserver, EngineSnapshot
 from ..engine.output import CompletionOutput
@@ -54,6 +69,24 @@ LATENCY_BUCKETS = (
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def kv_usage(snapshot: EngineSnapshot) -> float:
+    """KV positions reserved over the KV budget (0 to 1)."""
+    return snapshot.kv_positions_reserved / max(1, snapshot.kv_budget_positions)
+
+
+# Each replica's own figures (a sample name, and its value in a replica's snapshot).
+PER_REPLICA_SAMPLES = {
+    "minirt:num_requests_running": lambda snapshot: snapshot.running,
+    "minirt:num_requests_waiting": lambda snapshot: snapshot.waiting,
+    "minirt:kv_cache_usage_perc": kv_usage,
+    "minirt:kv_slots_used": lambda snapshot: snapshot.kv_slots_used,
+    "minirt:prefix_cache_positions": lambda snapshot: snapshot.prefix_cache_positions,
+    "minirt:prefix_cache_queries_total": lambda snapshot: snapshot.prefix_cache_queries,
+    "minirt:prefix_cache_hits_total": lambda snapshot: snapshot.prefix_cache_hits,
+    "minirt:rounds_total": lambda snapshot: snapshot.rounds,
+}
 
 
 class ServerMetrics(EngineObserver):
@@ -85,6 +118,9 @@ class ServerMetrics(EngineObserver):
         ):
             metric.labels(model_name)
         self.rounds = self.rounds_counter.labels(model_name)
+        # Served by replicas: each one's latest snapshot, by its label (none in one process).
+        self.replicas: dict[str, EngineSnapshot] = {}
+        self.replica_pids: dict[str, int] = {}
 
     def make_gauges(self) -> None:
         def gauge(name: str, what: str) -> Gauge:
@@ -182,11 +218,40 @@ class ServerMetrics(EngineObserver):
         name = self.model_name
         self.running.labels(name).set(snapshot.running)
         self.waiting.labels(name).set(snapshot.waiting)
-        usage = snapshot.kv_positions_reserved / max(1, snapshot.kv_budget_positions)
-        self.kv_usage.labels(name).set(usage)
+        self.kv_usage.labels(name).set(kv_usage(snapshot))
         self.kv_slots.labels(name).set(snapshot.kv_slots_used)
         self.prefix_cache_positions.labels(name).set(snapshot.prefix_cache_positions)
 
+    def observe_replicas(self, snapshots: dict[str, EngineSnapshot], pids: dict[str, int]) -> None:
+        """Served by replicas: each live replica's latest snapshot and process id, by its label
+        (new dicts, each replaced whole, so that a scrape reads one or the other)."""
+        self.replica_pids = {label: pids[label] for label in snapshots if label in pids}
+        self.replicas = dict(snapshots)
+
+    def collect(self):
+        """The registry's metric families, each replica's own figures added to theirs."""
+        replicas = self.replicas
+        for family in self.registry.collect():
+            for sample_name, value_of in PER_REPLICA_SAMPLES.items():
+                if sample_name not in (family.name, family.name + "_total"):
+                    continue
+                for label, snapshot in sorted(replicas.items()):
+                    labels = {"model_name": self.model_name, "replica": label}
+                    family.samples.append(Sample(sample_name, labels, float(value_of(snapshot))))
+            yield family
+        if replicas:
+            yield self.replica_info()
+
+    def replica_info(self) -> Metric:
+        """One sample per live replica, always 1, naming its process: which process holds the
+        rows a replica's series count."""
+        info = Metric("minirt:replica", "Each live replica, and its process id.", "info")
+        for label, pid in sorted(self.replica_pids.items()):
+            labels = {"model_name": self.model_name, "replica": label, "pid": str(pid)}
+            info.add_sample("minirt:replica_info", labels, 1.0)
+        return info
+
     def exposition(self) -> bytes:
         """The metrics in Prometheus' text format."""
-        return generate_latest(self.registry)
+        # generate_latest takes anything with a collect(): this object's adds the replicas.
+        return generate_latest(self)

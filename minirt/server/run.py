@@ -23,6 +23,8 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -115,6 +117,27 @@ class MinirtServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def one_process_client(
+    llm: LLM,
+    max_queue: int,
+    metrics: ServerMetrics,
+    feed: RoundFeed,
+    round_delay_s: float,
+    batch_window_s: float,
+) -> EngineClient:
+    """The engine's own thread in this process, with the metrics as its observer and the round
+    feed as its round callback."""
+    return llm.engine_client(
+        max_queue,
+        observer=metrics,
+        on_round=feed.publish,
+        # On the engine's thread, once it stops accepting: open round-grid pages end.
+        on_shutdown=feed.close,
+        round_delay_s=round_delay_s,
+        batch_window_s=batch_window_s,
+    )
+
+
 def serve_forever(
     llm: LLM,
     sock: socket.socket,
@@ -126,21 +149,20 @@ def serve_forever(
     batch_window_s: float = 0.0,
     max_connections: int | None = None,
     connection_timeout_s: float = DEFAULT_CONNECTION_TIMEOUT_S,
+    make_client: Callable[[ServerMetrics, Callable[[], None]], Any] | None = None,
 ) -> None:
     """Serve on `sock` until a signal stops the server, answering at most `max_connections`
     connections at once (None: any number) and waiting `connection_timeout_s` for a head, or
-    for a body's next piece (minirt/server/connections.py)."""
+    for a body's next piece (minirt/server/connections.py).  `make_client(observer,
+    on_shutdown)`, when given, makes the engine client in place of `llm`'s own engine thread:
+    `minirt serve --replicas` gives one over Ray Serve replicas (with the same interface)."""
     metrics = ServerMetrics(settings.model_name)
     feed = RoundFeed()
-    client = llm.engine_client(
-        max_queue,
-        observer=metrics,
-        on_round=feed.publish,
-        # On the engine's thread, once it stops accepting: open round-grid pages end.
-        on_shutdown=feed.close,
-        round_delay_s=round_delay_s,
-        batch_window_s=batch_window_s,
-    )
+    if make_client is not None:
+        # Served by replicas: their engines' events and metrics come to this client.
+        client = make_client(metrics, feed.close)
+    else:
+        client = one_process_client(llm, max_queue, metrics, feed, round_delay_s, batch_window_s)
     app = build_app(llm, client, metrics, settings, feed)
     config = uvicorn.Config(
         app,
