@@ -43,6 +43,11 @@ DEFAULT_BATCH_WINDOW_MS = 20.0
 MAX_PAUSE_MS = 60_000.0
 # What the server needs beyond minirt's own dependencies.
 WEB_STACK = ("starlette", "uvicorn", "httptools", "pydantic", "prometheus_client")
+# What --replicas needs beyond that (the ray extra).
+RAY_SERVE = ("ray", "ray.serve")
+# --routing's choices (minirt/distributed/serve_replicas.py ROUTINGS, here so that parsing the
+# flags imports no Ray).
+ROUTINGS = ("power-of-two", "prefix")
 
 EPILOG = r"""
 examples:
@@ -51,6 +56,11 @@ examples:
   minirt serve --policy static --batch-size 4   # static groups, to see what they cost online
   minirt serve --policy static --batch-size 3 --round-delay 300
                                                 # then open http://127.0.0.1:8000/ and watch
+
+  minirt serve --replicas 2                     # two engines on Ray Serve behind one server
+  minirt serve --replicas 4 --prefix-cache --routing prefix --ray auto
+                                                # on a running Ray cluster (ray start --head),
+                                                # each prefix to the replica that holds it
 
   curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \
        -d '{"prompt": "ROMEO:", "max_tokens": 20, "temperature": 0}'
@@ -96,10 +106,37 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         help=f"the port (default {DEFAULT_PORT}; 0 picks a free one)",
     )
     add_batching_flags(p)
+    add_replica_flags(p)
     add_chat_flags(p)
     add_limit_flags(p)
     add_version_flag(p)
     return p
+
+
+def add_replica_flags(p) -> None:
+    """Serving past one process: replicas of the engine on Ray Serve (docs/serving.md)."""
+    p.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="serve with N replicas of the engine on Ray Serve, each its own process with the "
+        "flags above, behind this one server (default: one engine, in this process; needs the "
+        'ray extra: pip install -e ".[serve,ray]")',
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="with --replicas: 'local' (default) starts Ray on this machine; 'auto', HOST:PORT or "
+        "ray://HOST:PORT joins a running cluster (ray start --head)",
+    )
+    p.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        help="with --replicas: which replica takes a request.  power-of-two (default): Ray "
+        "Serve's own, the less busy of two drawn at random; prefix: the replica that served the "
+        "prompt's prefix last, unless it has more than --batch-size requests beyond the least "
+        "busy (needs --prefix-cache)",
+    )
 
 
 def add_chat_flags(p) -> None:
@@ -220,6 +257,7 @@ def parse_args(argv: list[str] | None, prog: str):
         if value is not None and not value.strip():
             raise MinirtError(f"{flag} is empty; give a value, or leave the flag out")
     args.kv_budget_mib, args.kv_budget_tokens = kv_budget_arguments(args.kv_budget)
+    check_replica_flags(args)
     if args.batch_window is not None and args.policy != "static":
         raise MinirtError(
             "--batch-window applies to static groups only: add --policy static, or leave it "
@@ -234,6 +272,27 @@ def parse_args(argv: list[str] | None, prog: str):
     return args
 
 
+def check_replica_flags(args) -> None:
+    """--ray and --routing go with --replicas; prefix routing needs the prefix cache."""
+    if args.replicas is None:
+        for flag, value in (("--ray", args.ray), ("--routing", args.routing)):
+            if value is not None:
+                raise MinirtError(
+                    f"{flag} applies to replicas only: add --replicas N, or leave it out"
+                )
+        return
+    require_at_least_one(args.replicas, "--replicas")
+    args.ray = args.ray or "local"
+    args.routing = args.routing or "power-of-two"
+    if not args.ray.strip():
+        raise MinirtError("--ray is empty: give 'local', 'auto' or HOST:PORT, or leave it out")
+    if args.routing == "prefix" and not args.prefix_cache:
+        raise MinirtError(
+            "--routing prefix sends a prompt to the replica whose prefix cache holds its "
+            "prefix: add --prefix-cache"
+        )
+
+
 def require_extra() -> None:
     """The web stack imports, or one line saying how to install it."""
     for name in WEB_STACK:
@@ -243,6 +302,18 @@ def require_extra() -> None:
             raise MinirtError(
                 f"minirt serve needs the serve extra, and {name} is not installed: "
                 'from a clone of minirt, pip install -e ".[serve]"'
+            ) from None
+
+
+def require_ray_serve() -> None:
+    """Ray Serve imports, or one line saying how to install it."""
+    for name in RAY_SERVE:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MinirtError(
+                f"minirt serve --replicas needs Ray Serve, and {name} is not installed: from a "
+                'clone of minirt, pip install -e ".[serve,ray]"'
             ) from None
 
 
@@ -273,48 +344,87 @@ def load(args) -> tuple[LLM, str]:
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") -> int:
     args = parse_args(argv, prog)
     require_extra()
+    if args.replicas is not None:
+        require_ray_serve()
     # Imported here: only with the serve extra installed.
-    from .server.app import ServerSettings  # noqa: PLC0415 (see above)
-    from .server.connections import connections_for  # noqa: PLC0415 (see above)
-    from .server.origin import is_loopback_address  # noqa: PLC0415 (see above)
-    from .server.round_feed import MAX_WATCHERS  # noqa: PLC0415 (see above)
-    from .server.run import bind, serve_forever  # noqa: PLC0415 (see above)
+    from .server.run import bind  # noqa: PLC0415 (see above)
 
     sock = bind(args.host, args.port)
     try:
         llm, name = load(args)
-        settings = ServerSettings(
-            model_name=name,
-            model_path=str(llm.model.folder),
-            api_key=args.api_key,
-            max_body_bytes=args.max_body_bytes,
-            loopback_only=is_loopback_address(args.host),
-        )
-        if not settings.loopback_only and settings.api_key is None:
-            print(
-                f"{prog}: warning: listening on {args.host} with no API key: whoever reaches "
-                "this address may run completions (set --api-key, or MINIRT_API_KEY)",
-                file=sys.stderr,
-            )
-        describe = f"model {name}, {args.policy} batching of up to {args.batch_size} rows"
-        if args.round_delay > 0:
-            describe += f", {args.round_delay:g} ms between rounds"
-        serve_forever(
-            llm,
-            sock,
-            settings,
-            max_queue=args.max_queue,
-            shutdown_timeout_s=args.shutdown_timeout,
-            describe=describe,
-            round_delay_s=args.round_delay / 1000,
-            batch_window_s=args.batch_window / 1000,
-            max_connections=args.max_connections
-            or connections_for(args.max_queue, args.batch_size, MAX_WATCHERS),
-            connection_timeout_s=args.connection_timeout,
-        )
+        replicas = start_replicas(args, llm, prog)
+        try:
+            serve_model(args, prog, sock, llm, name, replicas)
+        finally:
+            if replicas is not None:
+                replicas.shut_down()
     finally:
         sock.close()
     return EXIT_OK
+
+
+def start_replicas(args, llm: LLM, prog: str):
+    """With --replicas: the replicas on Ray Serve, each reporting (None without it).  This
+    process keeps the model too: its tokenizer, config and chat template make each request."""
+    if args.replicas is None:
+        return None
+    # Imported here: only with the ray extra installed.
+    from .distributed import serve_replicas  # noqa: PLC0415 (see above)
+
+    def progress(line: str) -> None:
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+
+    first_snapshot = llm.engine_client(args.max_queue).snapshot()
+    return serve_replicas.start_replicas(args, llm.model.folder, first_snapshot, progress)
+
+
+def serve_model(args, prog: str, sock, llm: LLM, name: str, replicas) -> None:
+    """The server on `sock`, until a signal stops it: the engine in this process, or
+    `replicas`' engines."""
+    from .server.app import ServerSettings  # noqa: PLC0415 (see main)
+    from .server.connections import connections_for  # noqa: PLC0415 (see main)
+    from .server.origin import is_loopback_address  # noqa: PLC0415 (see main)
+    from .server.round_feed import MAX_WATCHERS  # noqa: PLC0415 (see main)
+    from .server.run import serve_forever  # noqa: PLC0415 (see main)
+
+    settings = ServerSettings(
+        model_name=name,
+        model_path=str(llm.model.folder),
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        loopback_only=is_loopback_address(args.host),
+    )
+    if not settings.loopback_only and settings.api_key is None:
+        print(
+            f"{prog}: warning: listening on {args.host} with no API key: whoever reaches "
+            "this address may run completions (set --api-key, or MINIRT_API_KEY)",
+            file=sys.stderr,
+        )
+    engines = 1 if replicas is None else args.replicas
+    serve_forever(
+        llm,
+        sock,
+        settings,
+        max_queue=args.max_queue,
+        shutdown_timeout_s=args.shutdown_timeout,
+        describe=describe(args, name),
+        round_delay_s=args.round_delay / 1000,
+        batch_window_s=args.batch_window / 1000,
+        max_connections=args.max_connections
+        or connections_for(engines * args.max_queue, engines * args.batch_size, MAX_WATCHERS),
+        connection_timeout_s=args.connection_timeout,
+        make_client=None if replicas is None else replicas.make_client,
+    )
+
+
+def describe(args, name: str) -> str:
+    """The ready line's account of what is served."""
+    text = f"model {name}, {args.policy} batching of up to {args.batch_size} rows"
+    if args.replicas is not None:
+        text += f" in each of {args.replicas} replicas on Ray Serve ({args.routing} routing)"
+    if args.round_delay > 0:
+        text += f", {args.round_delay:g} ms between rounds"
+    return text
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ The folders, from the bottom up (each may import the ones before it, never the o
     llm.py         the Python API                                     errors, model, loading, engine, request_maker,
                                                                       chat_template
     cli/           what the commands share                            all of the above
-    distributed/   Ray Data (ray only in distributed/ray_data.py)     all of the above and cli
+    distributed/   Ray Data and Ray Serve (ray only here)             all of the above and cli
     server/        `minirt serve` (its web stack only there)          all of the above but distributed
     the commands   generate, evaluate, rounds, inspect, serve, __main__  anything (server/: serve alone)
 
 Third-party imports: numpy, safetensors and tokenizers anywhere; cupy only in model/backend.py (and the
-tests); ray only in distributed/ray_data.py; the web stack only in server/; jinja2 only in chat_template.py.
+tests); ray only in distributed/ (never its command-side modules serve_on_ray.py, prompt_chunks.py); the web
+stack only in server/; jinja2 only in chat_template.py.
 Functions are at most 50 lines and lines at most 100 characters; `ruff format --check` holds the rest of the layout (tests/project/test_lint.py).
 """
 
@@ -55,7 +56,16 @@ EVERYWHERE = {"numpy", "safetensors", "tokenizers"}
 ONLY_IN = {  # a third-party package, and the only files (relative to minirt/) or folders that may import it
     "cupy": ("model/backend.py",),
     "cupyx": ("model/backend.py",),
-    "ray": ("distributed/ray_data.py",),
+    # Ray Data (ray_data.py), Ray Serve (the replicas, their client, the prefix router, the
+    # command's side), and starting Ray for both (ray_cluster.py).
+    "ray": (
+        "distributed/ray_data.py",
+        "distributed/ray_cluster.py",
+        "distributed/engine_replica.py",
+        "distributed/replica_client.py",
+        "distributed/prefix_router.py",
+        "distributed/serve_replicas.py",
+    ),
     "fastapi": ("server/",),
     "starlette": ("server/",),
     "uvicorn": ("server/",),

@@ -41,6 +41,13 @@ def assert_one_line_refusal(done: subprocess.CompletedProcess, *words: str) -> N
         (["--shutdown-timeout", "-1"], ["--shutdown-timeout"]),
         (["--api-key", ""], ["--api-key"]),
         (["--no-such-flag"], ["--no-such-flag"]),
+        # Replicas (checked before Ray is imported or the model loaded).
+        (["--replicas", "0"], ["--replicas", "at least 1"]),
+        (["--ray", "auto"], ["--ray", "add --replicas N"]),
+        (["--routing", "prefix"], ["--routing", "add --replicas N"]),
+        (["--replicas", "2", "--routing", "random"], ["--routing", "power-of-two"]),
+        (["--replicas", "2", "--routing", "prefix"], ["--routing prefix", "add --prefix-cache"]),
+        (["--replicas", "2", "--ray", " "], ["--ray is empty"]),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(flags, words):
@@ -55,6 +62,12 @@ def test_without_the_serve_extra_it_says_how_to_install_it():
     # Its help needs nothing of the web stack.
     helped = serve("--help", code=hide)
     assert helped.returncode == 0 and "examples:" in helped.stdout
+
+
+def test_replicas_without_ray_serve_say_how_to_install_it():
+    hide = "import sys; sys.modules['ray'] = None; from minirt.__main__ import main; sys.argv[0] = 'minirt'; raise SystemExit(main(['serve'] + sys.argv[1:]))"
+    done = serve("--replicas", "2", code=hide)
+    assert_one_line_refusal(done, "--replicas needs Ray Serve", 'pip install -e ".[serve,ray]"')
 
 
 def test_help_shows_examples_the_endpoints_and_the_limits():

@@ -38,6 +38,9 @@ The servers, each with --threads threads (2) and 8 rows:
                  beside the decoding rows
     unchunked    as minirt, with --no-chunked-prefill: each prompt is fed whole in one round
     invariant    as minirt, with --batch-invariant (exact batch invariance): what it costs under load
+    ray1, ray2   as minirt, with --replicas 1 (2): the engine in Ray Serve replicas behind the same
+                 server, each replica --threads threads: what the Ray path costs, and what a
+                 second replica gives on the same cores
 
 Long prompts beside decoding rows (chunked prefill): --long-prompts N more requests of --long-prompt-len
 tokens (1000) and --long-max-tokens new tokens (4), arriving as their own Poisson process at --long-rate
@@ -86,7 +89,10 @@ import blas_env
 from llama_cpp import ensure_model, source_dir
 
 REPO = Path(__file__).resolve().parent.parent.parent
-SIDES = ("minirt", "llama", "static", "watched", "baseline", "chunked", "unchunked", "invariant")
+SIDES = (
+    "minirt", "llama", "static", "watched", "baseline", "chunked", "unchunked", "invariant",
+    "ray1", "ray2",
+)  # fmt: skip
 # The sides run when --sides is not given.
 DEFAULT_SIDES = ("minirt", "llama", "static")
 ROWS = 8
@@ -167,6 +173,8 @@ def start_server(side: str, args, port: int) -> subprocess.Popen:
             command += ["--no-chunked-prefill"]
         if side == "invariant":
             command += ["--batch-invariant"]
+        if side in ("ray1", "ray2"):
+            command += ["--replicas", side[-1]]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
     tree = REPO
     if side == "baseline":
@@ -377,7 +385,7 @@ def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
         lines.append(
             f"minirt / llama-server: throughput {throughput:.2f}x (target >= 0.9), p99 TTFT {ttft:.2f}x (target <= 1)"
         )
-    for side in ("watched", "baseline", "invariant"):
+    for side in ("watched", "baseline", "invariant", "ray1", "ray2"):
         if "minirt" in runs and side in runs:
             # Per repeat (the sides ran back to back), then the median and range of those ratios.
             parts = []

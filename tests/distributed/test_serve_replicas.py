@@ -1,0 +1,503 @@
+"""`minirt serve --replicas N` on Ray Serve, end to end: real servers on 127.0.0.1, each with
+two replicas on this machine's local Ray, held to the offline API (`LLM.generate` of each request
+alone), the openai client, raw server-sent events, and the metrics' values.
+
+Marked `ray_serve` and skipped cleanly without Ray Serve and the serve extra; `.ci/run` installs
+both and runs them.  Bounded: every server serves at most a few dozen requests, and every wait
+has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import shutil
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.serve", reason='needs Ray Serve (pip install -e ".[serve,ray]")')
+pytest.importorskip("httpx", reason='needs the serve extra\'s clients (pip install -e ".[test]")')
+pytestmark = [pytest.mark.ray_serve, pytest.mark.timeout(300)]
+
+import httpx  # noqa: E402 (after the importorskip above)
+
+from minirt import LLM, SamplingParams  # noqa: E402
+from conftest import ROOT, random_tensors  # noqa: E402
+
+# The one-process server's test harness (tests/server/serving.py): the same Server, the same
+# offline reference.
+sys.path.insert(0, str(ROOT / "tests" / "server"))
+from serving import Server, offline_alone  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random GPT-2 with the shipped model's tokenizer and a context of 640 (room for a
+    256-token prefix and its suffixes)."""
+    from minirt.model.config import GPT2Config
+    from safetensors.numpy import save_file
+
+    folder = tmp_path_factory.mktemp("replica-model")
+    raw = {"model_type": "gpt2", "vocab_size": 4096, "n_positions": 640, "n_embd": 64}
+    raw.update({"n_layer": 2, "n_head": 2})
+    save_file(
+        random_tensors(GPT2Config.from_dict(raw, source="test"), 0),
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text(json.dumps(raw))
+    shutil.copy(ROOT / "weights" / "shakespeare-gpt2-tiny" / "tokenizer.json", folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir):
+    return LLM(str(model_dir))
+
+
+def replicas_server(model_dir, *flags: str) -> Server:
+    """`minirt serve` with two replicas of the test model, served as "m"."""
+    model = ["--model", str(model_dir), "--served-model-name", "m"]
+    return Server(*model, "--replicas", "2", *flags)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def replica_metric(server: Server, name: str) -> dict[str, float]:
+    """Each replica's sample of a metric, by its replica label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and "replica" in sample.labels:
+                values[sample.labels["replica"]] = sample.value
+    return values
+
+
+def fleet_metric(server: Server, name: str) -> float:
+    """The fleet's sample of a metric: the one without a replica label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and "replica" not in sample.labels:
+                return sample.value
+    raise AssertionError(f"no fleet sample {name}")
+
+
+def success_counts(server: Server) -> dict[str, float]:
+    reasons = ("stop", "length", "abort", "error")
+    return {r: server.metric("minirt:request_success_total", finished_reason=r) for r in reasons}
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def sse_events(response):
+    """The data lines of a server-sent event stream, one at a time as they come."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[len("data: ") :]
+
+
+def request_params(k: int) -> tuple[dict, SamplingParams]:
+    """The k-th request's body fields and the same SamplingParams offline: greedy or seeded."""
+    if k % 2 == 0:
+        return {"temperature": 0}, SamplingParams(temperature=0, max_tokens=12, logprobs=2)
+    fields = {"temperature": 0.9, "top_p": 0.9, "seed": 1000 + k}
+    offline = SamplingParams(temperature=0.9, top_p=0.9, seed=1000 + k, max_tokens=12, logprobs=2)
+    return fields, offline
+
+
+def test_sixteen_clients_get_offline_tokens_from_either_replica(model_dir, offline):
+    prompts = [f"To be or not {k}, that is the question of" * (1 + k % 3) for k in range(16)]
+    with Server(
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "m",
+        "--replicas",
+        "2",
+        "--batch-size",
+        "4",
+    ) as server:
+        client = server.client()
+
+        def complete(k: int):
+            fields, _params = request_params(k)
+            answer = client.completions.create(
+                model="m", prompt=prompts[k], max_tokens=12, logprobs=2, **fields
+            )
+            return answer
+
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(complete, range(16)))
+        # Both replicas served some of them: each reports rounds.
+        wait_until(
+            lambda: sum(v > 0 for v in replica_metric(server, "minirt:rounds_total").values()) == 2,
+            10,
+            "both replicas to report rounds",
+        )
+        assert server.stop(signal.SIGTERM) == 0
+    assert len({answer.id for answer in answers}) == 16
+    for k, answer in enumerate(answers):
+        _fields, params = request_params(k)
+        expected = offline_alone(offline, prompts[k], params)[0]
+        (choice,) = answer.choices
+        assert choice.model_extra["minirt"]["token_ids"] == expected.token_ids
+        assert choice.text == expected.text
+        np.testing.assert_allclose(choice.logprobs.token_logprobs, expected.logprobs, rtol=1e-5)
+
+
+def prefixed_prompts(seed: int) -> list[list[int]]:
+    """4 distinct prefixes of 256 random token ids, 4 prompts each (a 16-token suffix of its
+    own): the first of each prefix first, then the rest, prefixes interleaved."""
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(5, 4000, 256).tolist() for _ in range(4)]
+    order = []
+    for _turn in range(4):
+        for prefix in prefixes:
+            order.append(prefix + rng.integers(5, 4000, 16).tolist())
+    return order
+
+
+def cached_tokens_of_later_requests(model_dir, routing: str) -> list[int]:
+    """The cached tokens each request after its prefix's first reports, served one at a time."""
+    flags = [
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "m",
+        "--replicas",
+        "2",
+        "--prefix-cache",
+        "--routing",
+        routing,
+    ]
+    cached = []
+    with Server(*flags) as server:
+        client = server.client()
+        for k, prompt in enumerate(prefixed_prompts(7)):
+            answer = client.completions.create(
+                model="m", prompt=prompt, max_tokens=2, temperature=0
+            )
+            if k >= 4:
+                cached.append(answer.usage.prompt_tokens_details.cached_tokens)
+        assert server.stop(signal.SIGTERM) == 0
+    return cached
+
+
+def test_prefix_routing_finds_each_prefix_cached_where_power_of_two_does_not(model_dir):
+    by_prefix = cached_tokens_of_later_requests(model_dir, "prefix")
+    by_chance = cached_tokens_of_later_requests(model_dir, "power-of-two")
+    # 272 tokens: 16 whole blocks of the prefix are usable, (272 - 1) // 16 = 16.
+    assert by_prefix == [256] * 12
+    # Each prefix's second request lands on the other replica with probability 1/2 (and then
+    # misses); all 12 hitting by chance has probability (1/8)^4.
+    assert sum(c == 256 for c in by_chance) < 12
+    assert set(by_chance) <= {0, 256}
+
+
+def stream_body(prompt: str, max_tokens: int) -> dict:
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+
+
+def busiest_replica_pid(server: Server) -> int:
+    """The process of the replica holding the most running requests (its `minirt:replica_info`
+    sample names it), once each of the two holds some."""
+    wait_until(
+        lambda: sorted(replica_metric(server, "minirt:num_requests_running").values())[0] > 0,
+        10,
+        f"both replicas to hold streams: {replica_metric(server, 'minirt:num_requests_running')}",
+    )
+    running = replica_metric(server, "minirt:num_requests_running")
+    busiest = max(running, key=running.get)
+    return replica_pids(server)[busiest]
+
+
+def replica_pids(server: Server) -> dict[str, int]:
+    """Each live replica's process id, by its label (`minirt:replica_info`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pids = {}
+    for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text):
+        for sample in family.samples:
+            if sample.name == "minirt:replica_info":
+                pids[sample.labels["replica"]] = int(sample.labels["pid"])
+    return pids
+
+
+class Streams:
+    """Streaming completions on their own threads, each one's data lines kept as they come."""
+
+    def __init__(self, server: Server, prompts: list[str], max_tokens: int):
+        self.events: dict[int, list[str]] = {k: [] for k in range(len(prompts))}
+        self.done: dict[int, float] = {}
+        self.threads = [
+            threading.Thread(target=self.read, args=(server, k, p, max_tokens), daemon=True)
+            for k, p in enumerate(prompts)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def read(self, server: Server, k: int, prompt: str, max_tokens: int) -> None:
+        body = stream_body(prompt, max_tokens)
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as answer:
+            for data in sse_events(answer):
+                self.events[k].append(data)
+        self.done[k] = time.monotonic()
+
+    def started(self) -> bool:
+        return all(self.events.values())
+
+    def join(self, timeout: float) -> None:
+        for thread in self.threads:
+            thread.join(timeout)
+
+    def outcome(self, k: int) -> tuple[str | None, str, list[int] | None]:
+        """A stream's error message (None if it finished), its text, and its token ids."""
+        assert self.events[k][-1] == "[DONE]", self.events[k][-3:]
+        bodies = [json.loads(data) for data in self.events[k][:-1]]
+        text = "".join(body["choices"][0]["text"] for body in bodies if "choices" in body)
+        if "error" in bodies[-1]:
+            return bodies[-1]["error"]["message"], text, None
+        return None, text, bodies[-1]["choices"][0]["minirt"]["token_ids"]
+
+
+def test_a_killed_replica_fails_its_streams_cleanly_and_spares_the_rest(model_dir, offline):
+    prompts = [f"Friends, Romans, countrymen {k}" for k in range(6)]
+    with replicas_server(model_dir, "--round-delay", "40") as server:
+        streams = Streams(server, prompts, 60)
+        wait_until(streams.started, 30, "every stream's first event")
+        victim = busiest_replica_pid(server)
+        os.kill(victim, signal.SIGKILL)
+        streams.join(60)
+        # The next request is served (by the survivor, or the replica Ray Serve starts anew).
+        answer = server.client().completions.create(
+            model="m", prompt=prompts[0], max_tokens=8, temperature=0
+        )
+        assert answer.choices[0].finish_reason == "length"
+        assert server.stop(signal.SIGTERM) == 0
+    failed = 0
+    for k, prompt in enumerate(prompts):
+        error, text, token_ids = streams.outcome(k)
+        if error is not None:
+            failed += 1
+            assert "the replica serving it stopped" in error
+            continue
+        expected = offline_alone(offline, prompt, SamplingParams(temperature=0, max_tokens=60))
+        assert (text, token_ids) == (expected[0].text, expected[0].token_ids)
+    # The victim held the most of the 6 (at least 3), the survivor at least 1.
+    assert 3 <= failed <= 5
+
+
+def test_disconnected_streams_free_every_replicas_rows_and_kv(model_dir):
+    flags = [
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "m",
+        "--replicas",
+        "2",
+        "--round-delay",
+        "50",
+    ]
+    with Server(*flags) as server:
+        responses = []
+        clients = [httpx.Client(timeout=30) for _ in range(20)]
+        for k, client in enumerate(clients):
+            request = client.build_request(
+                "POST", f"{server.url}/v1/completions", json=stream_body(f"Stream {k}", 400)
+            )
+            response = client.send(request, stream=True)
+            responses.append((response, response.iter_lines()))
+        # Accepted (its head sent): 16 hold rows, 4 wait for one (8 rows a replica).
+        wait_until(
+            lambda: (
+                sum(replica_metric(server, "minirt:num_requests_running").values())
+                + sum(replica_metric(server, "minirt:num_requests_waiting").values())
+                == 20
+            ),
+            10,
+            "all 20 streams to be held by the replicas",
+        )
+        busy = replica_metric(server, "minirt:kv_slots_used")
+        assert len(busy) == 2 and all(slots > 0 for slots in busy.values())
+        closed_at = time.monotonic()
+        for (response, _lines), client in zip(responses, clients, strict=True):
+            response.close()
+            client.close()
+        for name in (
+            "minirt:num_requests_running",
+            "minirt:num_requests_waiting",
+            "minirt:kv_cache_usage_perc",
+            "minirt:kv_slots_used",
+        ):
+            wait_until(
+                lambda name=name: replica_metric(server, name) == {r: 0.0 for r in busy},
+                10,
+                f"{name} to return to 0 on every replica",
+            )
+            # The fleet's series (no replica label) is 0 too.
+            assert fleet_metric(server, name) == 0
+        # Freed by the aborts, long before 400 rounds of 50 ms could end any of them.
+        assert time.monotonic() - closed_at < 10
+        wait_until(
+            lambda: server.metric("minirt:request_success_total", finished_reason="abort") == 20,
+            5,
+            f"every stream counted as aborted: {success_counts(server)}",
+        )
+        assert server.stop(signal.SIGTERM) == 0
+
+
+def test_a_stalled_replica_does_not_hold_up_the_other(model_dir, offline):
+    """One replica stopped (SIGSTOP: its rounds wait) while both hold streams: the other's
+    streams finish meanwhile; once it goes on, its own finish too, all equal to offline."""
+    prompts = [f"Now is the winter of our discontent {k}" for k in range(6)]
+    with replicas_server(model_dir, "--round-delay", "20") as server:
+        streams = Streams(server, prompts, 40)
+        wait_until(streams.started, 30, "every stream's first event")
+        victim = busiest_replica_pid(server)
+        os.kill(victim, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            wait_until(lambda: len(streams.done) >= 1, 20, "the other replica's streams to end")
+            time.sleep(2.0)
+            held = [k for k in range(6) if k not in streams.done]
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        streams.join(60)
+        assert server.stop(signal.SIGTERM) == 0
+    assert 1 <= len(held) <= 5
+    assert all(streams.done[k] > stopped_at for k in range(6))
+    for k, prompt in enumerate(prompts):
+        error, text, token_ids = streams.outcome(k)
+        expected = offline_alone(offline, prompt, SamplingParams(temperature=0, max_tokens=40))
+        assert (error, text, token_ids) == (None, expected[0].text, expected[0].token_ids)
+
+
+def test_sigint_lets_every_replicas_streams_finish_then_exits_0(model_dir, offline):
+    flags = [
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        "m",
+        "--replicas",
+        "2",
+        "--round-delay",
+        "30",
+    ]
+    prompts = [f"Once more unto the breach {k}" for k in range(4)]
+    results: dict[int, list[str]] = {}
+    first = threading.Barrier(5, timeout=60)
+
+    def stream(k: int) -> None:
+        with httpx.stream(
+            "POST", f"{server.url}/v1/completions", json=stream_body(prompts[k], 30), timeout=60
+        ) as response:
+            events = []
+            for data in sse_events(response):
+                if not events:
+                    first.wait()
+                events.append(data)
+            results[k] = events
+
+    with Server(*flags) as server:
+        threads = [threading.Thread(target=stream, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        first.wait()
+        ours = list(replica_pids(server).values())
+        assert len(ours) == 2
+        server.process.send_signal(signal.SIGINT)
+        for thread in threads:
+            thread.join(60)
+        assert server.process.wait(60) == 0
+    wait_until(lambda: not any(alive(pid) for pid in ours), 30, "the replicas to end with it")
+    for k in range(4):
+        bodies = [json.loads(data) for data in results[k][:-1]]
+        assert results[k][-1] == "[DONE]"
+        text = "".join(body["choices"][0]["text"] for body in bodies)
+        expected = offline_alone(offline, prompts[k], SamplingParams(temperature=0, max_tokens=30))
+        assert text == expected[0].text
+        assert bodies[-1]["choices"][0]["finish_reason"] == "length"
+
+
+class FakeReplica:
+    def __init__(self, name: str):
+        self.replica_id = name
+
+
+class FakePending:
+    """What the router reads of a pending request: its order's keys and its internal id."""
+
+    def __init__(self, keys: tuple[int, ...], request_id: str):
+        from types import SimpleNamespace
+
+        from minirt.distributed.engine_replica import Order
+
+        self.args = [Order((), keys)]
+        self.metadata = SimpleNamespace(internal_request_id=request_id)
+
+
+def prefix_router(imbalance: int):
+    from minirt.distributed.prefix_router import PrefixAffinityRouter
+
+    router = PrefixAffinityRouter.__new__(PrefixAffinityRouter)
+    router.initialize_state(imbalance=imbalance)
+    return router
+
+
+def test_the_prefix_router_keeps_a_prefix_home_up_to_its_margin_exactly():
+    import asyncio
+
+    router = prefix_router(imbalance=2)
+    home = FakeReplica("home")
+    other = FakeReplica("other")
+    router.on_request_routed(FakePending((1, 2, 3), "first"), "home", None)
+    # A prompt sharing the first two blocks goes home, first in the ranks.
+    ranks = asyncio.run(router.choose_replicas([home, other], FakePending((1, 2, 9), "x")))
+    assert ranks[0] == [home]
+    # Home 2 more in flight than the least busy: still home (the margin is "more than 2").
+    router.on_request_routed(FakePending((), "busy"), "home", None)
+    ranks = asyncio.run(router.choose_replicas([home, other], FakePending((1,), "y")))
+    assert ranks[0] == [home]
+    # One more: power of two choices alone.
+    router.on_request_routed(FakePending((), "busier"), "home", None)
+    ranks = asyncio.run(router.choose_replicas([home, other], FakePending((1,), "z")))
+    assert len(ranks) == 1 and set(ranks[0]) == {home, other}
+    # Finished, it is home again; an unknown prefix is power of two choices.
+    router.on_request_completed("home", "busier")
+    assert asyncio.run(router.choose_replicas([home, other], FakePending((1,), "w")))[0] == [home]
+    assert len(asyncio.run(router.choose_replicas([home, other], FakePending((7,), "v")))) == 1
+
+
+def test_the_prefix_router_forgets_a_dead_replicas_prefixes():
+    import asyncio
+
+    router = prefix_router(imbalance=8)
+    router._replicas = {}
+    router._replicas_list = []
+    router._replica_id_set = set()
+    router._queue_len_gauge_last_update = {}
+    router.on_request_routed(FakePending((5, 6), "a"), "gone", None)
+    router.on_replica_actor_died("gone")
+    survivor = FakeReplica("left")
+    ranks = asyncio.run(router.choose_replicas([survivor], FakePending((5, 6), "b")))
+    assert ranks == [[survivor]] and not router.last_replica
