@@ -2972,6 +2972,49 @@ MUTANTS = [
         "",
         "a token past a stop string is given an offset past the end of the text",
     ),
+    # ---- replicas on Ray Serve (#42)
+    Mutant(
+        "prefix_router_margin_inclusive",
+        "minirt/distributed/prefix_router.py",
+        "                if self.load(replica_id) - least > self.imbalance:",
+        "                if self.load(replica_id) - least >= self.imbalance:",
+        "a prefix's replica exactly at the margin is given up (the margin is 'more than')",
+    ),
+    Mutant(
+        "prefix_router_never_counts_completions",
+        "minirt/distributed/prefix_router.py",
+        "        self.in_flight.get(replica_id, set()).discard(internal_request_id)",
+        "        pass",
+        "finished requests stay counted in flight: a busy-once replica loses its prefixes",
+    ),
+    Mutant(
+        "block_keys_include_the_last_token",
+        "minirt/engine/prefix_cache.py",
+        "    for index in range((len(prompt_ids) - 1) // block_tokens):\n        start",
+        "    for index in range(len(prompt_ids) // block_tokens):\n        start",
+        "a prompt is routed by a block the prefix cache can never use",
+    ),
+    Mutant(
+        "replica_series_for_every_counter",
+        "minirt/server/metrics.py",
+        '                if sample_name not in (family.name, family.name + "_total"):',
+        '                if not sample_name.startswith(family.name.split("_")[0]):',
+        "each replica's figures land in families that are not theirs",
+    ),
+    Mutant(
+        "dead_replica_choices_left_open",
+        "minirt/distributed/replica_client.py",
+        "                        relay.close_open(replica_lost(exc))\n",
+        "                        pass\n",
+        "a stream whose replica died is never told: it hangs",
+    ),
+    Mutant(
+        "observer_snapshot_taken_after_calls",
+        "minirt/distributed/engine_replica.py",
+        "        snapshot = self.latest\n        with self.lock:",
+        "        with self.lock:",
+        "a report's snapshot can be newer than its calls (gauges at 0 before the aborts count)",
+    ),
 ]
 
 
