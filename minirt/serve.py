@@ -293,15 +293,15 @@ def check_replica_flags(args) -> None:
         )
 
 
-def require_extra() -> None:
-    """The web stack imports, or one line saying how to install it."""
+def require_extra(extras: str = "serve") -> None:
+    """The web stack imports, or one line saying how to install it (with `extras`)."""
     for name in WEB_STACK:
         try:
             importlib.import_module(name)
         except ImportError:
             raise MinirtError(
                 f"minirt serve needs the serve extra, and {name} is not installed: "
-                'from a clone of minirt, pip install -e ".[serve]"'
+                f'from a clone of minirt, pip install -e ".[{extras}]"'
             ) from None
 
 
@@ -343,9 +343,12 @@ def load(args) -> tuple[LLM, str]:
 
 def main(argv: list[str] | None = None, prog: str = "python -m minirt.serve") -> int:
     args = parse_args(argv, prog)
-    require_extra()
-    if args.replicas is not None:
+    if args.replicas is None:
+        require_extra()
+    else:
+        # Ray first: its line names both extras, so one install gives everything --replicas needs.
         require_ray_serve()
+        require_extra("serve,ray")
     # Imported here: only with the serve extra installed.
     from .server.run import bind  # noqa: PLC0415 (see above)
 
