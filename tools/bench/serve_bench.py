@@ -41,6 +41,19 @@ The servers, each with --threads threads (2) and 8 rows:
     ray1, ray2   as minirt, with --replicas 1 (2): the engine in Ray Serve replicas behind the same
                  server, each replica --threads threads: what the Ray path costs, and what a
                  second replica gives on the same cores
+    ray2-pow2    as ray2, with --prefix-cache (each replica its own cache), routed by power of two
+                 choices
+    ray2-prefix  as ray2-pow2, routed with --routing prefix (each prefix to the replica that holds it)
+
+Prompts that share prefixes (prefix caching, prefix routing): --shared-prefixes K draws K random
+prefixes of --prefix-len tokens (256); each prompt is one of them, drawn at random, followed by its
+own random tokens (their number drawn from --prompt-lens).  The table then adds the cached share:
+the prompt tokens the usage reports as cached (prompt_tokens_details.cached_tokens) over all prompt
+tokens.  Prefix routing against power of two choices on 2 replicas:
+
+    flock /tmp/bench.lock python tools/bench/serve_bench.py --model weights/shakespeare-gpt2-tiny \
+        --sides ray2-pow2,ray2-prefix --threads 1 --shared-prefixes 4 --prefix-len 256 \
+        --prompt-lens 16:64 --max-tokens 32 --requests 96 --rate 8 --repeats 3
 
 Long prompts beside decoding rows (chunked prefill): --long-prompts N more requests of --long-prompt-len
 tokens (1000) and --long-max-tokens new tokens (4), arriving as their own Poisson process at --long-rate
@@ -91,8 +104,15 @@ from llama_cpp import ensure_model, source_dir
 REPO = Path(__file__).resolve().parent.parent.parent
 SIDES = (
     "minirt", "llama", "static", "watched", "baseline", "chunked", "unchunked", "invariant",
-    "ray1", "ray2",
+    "ray1", "ray2", "ray2-pow2", "ray2-prefix",
 )  # fmt: skip
+# The sides served by Ray Serve replicas: their --replicas, and their other flags.
+REPLICA_SIDES = {
+    "ray1": ["--replicas", "1"],
+    "ray2": ["--replicas", "2"],
+    "ray2-pow2": ["--replicas", "2", "--prefix-cache"],
+    "ray2-prefix": ["--replicas", "2", "--prefix-cache", "--routing", "prefix"],
+}
 # The sides run when --sides is not given.
 DEFAULT_SIDES = ("minirt", "llama", "static")
 ROWS = 8
@@ -112,6 +132,9 @@ class Outcome:
     long: bool = False
     # Seconds between consecutive streamed chunks.
     gaps: list[float] = field(default_factory=list)
+    # The usage's prompt tokens, and how many of them it reports as cached.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def free_port() -> int:
@@ -139,10 +162,16 @@ def workload(args, vocab_size: int) -> list[tuple[float, list[int], int]]:
     fewest, most = span(args.max_tokens)
     new_tokens = rng.integers(fewest, most + 1, size=args.requests)
     # Below the last id, which GPT-2 gives <|endoftext|>.
-    work = [
-        (float(at), rng.integers(0, vocab_size - 1, size=int(n)).tolist(), int(m), False)
-        for at, n, m in zip(arrivals, lengths, new_tokens, strict=True)
+    prefixes = [
+        rng.integers(0, vocab_size - 1, size=args.prefix_len).tolist()
+        for _ in range(args.shared_prefixes)
     ]
+    work = []
+    for at, n, m in zip(arrivals, lengths, new_tokens, strict=True):
+        prompt = rng.integers(0, vocab_size - 1, size=int(n)).tolist()
+        if prefixes:
+            prompt = prefixes[int(rng.integers(len(prefixes)))] + prompt
+        work.append((float(at), prompt, int(m), False))
     if args.long_prompts:
         gaps = rng.exponential(1.0 / args.long_rate, size=args.long_prompts)
         for at in np.cumsum(gaps):
@@ -173,8 +202,7 @@ def start_server(side: str, args, port: int) -> subprocess.Popen:
             command += ["--no-chunked-prefill"]
         if side == "invariant":
             command += ["--batch-invariant"]
-        if side in ("ray1", "ray2"):
-            command += ["--replicas", side[-1]]
+        command += REPLICA_SIDES.get(side, [])
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
     tree = REPO
     if side == "baseline":
@@ -262,6 +290,9 @@ def one_request(client, prompt: list[int], max_tokens: int, start: float, long: 
                 outcome.last = now
             if chunk.usage is not None:
                 outcome.tokens = chunk.usage.completion_tokens
+                outcome.prompt_tokens = chunk.usage.prompt_tokens
+                details = chunk.usage.prompt_tokens_details
+                outcome.cached_tokens = (details.cached_tokens or 0) if details else 0
     except Exception as exc:  # noqa: BLE001 (a failure is counted, not fatal)
         outcome.error = f"{type(exc).__name__}: {exc}"[:200]
     if outcome.error is None and outcome.tokens != max_tokens:
@@ -333,6 +364,10 @@ def summary(outcomes: list[Outcome]) -> dict:
         "busy_rows": sum(o.last - o.sent for o in done) / wall,
         "failures": len(outcomes) - len(done),
     }
+    if any(o.cached_tokens for o in done):
+        figures["cached_share"] = sum(o.cached_tokens for o in done) / sum(
+            o.prompt_tokens for o in done
+        )
     if any(o.long for o in outcomes):
         main = [o for o in done if not o.long]
         figures["tpot_p99_main"] = percentile(
@@ -350,6 +385,7 @@ FIGURES = (
     ("tpot_p99", "TPOT p99 (ms)", "{:.1f}"),
     ("tpot_p99_main", "TPOT p99, main requests (ms)", "{:.1f}"),
     ("itl_p99_main", "inter-token gap p99, main requests (ms)", "{:.1f}"),
+    ("cached_share", "cached share of prompt tokens", "{:.3f}"),
     ("busy_rows", "busy rows", "{:.1f}"),
     ("failures", "failures", "{:.0f}"),
 )
@@ -411,6 +447,17 @@ def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
                 f"{key} {statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
             )
         lines.append("chunked / unchunked, per repeat: " + ", ".join(parts))
+    if "ray2-pow2" in runs and "ray2-prefix" in runs:
+        parts = []
+        for key in ("throughput", "ttft_p99"):
+            ratios = [
+                run[key] / base[key]
+                for run, base in zip(runs["ray2-prefix"], runs["ray2-pow2"], strict=True)
+            ]
+            parts.append(
+                f"{key} {statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
+            )
+        lines.append("ray2-prefix / ray2-pow2, per repeat: " + ", ".join(parts))
     if "minirt" in runs and "static" in runs:
         ttft = median("static", "ttft_p99") / median("minirt", "ttft_p99")
         lines.append(f"static / continuous: p99 TTFT {ttft:.2f}x (continuous wins when > 1)")
@@ -453,6 +500,14 @@ def main() -> int:
         default=256,
         help="the side 'chunked': its --max-round-tokens (default 256)",
     )
+    p.add_argument(
+        "--shared-prefixes",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every prompt starts with one of K random prefixes (default 0: none)",
+    )
+    p.add_argument("--prefix-len", type=int, default=256, metavar="TOKENS")
     p.add_argument("--long-prompts", type=int, default=0, metavar="N", help="long-prompt requests")
     p.add_argument("--long-prompt-len", type=int, default=1000, metavar="TOKENS")
     p.add_argument("--long-max-tokens", type=int, default=4, metavar="N")
@@ -483,6 +538,7 @@ def main() -> int:
         f"Poisson at {args.rate:g}/s, {args.clients} clients, {args.rows} rows, {args.threads} threads a server\n"
         f"{args.long_prompts} long prompts of {args.long_prompt_len} tokens ({args.long_max_tokens} new) at "
         f"{args.long_rate:g}/s\n"
+        f"{args.shared_prefixes} shared prefixes of {args.prefix_len} tokens\n"
         f"minirt's {blas_env.report()}",
         flush=True,
     )
