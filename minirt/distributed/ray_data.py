@@ -35,13 +35,12 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import ray
 from ray.data import ActorPoolStrategy, Dataset, DataContext
-
-from .ray_cluster import start_ray
 from ray.data.block import BlockAccessor, BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from ..errors import MinirtError
 from .prompt_chunks import LINES_PER_CHUNK, Chunk, chunk_rows, plan_chunks, prompt_files
+from .ray_cluster import check_answers, start_ray
 from ..cli.plural import plural
 from ..cli.prompt_file import PromptEntry, parse_jsonl_object
 
@@ -277,6 +276,9 @@ def connect(address: str, workers: int, cpus_per_worker: float = 1.0) -> str:
     """Start a local Ray instance ('local') or join a cluster ('auto', 'ray://host:port'); a
     one-line MinirtError when that fails.  Locally, Ray gets enough logical CPUs for the read stage
     beside every worker."""
+    # Asked first, even with Ray already started in this process: a HOST:PORT where nothing
+    # answers is the user's mistake whatever else holds.
+    check_answers(address)
     if ray.is_initialized():
         return "ray: already initialized"
     # Ray Data's plan and progress lines: the command says what it needs to.
