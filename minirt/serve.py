@@ -135,7 +135,7 @@ def add_replica_flags(p) -> None:
         help="with --replicas: which replica takes a request.  power-of-two (default): Ray "
         "Serve's own, the less busy of two drawn at random; prefix: the replica that served the "
         "prompt's prefix last, unless it has more than --batch-size requests beyond the least "
-        "busy (needs --prefix-cache)",
+        "busy (needs --prefix-cache, and a --ray other than ray://)",
     )
 
 
@@ -290,6 +290,13 @@ def check_replica_flags(args) -> None:
         raise MinirtError(
             "--routing prefix sends a prompt to the replica whose prefix cache holds its "
             "prefix: add --prefix-cache"
+        )
+    if args.routing == "prefix" and args.ray.startswith("ray://"):
+        # Through a Ray Client, Ray Serve routes without telling its router what it routed, so
+        # the prefix router would learn nothing and pick by chance.
+        raise MinirtError(
+            f"--routing prefix cannot route through a Ray Client address ({args.ray}): run "
+            "minirt serve on a node of the cluster with --ray auto (or HOST:PORT)"
         )
 
 

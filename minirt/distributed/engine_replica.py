@@ -64,11 +64,13 @@ REPLICA_SILENT_S = 3.0
 @dataclass(frozen=True)
 class OrderedSubmission:
     """One completion's requests, as the ingress made them; `age_s`: how long the ingress had
-    held it when it was sent (its waits count from the ingress's arrival, not the replica's)."""
+    held it when it was sent, and `sent_at`: the wall clock then (its waits count from the
+    ingress's arrival, router and transit included, not from the replica's)."""
 
     id: str
     requests: tuple[Request, ...]
     age_s: float
+    sent_at: float
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,7 @@ class EngineReplica:
         submissions = []
         for index, ordered in enumerate(order.submissions):
             deliver = Deliver(loop, events, index)
-            received_s = now - ordered.age_s
+            received_s = now - ordered.age_s - time_in_transit(ordered.sent_at)
             submissions.append(Submission(ordered.id, ordered.requests, received_s, deliver))
         still_open = [len(ordered.requests) for ordered in order.submissions]
         self.client.add(*submissions)
@@ -215,6 +217,13 @@ class EngineReplica:
         if stopping is not None:
             stopping.set()
             self.client.stop()
+
+
+def time_in_transit(sent_at: float) -> float:
+    """Seconds since the ingress sent an order (its wait in Ray Serve's router and the trip):
+    by the wall clock, the one clock two processes share; exact on one machine, off by the
+    clocks' skew across machines, and never below 0."""
+    return max(0.0, time.time() - sent_at)
 
 
 def count_closed(event: Event, still_open: int) -> int:

@@ -12,9 +12,13 @@ task hands each event it yields to its submission's callback, as the engine's th
                      frees their rows before its next round); each choice still open is told
                      `Finished` with finish_reason "abort" here, as the engine would tell it
     a replica dies   its streams raise: each choice still open ends with an error that says so
-                     (a stream gets an error event and [DONE], a whole answer a 500); a
-                     submission never accepted is refused (500).  Requests on the other
-                     replicas are untouched; Ray Serve starts a new replica
+                     (a stream gets an error event and [DONE], a whole answer a 500), counted
+                     here as finished with an error (the replica never will); a submission
+                     never accepted is refused (500).  Requests on the other replicas are
+                     untouched; Ray Serve starts a new replica
+    a full fleet     past the fleet's rows and queues in flight (every replica's rows and queue), a
+                     submission is refused here as the engine refuses one past --max-queue
+                     (503), rather than waiting unbounded in Ray Serve's router
     shutdown         `begin_shutdown` accepts no more (503) and lets what runs finish within
                      the grace period; past it, every relay is cancelled and its choices told
                      that the shutdown cut them off.  The command then shuts Ray Serve down
@@ -49,7 +53,14 @@ from ..engine.client import (
     nothing,
 )
 from ..engine.prefix_cache import prompt_block_keys
-from ..engine.request import FAULT, SHUTTING_DOWN, Refusal, abort_request, fail_request
+from ..engine.request import (
+    FAULT,
+    QUEUE_FULL,
+    SHUTTING_DOWN,
+    Refusal,
+    abort_request,
+    fail_request,
+)
 from .engine_replica import REPLICA_SILENT_S, REPORT_EVERY_S, Order, OrderedSubmission, Report
 
 # An order no replica answered (its replica died before taking it) is sent this many times.
@@ -102,9 +113,11 @@ class Relay:
             self.open[index].discard(event.choice)
         submission.on_event(event)
 
-    def close_open(self, error: str | None) -> None:
+    def close_open(self, error: str | None, observer: EngineObserver) -> None:
         """Tell each choice still open its end here: aborted (`error` None, or the shutdown's
-        message), or failed with `error`; a submission not yet accepted is refused."""
+        message: the replica aborts it too, and counts it), or failed with `error` (its replica
+        is gone or broke off, so `observer` hears it finish here); a submission not yet
+        accepted is refused."""
         for index, submission in enumerate(self.submissions):
             if not self.open[index]:
                 continue
@@ -118,9 +131,16 @@ class Relay:
                 if error is None or error == SHUTDOWN_ABORT:
                     abort_request(request)
                     request.error = error
-                else:
-                    fail_request(request, error)
-                self.hand_on(index, finished_event(request, choice))
+                    self.hand_on(index, finished_event(request, choice))
+                    continue
+                fail_request(request, error)
+                final = finished_event(request, choice)
+                observer.finished(final.output, time.perf_counter() - submission.received_s)
+                self.hand_on(index, final)
+
+    def requests_open(self) -> int:
+        """Its requests not yet finished (all of a submission not yet answered)."""
+        return sum(len(still_open) for still_open in self.open)
 
 
 class ReplicaClient:
@@ -132,6 +152,7 @@ class ReplicaClient:
         board,
         max_queue: int,
         first_snapshot: EngineSnapshot,
+        replicas: int,
         observer: EngineObserver | None = None,
         on_shutdown: Callable[[], None] = nothing,
         round_delay_s: float = 0.0,
@@ -140,6 +161,9 @@ class ReplicaClient:
         self.handle = handle.options(stream=True)
         self.board = board
         self.max_queue = max_queue
+        # What the fleet holds at once: every replica's rows, and every replica's queue.
+        self.fleet_rows = replicas * first_snapshot.batch_size
+        self.fleet_queue = replicas * max_queue
         self.observer = observer if observer is not None else EngineObserver()
         self.on_shutdown = on_shutdown
         self.round_delay_s = round_delay_s
@@ -169,13 +193,15 @@ class ReplicaClient:
     def add(self, *submissions: Submission) -> None:
         """Send these submissions to one replica in one order (all or none, as one process);
         refused at once while shutting down.  Called on the event loop."""
-        if not self.accepting:
+        refusal = self.fleet_refusal(submissions)
+        if refusal is not None:
             for submission in submissions:
-                submission.on_event(Refused(Refusal(SHUTTING_DOWN)))
+                submission.on_event(Refused(refusal))
             return
         relay = Relay(submissions)
+        sent_at = time.time()
         ordered = tuple(
-            OrderedSubmission(s.id, s.requests, time.perf_counter() - s.received_s)
+            OrderedSubmission(s.id, s.requests, time.perf_counter() - s.received_s, sent_at)
             for s in submissions
         )
         first_prompt = submissions[0].requests[0].prompt_ids if submissions[0].requests else []
@@ -184,10 +210,24 @@ class ReplicaClient:
             self.relays[submission.id] = relay
         relay.task = asyncio.get_running_loop().create_task(self.run_relay(relay, order))
 
+    def fleet_refusal(self, submissions: tuple[Submission, ...]) -> Refusal | None:
+        """Why these submissions are refused here: shutting down, or the fleet full.  Full is
+        the one-process rule over the fleet: more requests than every replica's rows and queue
+        hold (a replica's engine still refuses what its own queue cannot take)."""
+        if not self.accepting:
+            return Refusal(SHUTTING_DOWN)
+        count = sum(len(submission.requests) for submission in submissions)
+        in_flight = sum(relay.requests_open() for relay in set(self.relays.values()))
+        if in_flight + count <= self.fleet_rows + self.fleet_queue:
+            return None
+        waiting = max(0, in_flight - self.fleet_rows)
+        return Refusal(QUEUE_FULL, needed=count, limit=self.fleet_queue, waiting=waiting)
+
     async def run_relay(self, relay: Relay, order: Order) -> None:
         """The order's stream, each batch of events handed on; its end told to whoever waits.
-        An order that no replica answered at all (its replica died before it was taken: nothing
-        of it ran) is sent again, up to SEND_ATTEMPTS times in all."""
+        An order whose call failed before any event came back (its replica died, or the call
+        broke: nothing of it reached a client) is sent again, up to SEND_ATTEMPTS times in all;
+        the failed call was cancelled first, so it runs on one replica at most."""
         try:
             for attempt in range(1, SEND_ATTEMPTS + 1):
                 try:
@@ -195,26 +235,26 @@ class ReplicaClient:
                 except Exception as exc:  # noqa: BLE001 (a replica's failure, told to its clients)
                     print(f"minirt serve: {replica_lost(exc)}", file=sys.stderr, flush=True)
                     if relay.answered or attempt == SEND_ATTEMPTS:
-                        relay.close_open(replica_lost(exc))
+                        relay.close_open(replica_lost(exc), self.observer)
                         return
                 else:
-                    relay.close_open("the replica ended the stream early")
+                    relay.close_open("the replica ended the stream early", self.observer)
                     return
         except asyncio.CancelledError:
-            relay.close_open(relay.cancelled_because)
+            relay.close_open(relay.cancelled_because, self.observer)
         finally:
             for submission in relay.submissions:
                 self.relays.pop(submission.id, None)
 
     async def stream_once(self, relay: Relay, order: Order) -> None:
-        """One `serve_order` call, its events handed on as they come; cancelled, the replica's
-        side is cancelled too."""
+        """One `serve_order` call, its events handed on as they come; cancelled or failed, the
+        replica's side is cancelled too (a replica still alive aborts the order's requests)."""
         stream = self.handle.serve_order.remote(order)
         try:
             async for batch in stream:
                 for index, event in batch:
                     relay.hand_on(index, event)
-        except asyncio.CancelledError:
+        except BaseException:
             stream.cancel()
             raise
 

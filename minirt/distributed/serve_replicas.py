@@ -21,6 +21,7 @@ Must not know: HTTP, the routes, or the layers.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from argparse import Namespace
 from dataclasses import dataclass
@@ -39,7 +40,6 @@ from .ray_cluster import native_stderr_muted, start_ray
 from .replica_client import ReplicaClient
 
 ROUTINGS = ("power-of-two", "prefix")
-APP_NAME = "minirt"
 DEPLOYMENT_NAME = "minirt-engine"
 REPLICA_CPUS = 1
 # How long the replicas may take to load the model and report.
@@ -57,6 +57,8 @@ class Replicas:
     args: Namespace
     first_snapshot: EngineSnapshot
     started_ray: bool
+    # The Serve application, named for this process: a cluster may hold several servers' own.
+    app_name: str
 
     def make_client(self, observer: EngineObserver, on_shutdown) -> ReplicaClient:
         """The engine client the server's app takes, over these replicas."""
@@ -65,6 +67,7 @@ class Replicas:
             self.board,
             self.args.max_queue,
             self.first_snapshot,
+            self.args.replicas,
             observer=observer,
             on_shutdown=on_shutdown,
             round_delay_s=self.args.round_delay / 1000,
@@ -72,11 +75,21 @@ class Replicas:
         )
 
     def shut_down(self) -> None:
-        """Ray Serve's replicas and controller end; a Ray this command started ends too."""
-        with native_stderr_muted():
+        """This server's replicas and board end; on a Ray this command started, Ray Serve and
+        Ray end too (a cluster it joined keeps Serve, and whatever else runs there)."""
+        shut_down(self.app_name, self.board, self.started_ray)
+
+
+def shut_down(app_name: str, board, started_ray: bool) -> None:
+    """The application `app_name` and the board gone; Serve and Ray too if `started_ray`."""
+    with native_stderr_muted():
+        if started_ray:
             serve.shutdown()
-            if self.started_ray:
-                ray.shutdown()
+            ray.shutdown()
+            return
+        serve.delete(app_name)
+        if board is not None:
+            ray.kill(board)
 
 
 def start_replicas(
@@ -92,23 +105,35 @@ def start_replicas(
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     with native_stderr_muted():
         serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-    board = ray.remote(num_cpus=0)(MetricsBoard).remote()
+    app_name = f"minirt-{os.getpid()}"
+    board = None
+    try:
+        board = ray.remote(num_cpus=0)(MetricsBoard).remote()
+        handle = deploy(args, folder, board, app_name, progress)
+        wait_for_reports(board, args.replicas)
+    except BaseException:
+        # Failed or interrupted while starting: nothing of this server is left on the cluster.
+        shut_down(app_name, board, started_ray)
+        raise
+    return Replicas(handle, board, args, first_snapshot, started_ray, app_name)
+
+
+def deploy(args: Namespace, folder: Path, board, app_name: str, progress):
+    """The replicas' deployment, run as the application `app_name`; its handle."""
     deployment = serve.deployment(
         name=DEPLOYMENT_NAME,
         num_replicas=args.replicas,
         ray_actor_options={"num_cpus": REPLICA_CPUS},
-        # A replica takes what its engine can hold (its rows and its queue); past that the
-        # router waits for one with room, and the engine's own --max-queue answers 503.
+        # A replica takes what its engine can hold (its rows and its queue).  The ingress
+        # refuses (503) what would pass every replica's (ReplicaClient.fleet_refusal), so the
+        # router waits for a replica with room only briefly, while one finishes.
         max_ongoing_requests=args.max_queue + args.batch_size,
         request_router_config=router_config(args),
         health_check_period_s=2.0,
         health_check_timeout_s=10.0,
     )(EngineReplica)
     progress(f"ray serve: starting {args.replicas} replicas ({args.routing} routing)")
-    handle = serve.run(deployment.bind(args, str(folder), board), name=APP_NAME, route_prefix=None)
-    replicas = Replicas(handle, board, args, first_snapshot, started_ray)
-    wait_for_reports(board, args.replicas)
-    return replicas
+    return serve.run(deployment.bind(args, str(folder), board), name=app_name, route_prefix=None)
 
 
 def router_config(args: Namespace) -> RequestRouterConfig:

@@ -26,6 +26,7 @@ pytest.importorskip("httpx", reason='needs the serve extra\'s clients (pip insta
 pytestmark = [pytest.mark.ray_serve, pytest.mark.timeout(300)]
 
 import httpx  # noqa: E402 (after the importorskip above)
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from minirt import LLM, SamplingParams  # noqa: E402
 from conftest import ROOT, random_tensors  # noqa: E402
@@ -125,18 +126,12 @@ def request_params(k: int) -> tuple[dict, SamplingParams]:
     return fields, offline
 
 
-def test_sixteen_clients_get_offline_tokens_from_either_replica(model_dir, offline):
+def test_sixteen_clients_get_offline_tokens_from_either_replica(model_dir):
+    """In exact mode, bitwise: each replica runs its BLAS on one thread, and so does the offline
+    reference here (exact mode holds for one thread count: docs/batch-invariance.md)."""
     prompts = [f"To be or not {k}, that is the question of" * (1 + k % 3) for k in range(16)]
-    with Server(
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        "m",
-        "--replicas",
-        "2",
-        "--batch-size",
-        "4",
-    ) as server:
+    flags = ["--batch-size", "4", "--batch-invariant"]
+    with replicas_server(model_dir, *flags) as server:
         client = server.client()
 
         def complete(k: int):
@@ -154,15 +149,36 @@ def test_sixteen_clients_get_offline_tokens_from_either_replica(model_dir, offli
             10,
             "both replicas to report rounds",
         )
+        # The fleet's counters are the sums of what the clients were told, each counted once.
+        told = {reason: 0.0 for reason in ("stop", "length", "abort", "error")}
+        for answer in answers:
+            told[answer.choices[0].finish_reason] += 1
+        wait_until(lambda: success_counts(server) == told, 5, f"{told}: {success_counts(server)}")
+        usage = [answer.usage for answer in answers]
+        generated = sum(u.completion_tokens for u in usage)
+        assert fleet_metric(server, "minirt:generation_tokens_total") == generated
+        prompted = sum(u.prompt_tokens for u in usage)
+        assert fleet_metric(server, "minirt:prompt_tokens_total") == prompted
+        wait_until(
+            lambda: (
+                fleet_metric(server, "minirt:rounds_total")
+                == sum(replica_metric(server, "minirt:rounds_total").values())
+            ),
+            5,
+            "the fleet's rounds to be the sum of each replica's",
+        )
         assert server.stop(signal.SIGTERM) == 0
     assert len({answer.id for answer in answers}) == 16
+    exact = LLM(str(model_dir), batch_invariant=True)
     for k, answer in enumerate(answers):
         _fields, params = request_params(k)
-        expected = offline_alone(offline, prompts[k], params)[0]
+        with threadpool_limits(1, user_api="blas"):
+            expected = offline_alone(exact, prompts[k], params)[0]
         (choice,) = answer.choices
         assert choice.model_extra["minirt"]["token_ids"] == expected.token_ids
         assert choice.text == expected.text
-        np.testing.assert_allclose(choice.logprobs.token_logprobs, expected.logprobs, rtol=1e-5)
+        # JSON carries a float exactly: the same bits.
+        assert choice.logprobs.token_logprobs == [float(x) for x in expected.logprobs]
 
 
 def prefixed_prompts(seed: int) -> list[list[int]]:
@@ -288,6 +304,13 @@ def test_a_killed_replica_fails_its_streams_cleanly_and_spares_the_rest(model_di
         victim = busiest_replica_pid(server)
         os.kill(victim, signal.SIGKILL)
         streams.join(60)
+        lost = sum(streams.outcome(k)[0] is not None for k in range(len(prompts)))
+        # The dead replica never reports them: the ingress counts each once, as an error.
+        wait_until(
+            lambda: success_counts(server)["error"] == lost,
+            5,
+            f"{lost} streams counted as errors: {success_counts(server)}",
+        )
         # The next request is served (by the survivor, or the replica Ray Serve starts anew).
         answer = server.client().completions.create(
             model="m", prompt=prompts[0], max_tokens=8, temperature=0
@@ -363,6 +386,61 @@ def test_disconnected_streams_free_every_replicas_rows_and_kv(model_dir):
             5,
             f"every stream counted as aborted: {success_counts(server)}",
         )
+        assert server.stop(signal.SIGTERM) == 0
+
+
+def test_a_full_fleet_answers_503_at_once_and_serves_again_when_a_stream_ends(model_dir):
+    """2 replicas of 1 row and a queue of 1: the fleet holds 4 requests exactly; the 5th is
+    refused at once as one process refuses past --max-queue, and once a stream ends the next
+    one is served."""
+    flags = ["--batch-size", "1", "--max-queue", "1", "--round-delay", "50"]
+    with replicas_server(model_dir, *flags) as server:
+        clients = [httpx.Client(timeout=30) for _ in range(4)]
+        responses = []
+        for k, client in enumerate(clients):
+            request = client.build_request(
+                "POST", f"{server.url}/v1/completions", json=stream_body(f"Held {k}", 400)
+            )
+            responses.append(client.send(request, stream=True))
+        wait_until(
+            lambda: (
+                replica_metric(server, "minirt:num_requests_running")
+                == replica_metric(server, "minirt:num_requests_waiting")
+                == {label: 1.0 for label in replica_pids(server)}
+            ),
+            10,
+            "each replica to hold one stream in its row and one in its queue",
+        )
+        started = time.monotonic()
+        refused = httpx.post(
+            f"{server.url}/v1/completions", json={"prompt": "Fifth", "max_tokens": 2}, timeout=30
+        )
+        assert time.monotonic() - started < 5
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["message"] == (
+            "the queue is full (2 requests wait, 2 at most: --max-queue); retry later"
+        )
+        responses[0].close()
+        clients[0].close()
+        wait_until(
+            lambda: (
+                sum(replica_metric(server, "minirt:num_requests_running").values())
+                + sum(replica_metric(server, "minirt:num_requests_waiting").values())
+                == 3
+            ),
+            10,
+            "the closed stream's request to be aborted",
+        )
+        answer = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"prompt": "Fifth", "max_tokens": 2, "temperature": 0},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        for response, client in zip(responses[1:], clients[1:], strict=True):
+            response.close()
+            client.close()
         assert server.stop(signal.SIGTERM) == 0
 
 

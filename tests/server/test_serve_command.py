@@ -48,6 +48,10 @@ def assert_one_line_refusal(done: subprocess.CompletedProcess, *words: str) -> N
         (["--replicas", "2", "--routing", "random"], ["--routing", "power-of-two"]),
         (["--replicas", "2", "--routing", "prefix"], ["--routing prefix", "add --prefix-cache"]),
         (["--replicas", "2", "--ray", " "], ["--ray is empty"]),
+        (
+            ["--replicas", "2", "--prefix-cache", "--routing", "prefix", "--ray", "ray://h:10001"],
+            ["--routing prefix cannot route through a Ray Client address", "--ray auto"],
+        ),
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(flags, words):
