@@ -579,3 +579,55 @@ def test_the_prefix_router_forgets_a_dead_replicas_prefixes():
     survivor = FakeReplica("left")
     ranks = asyncio.run(router.choose_replicas([survivor], FakePending((5, 6), "b")))
     assert ranks == [[survivor]] and not router.last_replica
+
+
+class LockThenEngineRound:
+    """An ObserverRelay's lock that, the first time a take releases it, lets the engine's thread
+    run one round (its calls, then its new snapshot) right there: the moment a report can race."""
+
+    def __init__(self, engine_round):
+        self.lock = threading.Lock()
+        self.engine_round = engine_round
+        self.armed = False
+
+    def __enter__(self):
+        self.lock.acquire()
+
+    def __exit__(self, *exc_info):
+        self.lock.release()
+        if self.armed:
+            self.armed = False
+            self.engine_round()
+
+
+def test_a_reports_snapshot_is_never_newer_than_its_calls():
+    """Each report's snapshot counts no round whose call is not in that report or an earlier
+    one: else the metrics would show gauges (say at 0) before the calls that explain them."""
+    from minirt.distributed.engine_replica import ObserverRelay
+    from minirt.engine.client import EngineSnapshot
+
+    fixed = {"policy": "continuous", "batch_size": 8, "round_token_budget": 512}
+    fixed.update({"chunked_prefill": False, "prefix_cache": False, "context_length": 64})
+    counts = dict.fromkeys(("running", "waiting", "kv_positions_reserved", "kv_slots_used"), 0)
+    counts.update(dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits", "rounds"), 0))
+    counts.update(kv_budget_positions=512, prefix_cache_positions=0)
+    relay = ObserverRelay(EngineSnapshot(**counts, **fixed))
+
+    def engine_round() -> None:
+        # The engine's thread: its observer calls first, then its snapshot.
+        relay.round_ran(1)
+        counts["rounds"] += 1
+        relay.observe(EngineSnapshot(**counts, **fixed))
+
+    lock = LockThenEngineRound(engine_round)
+    relay.lock = lock
+    rounds_reported = 0
+    for _ in range(3):
+        lock.armed = True
+        calls, snapshot = relay.take()
+        rounds_reported += sum(name == "round_ran" for name, _arguments in calls)
+        assert snapshot.rounds <= rounds_reported
+    # The rounds did run, and every one is reported in the end.
+    calls, snapshot = relay.take()
+    rounds_reported += sum(name == "round_ran" for name, _arguments in calls)
+    assert snapshot.rounds == rounds_reported == 3

@@ -21,7 +21,10 @@ instead of after the suite's slow tests of other folders; those that only anothe
 
 The mutants of minirt/distributed/ (worker_forgets_global_index, replay_chooses_groups_early,
 replay_arrivals_counted_late) are killed only by the tests marked `ray`: run the tool from an environment with the ray extra
-(`pip install -e ".[ray]"`), or they survive as blind spots of a suite that skipped those tests.
+(`pip install -e ".[ray]"`), or they survive as blind spots of a suite that skipped those tests.  The mutants
+of the replicas (#42: replica_client.py, engine_replica.py, prefix_router.py) are killed by the tests marked
+`ray_serve`, which need both extras (`pip install -e ".[serve,ray,test]"`); for a quick look,
+`--tests tests/distributed/test_serve_replicas.py`.
 
 The mutants of minirt/server/ and minirt/serve.py are killed only by the tests marked `serve`: run the tool
 with the serve extra and its test clients installed (`pip install -e ".[serve,test]"`); those of the round-grid
@@ -3004,16 +3007,39 @@ MUTANTS = [
     Mutant(
         "dead_replica_choices_left_open",
         "minirt/distributed/replica_client.py",
-        "                        relay.close_open(replica_lost(exc))\n",
+        "                        relay.close_open(replica_lost(exc), self.observer)\n",
         "                        pass\n",
         "a stream whose replica died is never told: it hangs",
     ),
     Mutant(
         "observer_snapshot_taken_after_calls",
         "minirt/distributed/engine_replica.py",
-        "        snapshot = self.latest\n        with self.lock:",
-        "        with self.lock:",
+        "        snapshot = self.latest\n        with self.lock:\n"
+        "            calls = tuple(self.calls)\n            self.calls = []\n",
+        "        with self.lock:\n            calls = tuple(self.calls)\n            self.calls = []\n"
+        "        snapshot = self.latest\n",
         "a report's snapshot can be newer than its calls (gauges at 0 before the aborts count)",
+    ),
+    Mutant(
+        "fleet_refusal_one_short",
+        "minirt/distributed/replica_client.py",
+        "        if in_flight + count <= self.fleet_rows + self.fleet_queue:\n",
+        "        if in_flight + count < self.fleet_rows + self.fleet_queue:\n",
+        "a fleet exactly full refuses its last request (503 one early)",
+    ),
+    Mutant(
+        "fleet_refusal_counts_rows_only",
+        "minirt/distributed/replica_client.py",
+        "        self.fleet_queue = replicas * max_queue\n",
+        "        self.fleet_queue = max_queue\n",
+        "the fleet's queue is one replica's: 503s while replicas have room",
+    ),
+    Mutant(
+        "lost_choices_not_counted",
+        "minirt/distributed/replica_client.py",
+        "                observer.finished(final.output, time.perf_counter() - submission.received_s)\n",
+        "",
+        "requests that died with their replica are missing from request_success_total",
     ),
 ]
 
