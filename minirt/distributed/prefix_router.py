@@ -38,6 +38,10 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 
 # Keys remembered: each 16 tokens of some prompt's prefix; 1M keys cover 16M prompt tokens.
 MAX_KEYS = 1_000_000
+# Requests told completed before routed, remembered (oldest out past this many): Ray Serve fires
+# its completion callback as soon as a stream ends, which for an order refused at once can be
+# before it tells the router where the order went; a rejected try is told completed only.
+MAX_COMPLETED_EARLY = 10_000
 
 
 def order_keys(pending_request: PendingRequest | None) -> tuple[int, ...]:
@@ -54,6 +58,7 @@ class PrefixAffinityRouter(RequestRouter):
         self.imbalance = imbalance
         self.last_replica: OrderedDict[int, ReplicaID] = OrderedDict()
         self.in_flight: dict[ReplicaID, set[str]] = {}
+        self.completed_early: OrderedDict[str, None] = OrderedDict()
 
     def load(self, replica_id: ReplicaID) -> int:
         return len(self.in_flight.get(replica_id, ()))
@@ -91,7 +96,11 @@ class PrefixAffinityRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result):
         request_id = pending_request.metadata.internal_request_id
-        self.in_flight.setdefault(replica_id, set()).add(request_id)
+        if request_id in self.completed_early:
+            # Its stream has ended already: it is in flight nowhere.
+            del self.completed_early[request_id]
+        else:
+            self.in_flight.setdefault(replica_id, set()).add(request_id)
         for key in order_keys(pending_request):
             self.last_replica[key] = replica_id
             self.last_replica.move_to_end(key)
@@ -99,7 +108,13 @@ class PrefixAffinityRouter(RequestRouter):
             self.last_replica.popitem(last=False)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self.in_flight.get(replica_id, set()).discard(internal_request_id)
+        in_flight = self.in_flight.get(replica_id, set())
+        if internal_request_id in in_flight:
+            in_flight.discard(internal_request_id)
+            return
+        self.completed_early[internal_request_id] = None
+        while len(self.completed_early) > MAX_COMPLETED_EARLY:
+            self.completed_early.popitem(last=False)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

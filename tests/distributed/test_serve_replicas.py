@@ -36,6 +36,10 @@ from conftest import ROOT, random_tensors  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests" / "server"))
 from serving import Server, offline_alone  # noqa: E402
 
+# How often a replica reports its metrics (minirt/distributed/engine_replica.py REPORT_EVERY_S),
+# and a little more: a figure read this long after an event includes it.
+REPORT_S = 0.5
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
@@ -65,6 +69,18 @@ def replicas_server(model_dir, *flags: str) -> Server:
     """`minirt serve` with two replicas of the test model, served as "m"."""
     model = ["--model", str(model_dir), "--served-model-name", "m"]
     return Server(*model, "--replicas", "2", *flags)
+
+
+def both_replicas_routed(server: Server) -> None:
+    """Short completions, one at a time, until each replica has run one: Ray Serve's router in
+    the ingress learns of the replicas a moment after they start, and until then may send every
+    request to the one it knows.  Tests that need both replicas busy start with this."""
+    client = server.client()
+    deadline = time.monotonic() + 30
+    while sum(v > 0 for v in replica_metric(server, "minirt:rounds_total").values()) < 2:
+        assert time.monotonic() < deadline, "both replicas to serve a request"
+        client.completions.create(model="m", prompt="warm", max_tokens=1, temperature=0)
+        time.sleep(REPORT_S)
 
 
 def alive(pid: int) -> bool:
@@ -234,17 +250,25 @@ def stream_body(prompt: str, max_tokens: int) -> dict:
     return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
 
 
-def busiest_replica_pid(server: Server) -> int:
-    """The process of the replica holding the most running requests (its `minirt:replica_info`
-    sample names it), once each of the two holds some."""
-    wait_until(
-        lambda: sorted(replica_metric(server, "minirt:num_requests_running").values())[0] > 0,
-        10,
-        f"both replicas to hold streams: {replica_metric(server, 'minirt:num_requests_running')}",
-    )
+def requests_held(server: Server) -> dict[str, float]:
+    """Each replica's requests, in its rows or its queue, by its label."""
     running = replica_metric(server, "minirt:num_requests_running")
-    busiest = max(running, key=running.get)
-    return replica_pids(server)[busiest]
+    waiting = replica_metric(server, "minirt:num_requests_waiting")
+    return {label: running[label] + waiting.get(label, 0.0) for label in running}
+
+
+def busiest_once_all_held(server: Server, total: int) -> int:
+    """Once the replicas hold all `total` streams, each some: the process of the replica
+    holding the most (its `minirt:replica_info` sample names it)."""
+    wait_until(
+        lambda: (
+            sum(requests_held(server).values()) == total and min(requests_held(server).values()) > 0
+        ),
+        30,
+        f"both replicas to hold the {total} streams: {requests_held(server)}",
+    )
+    held = requests_held(server)
+    return replica_pids(server)[max(held, key=held.get)]
 
 
 def replica_pids(server: Server) -> dict[str, int]:
@@ -279,9 +303,6 @@ class Streams:
                 self.events[k].append(data)
         self.done[k] = time.monotonic()
 
-    def started(self) -> bool:
-        return all(self.events.values())
-
     def join(self, timeout: float) -> None:
         for thread in self.threads:
             thread.join(timeout)
@@ -297,11 +318,12 @@ class Streams:
 
 
 def test_a_killed_replica_fails_its_streams_cleanly_and_spares_the_rest(model_dir, offline):
+    """6 streams of 4 s or more on 2 replicas; the one holding the most is killed."""
     prompts = [f"Friends, Romans, countrymen {k}" for k in range(6)]
     with replicas_server(model_dir, "--round-delay", "40") as server:
-        streams = Streams(server, prompts, 60)
-        wait_until(streams.started, 30, "every stream's first event")
-        victim = busiest_replica_pid(server)
+        both_replicas_routed(server)
+        streams = Streams(server, prompts, 100)
+        victim = busiest_once_all_held(server, len(prompts))
         os.kill(victim, signal.SIGKILL)
         streams.join(60)
         lost = sum(streams.outcome(k)[0] is not None for k in range(len(prompts)))
@@ -324,7 +346,7 @@ def test_a_killed_replica_fails_its_streams_cleanly_and_spares_the_rest(model_di
             failed += 1
             assert "the replica serving it stopped" in error
             continue
-        expected = offline_alone(offline, prompt, SamplingParams(temperature=0, max_tokens=60))
+        expected = offline_alone(offline, prompt, SamplingParams(temperature=0, max_tokens=100))
         assert (text, token_ids) == (expected[0].text, expected[0].token_ids)
     # The victim held the most of the 6 (at least 3), the survivor at least 1.
     assert 3 <= failed <= 5
@@ -342,6 +364,7 @@ def test_disconnected_streams_free_every_replicas_rows_and_kv(model_dir):
         "50",
     ]
     with Server(*flags) as server:
+        both_replicas_routed(server)
         responses = []
         clients = [httpx.Client(timeout=30) for _ in range(20)]
         for k, client in enumerate(clients):
@@ -395,6 +418,7 @@ def test_a_full_fleet_answers_503_at_once_and_serves_again_when_a_stream_ends(mo
     one is served."""
     flags = ["--batch-size", "1", "--max-queue", "1", "--round-delay", "50"]
     with replicas_server(model_dir, *flags) as server:
+        both_replicas_routed(server)
         clients = [httpx.Client(timeout=30) for _ in range(4)]
         responses = []
         for k, client in enumerate(clients):
@@ -448,10 +472,10 @@ def test_a_stalled_replica_does_not_hold_up_the_other(model_dir, offline):
     """One replica stopped (SIGSTOP: its rounds wait) while both hold streams: the other's
     streams finish meanwhile; once it goes on, its own finish too, all equal to offline."""
     prompts = [f"Now is the winter of our discontent {k}" for k in range(6)]
-    with replicas_server(model_dir, "--round-delay", "20") as server:
-        streams = Streams(server, prompts, 40)
-        wait_until(streams.started, 30, "every stream's first event")
-        victim = busiest_replica_pid(server)
+    with replicas_server(model_dir, "--round-delay", "30") as server:
+        both_replicas_routed(server)
+        streams = Streams(server, prompts, 80)
+        victim = busiest_once_all_held(server, len(prompts))
         os.kill(victim, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
@@ -466,7 +490,7 @@ def test_a_stalled_replica_does_not_hold_up_the_other(model_dir, offline):
     assert all(streams.done[k] > stopped_at for k in range(6))
     for k, prompt in enumerate(prompts):
         error, text, token_ids = streams.outcome(k)
-        expected = offline_alone(offline, prompt, SamplingParams(temperature=0, max_tokens=40))
+        expected = offline_alone(offline, prompt, SamplingParams(temperature=0, max_tokens=80))
         assert (error, text, token_ids) == (None, expected[0].text, expected[0].token_ids)
 
 
@@ -579,6 +603,30 @@ def test_the_prefix_router_forgets_a_dead_replicas_prefixes():
     survivor = FakeReplica("left")
     ranks = asyncio.run(router.choose_replicas([survivor], FakePending((5, 6), "b")))
     assert ranks == [[survivor]] and not router.last_replica
+
+
+def test_a_request_completed_before_it_is_routed_is_in_flight_nowhere():
+    """Ray Serve can tell the router a stream ended before it says where it went (an order
+    refused at once): the request must not count as in flight there for ever."""
+    import asyncio
+
+    router = prefix_router(imbalance=0)
+    home = FakeReplica("home")
+    other = FakeReplica("other")
+    router.on_request_routed(FakePending((1, 2), "first"), "home", None)
+    router.on_request_completed("home", "first")
+    router.on_request_completed("home", "quick")
+    router.on_request_routed(FakePending((1, 2), "quick"), "home", None)
+    assert router.load("home") == 0
+    # So home, with nothing in flight, keeps the prefix even with no margin at all.
+    ranks = asyncio.run(router.choose_replicas([home, other], FakePending((1, 2), "next")))
+    assert ranks[0] == [home]
+    # A try Ray Serve rejected is told completed only: remembered, but not without bound.
+    from minirt.distributed.prefix_router import MAX_COMPLETED_EARLY
+
+    for k in range(MAX_COMPLETED_EARLY + 5):
+        router.on_request_completed("other", f"rejected {k}")
+    assert len(router.completed_early) == MAX_COMPLETED_EARLY
 
 
 class LockThenEngineRound:

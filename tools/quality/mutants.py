@@ -2986,8 +2986,8 @@ MUTANTS = [
     Mutant(
         "prefix_router_never_counts_completions",
         "minirt/distributed/prefix_router.py",
-        "        self.in_flight.get(replica_id, set()).discard(internal_request_id)",
-        "        pass",
+        "            in_flight.discard(internal_request_id)\n            return\n",
+        "            return\n",
         "finished requests stay counted in flight: a busy-once replica loses its prefixes",
     ),
     Mutant(
@@ -3019,6 +3019,13 @@ MUTANTS = [
         "        with self.lock:\n            calls = tuple(self.calls)\n            self.calls = []\n"
         "        snapshot = self.latest\n",
         "a report's snapshot can be newer than its calls (gauges at 0 before the aborts count)",
+    ),
+    Mutant(
+        "prefix_router_counts_early_completions",
+        "minirt/distributed/prefix_router.py",
+        "        if request_id in self.completed_early:\n",
+        "        if False:\n",
+        "a request completed before it was routed counts as in flight for ever: affinity lost",
     ),
     Mutant(
         "fleet_refusal_one_short",
