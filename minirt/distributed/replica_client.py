@@ -69,7 +69,9 @@ SEND_ATTEMPTS = 2
 # How often the shutdown's deadline is looked at.
 DEADLINE_CHECK_S = 0.1
 
-# The snapshot's counts of the moment, summed over the live replicas.
+# The snapshot's counts, summed over the live replicas.  (The counters of /metrics are not
+# read from here: they are the replicas' observer calls, replayed, so a replica that is gone
+# keeps its counts there.)
 SUMMED = (
     "running",
     "waiting",
@@ -77,9 +79,10 @@ SUMMED = (
     "kv_budget_positions",
     "kv_slots_used",
     "prefix_cache_positions",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "rounds",
 )
-# The snapshot's counts that only grow: a replica that is gone keeps them in the fleet's sums.
-LIFETIME_COUNTS = ("prefix_cache_queries", "prefix_cache_hits", "rounds")
 
 
 def replica_lost(exc: BaseException) -> str:
@@ -174,10 +177,9 @@ class ReplicaClient:
         self.stopped = threading.Event()
         self.empty = replace(first_snapshot, prefix_cache_queries=0, prefix_cache_hits=0, rounds=0)
         self.latest = self.empty
-        # Each live replica's latest snapshot, and the lifetime counts of those gone.
+        # Each live replica's latest snapshot, and its process id.
         self.replicas: dict[str, EngineSnapshot] = {}
         self.pids: dict[str, int] = {}
-        self.retired = {name: 0 for name in LIFETIME_COUNTS}
         self.reader = threading.Thread(target=self.read_board, name="minirt-board", daemon=True)
         self.watchdog: asyncio.Task | None = None
 
@@ -322,10 +324,8 @@ class ReplicaClient:
                 self.replicas[label] = report.snapshot
                 self.pids[label] = report.pid
         for label, silent in silent_s.items():
-            if silent > REPLICA_SILENT_S and label in self.replicas:
-                gone = self.replicas.pop(label)
-                for name in LIFETIME_COUNTS:
-                    self.retired[name] += getattr(gone, name)
+            if silent > REPLICA_SILENT_S:
+                self.replicas.pop(label, None)
         self.latest = self.fleet()
         self.observer.observe(self.latest)
         self.observer.observe_replicas(self.replicas, self.pids)
@@ -336,12 +336,9 @@ class ReplicaClient:
             getattr(self.observer, name)(*arguments)
 
     def fleet(self) -> EngineSnapshot:
-        """The fleet's counts: every live replica's summed, with the lifetime counts of those
-        gone; the settings are every replica's (their flags are the command's)."""
+        """The fleet's counts: every live replica's summed; the settings are every replica's
+        (their flags are the command's)."""
         totals = {name: sum(getattr(s, name) for s in self.replicas.values()) for name in SUMMED}
-        for name in LIFETIME_COUNTS:
-            live = sum(getattr(s, name) for s in self.replicas.values())
-            totals[name] = self.retired[name] + live
         if not self.replicas:
             totals["kv_budget_positions"] = self.empty.kv_budget_positions
         return replace(self.empty, **totals)
