@@ -410,6 +410,20 @@ def table(runs: dict[str, list[dict]], sides: list[str]) -> str:
     return "\n".join(lines)
 
 
+def per_repeat(runs: dict[str, list[dict]], side: str, base: str, keys: tuple[str, ...]) -> str:
+    """`side` over `base` for each figure, per repeat (the sides ran back to back): the median of
+    those ratios and their range."""
+    parts = []
+    for key in keys:
+        if key not in runs[side][0]:
+            continue
+        ratios = [run[key] / other[key] for run, other in zip(runs[side], runs[base], strict=True)]
+        low = min(ratios)
+        high = max(ratios)
+        parts.append(f"{key} {statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})")
+    return f"{side} / {base}, per repeat: " + ", ".join(parts)
+
+
 def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
     def median(side: str, key: str) -> float:
         return statistics.median(run[key] for run in runs[side])
@@ -423,41 +437,13 @@ def ratio_lines(runs: dict[str, list[dict]]) -> list[str]:
         )
     for side in ("watched", "baseline", "invariant", "ray1", "ray2"):
         if "minirt" in runs and side in runs:
-            # Per repeat (the sides ran back to back), then the median and range of those ratios.
-            parts = []
-            for key in ("throughput", "tpot_p50", "ttft_p99"):
-                ratios = [
-                    run[key] / base[key]
-                    for run, base in zip(runs[side], runs["minirt"], strict=True)
-                ]
-                low = min(ratios)
-                high = max(ratios)
-                parts.append(f"{key} {statistics.median(ratios):.3f}x ({low:.3f}-{high:.3f})")
-            lines.append(f"{side} / minirt, per repeat: " + ", ".join(parts))
+            keys = ("throughput", "tpot_p50", "ttft_p99")
+            lines.append(per_repeat(runs, side, "minirt", keys))
     if "chunked" in runs and "unchunked" in runs:
-        parts = []
-        for key in ("itl_p99_main", "tpot_p99_main", "throughput"):
-            if key not in runs["chunked"][0]:
-                continue
-            ratios = [
-                run[key] / base[key]
-                for run, base in zip(runs["chunked"], runs["unchunked"], strict=True)
-            ]
-            parts.append(
-                f"{key} {statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
-            )
-        lines.append("chunked / unchunked, per repeat: " + ", ".join(parts))
+        keys = ("itl_p99_main", "tpot_p99_main", "throughput")
+        lines.append(per_repeat(runs, "chunked", "unchunked", keys))
     if "ray2-pow2" in runs and "ray2-prefix" in runs:
-        parts = []
-        for key in ("throughput", "ttft_p99"):
-            ratios = [
-                run[key] / base[key]
-                for run, base in zip(runs["ray2-prefix"], runs["ray2-pow2"], strict=True)
-            ]
-            parts.append(
-                f"{key} {statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
-            )
-        lines.append("ray2-prefix / ray2-pow2, per repeat: " + ", ".join(parts))
+        lines.append(per_repeat(runs, "ray2-prefix", "ray2-pow2", ("throughput", "ttft_p99")))
     if "minirt" in runs and "static" in runs:
         ttft = median("static", "ttft_p99") / median("minirt", "ttft_p99")
         lines.append(f"static / continuous: p99 TTFT {ttft:.2f}x (continuous wins when > 1)")
