@@ -80,18 +80,28 @@ def main(argv: list[str] | None = None) -> int:
 def import_interruptibly(name: str):
     """The module, or None if Ctrl-C came while it was imported.  This is where the time before
     a command starts goes (NumPy and the rest; `import minirt` itself loads nothing heavy), so
-    a Ctrl-C here must be the command's one line, as later.  A Ctrl-C inside an extension
-    module's import may come out as that import's ImportError: the signal is noted, to tell
-    the two apart."""
+    a Ctrl-C here must be the command's one line, as later.  The signal is noted, because its
+    KeyboardInterrupt does not always reach here: inside an extension module's import it may
+    come out as that import's ImportError, and inside a callback Python cannot raise from (the
+    import system's weak references) Python reports it as "Exception ignored", with a
+    traceback, and goes on.  Such a report is kept quiet, and the import counts as
+    interrupted."""
     signals: list[int] = []
 
     def note(signum, frame):
         signals.append(signum)
         raise KeyboardInterrupt
 
+    previous_hook = sys.unraisablehook
+
+    def quiet_interrupts(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous_hook(unraisable)
+
     previous = signal.signal(signal.SIGINT, note)
+    sys.unraisablehook = quiet_interrupts
     try:
-        return importlib.import_module(name)
+        module = importlib.import_module(name)
     except KeyboardInterrupt:
         return None
     except ImportError:
@@ -100,6 +110,10 @@ def import_interruptibly(name: str):
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = previous_hook
+    if signals:
+        return None
+    return module
 
 
 def entry() -> None:

@@ -222,6 +222,45 @@ def test_a_report_whose_reader_has_gone_ends_quietly_with_141(command):
     assert (done.returncode, done.stderr) == (EXIT_STDOUT_CLOSED, "")
 
 
+# A module whose import lets a weak reference's callback run, and Ctrl-C arrive inside it:
+# Python cannot raise from such a callback, so it reports the KeyboardInterrupt as "Exception
+# ignored" (with a traceback) and the import goes on (seen in CI inside importlib's own locks).
+CTRL_C_IN_A_CALLBACK = """
+import os, signal, weakref
+
+
+class Held:
+    pass
+
+
+def callback(_reference):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100_000):  # the handler runs between these bytecodes, inside the callback
+        pass
+
+
+held = Held()
+reference = weakref.ref(held, callback)
+del held
+"""
+
+
+def test_ctrl_c_inside_an_imports_callback_is_the_one_line_not_exception_ignored(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "ctrl_c_in_a_callback.py").write_text(CTRL_C_IN_A_CALLBACK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from minirt.__main__ import import_interruptibly
+
+    handler = signal.getsignal(signal.SIGINT)
+    hook = sys.unraisablehook
+    assert import_interruptibly("ctrl_c_in_a_callback") is None
+    assert capsys.readouterr().err == ""
+    # The handlers are back as they were, for Ctrl-C and for what Python cannot raise.
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert sys.unraisablehook is hook
+
+
 @pytest.mark.parametrize("delay_s", [0.05, 0.1, 0.15, 0.2, 0.3, 0.5])
 def test_ctrl_c_in_a_commands_first_instant_is_one_line_never_a_traceback(delay_s, tmp_path):
     """While `minirt generate` is still importing (NumPy, the model code), Ctrl-C: one line and

@@ -3021,6 +3021,13 @@ MUTANTS = [
         "a report's snapshot can be newer than its calls (gauges at 0 before the aborts count)",
     ),
     Mutant(
+        "ctrl_c_in_an_imports_callback_ignored",
+        "minirt/__main__.py",
+        "    if signals:\n        return None\n    return module\n",
+        "    return module\n",
+        "Ctrl-C that Python could only report as 'Exception ignored' lets the command run on",
+    ),
+    Mutant(
         "prefix_router_counts_early_completions",
         "minirt/distributed/prefix_router.py",
         "        if request_id in self.completed_early:\n",
