@@ -16,9 +16,9 @@ task hands each event it yields to its submission's callback, as the engine's th
                      here as finished with an error (the replica never will); a submission
                      never accepted is refused (500).  Requests on the other replicas are
                      untouched; Ray Serve starts a new replica
-    a full fleet     past the fleet's rows and queues in flight (every replica's rows and queue), a
-                     submission is refused here as the engine refuses one past --max-queue
-                     (503), rather than waiting unbounded in Ray Serve's router
+    a full fleet     with every replica's rows and queue taken, a submission is refused here
+                     as the engine refuses one past --max-queue (503), rather than waiting
+                     unbounded in Ray Serve's router
     shutdown         `begin_shutdown` accepts no more (503) and lets what runs finish within
                      the grace period; past it, every relay is cancelled and its choices told
                      that the shutdown cut them off.  The command then shuts Ray Serve down
@@ -63,7 +63,7 @@ from ..engine.request import (
 )
 from .engine_replica import REPLICA_SILENT_S, REPORT_EVERY_S, Order, OrderedSubmission, Report
 
-# An order no replica answered (its replica died before taking it) is sent this many times.
+# An order whose call failed before any event came back is sent this many times in all.
 SEND_ATTEMPTS = 2
 
 # How often the shutdown's deadline is looked at.
@@ -194,7 +194,7 @@ class ReplicaClient:
 
     def add(self, *submissions: Submission) -> None:
         """Send these submissions to one replica in one order (all or none, as one process);
-        refused at once while shutting down.  Called on the event loop."""
+        refused at once while shutting down or with the fleet full.  Called on the event loop."""
         refusal = self.fleet_refusal(submissions)
         if refusal is not None:
             for submission in submissions:
